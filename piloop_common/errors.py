@@ -1,0 +1,119 @@
+"""One error hierarchy for piloop: every error has a stable code and an HTTP status.
+
+Routes never build HTTP errors from domain code: one handler maps `PiloopError` to a
+response (`{"error": code, "message": ...}`), and the client maps it back with `from_payload`.
+"""
+
+from __future__ import annotations
+
+
+class PiloopError(Exception):
+    code = "error"
+    status = 500
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_payload(self) -> dict[str, object]:
+        return {"error": self.code, "message": self.message, **self.details}
+
+
+class ConfigError(PiloopError):
+    """A config file, env variable, flag or limit is wrong; the message names which."""
+
+    code = "config"
+    status = 400
+
+
+class BadRequest(PiloopError):
+    code = "bad_request"
+    status = 400
+
+
+class NotFound(PiloopError):
+    code = "not_found"
+    status = 404
+
+
+class Unauthorized(PiloopError):
+    code = "unauthorized"
+    status = 401
+
+
+class Forbidden(PiloopError):
+    code = "forbidden"
+    status = 403
+
+
+class Conflict(PiloopError):
+    code = "conflict"
+    status = 409
+
+
+class LeaseLost(Conflict):
+    """A write named a token that no longer holds the job's lease: nothing changed."""
+
+    code = "lease_lost"
+
+
+class Refused(PiloopError):
+    """The server refuses this worker (protocol, pool, token, CAS): the worker exits with code 3."""
+
+    code = "refused"
+    status = 403
+
+
+class StoreError(PiloopError):
+    """The CAS failed: a missing blob, a hash mismatch, an unreachable remote."""
+
+    code = "store"
+    status = 502
+
+
+class BlobMissing(StoreError):
+    code = "blob_missing"
+    status = 404
+
+
+class Corrupt(StoreError):
+    code = "corrupt"
+    status = 502
+
+
+class BadAddress(StoreError):
+    code = "bad_address"
+    status = 400
+
+
+class Unavailable(PiloopError):
+    """A service (the server, Redis, a remote store) cannot be reached; retrying may help."""
+
+    code = "unavailable"
+    status = 503
+
+
+_BY_CODE: dict[str, type[PiloopError]] = {}
+
+
+def _register(cls: type[PiloopError]) -> None:
+    _BY_CODE.setdefault(cls.code, cls)
+    for sub in cls.__subclasses__():
+        _register(sub)
+
+
+_register(PiloopError)
+
+
+def from_payload(payload: dict[str, object], status: int) -> PiloopError:
+    """The error a server answer stands for (the client's half of the mapping)."""
+    code = str(payload.get("error", "error"))
+    message = str(payload.get("message", f"the server answered {status}"))
+    details = {k: v for k, v in payload.items() if k not in ("error", "message")}
+    cls = _BY_CODE.get(code, PiloopError)
+    err = cls(message, **details)
+    if cls is PiloopError:
+        err.code = code
+        err.status = status
+    return err

@@ -1,0 +1,1 @@
+"""The piloop daemon: Redis state, the API, the pass."""

@@ -1,0 +1,1 @@
+"""Redis state: keys, Lua scripts, and typed wrappers around them."""

@@ -1,0 +1,100 @@
+"""Every Redis key piloop uses, built here and nowhere else.
+
+All keys share the hash tag `{<namespace>}` so that multi-key scripts work on Redis Cluster
+and managed Redis. Scripts that find job ids inside Lua get `prefix()` in ARGV and append
+`job:<id>` etc. themselves; the helpers below and the Lua files use the same suffixes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    namespace: str = "piloop"
+
+    def prefix(self) -> str:
+        return "{" + self.namespace + "}:"
+
+    def _k(self, *parts: str) -> str:
+        return self.prefix() + ":".join(parts)
+
+    # counters and markers
+    def generation(self) -> str:
+        return self._k("generation")
+
+    def token_seq(self) -> str:
+        return self._k("seq", "token")
+
+    def daemon(self) -> str:
+        """Hash: the daemon's last pass time, its id, the generation it saw, the hold after a data loss."""
+        return self._k("daemon")
+
+    # jobs and queues
+    def job(self, job_id: str) -> str:
+        return self._k("job", job_id)
+
+    def job_log(self, job_id: str) -> str:
+        return self._k("job", job_id, "log")
+
+    def jobs(self) -> str:
+        """Sorted set of every job id by creation time (listing)."""
+        return self._k("jobs")
+
+    def queue(self, pool: str, kind: str) -> str:
+        return self._k("queue", pool, kind)
+
+    def active(self, pool: str, kind: str) -> str:
+        """Set of leased or running job ids of a pool and kind."""
+        return self._k("active", pool, kind)
+
+    def lease(self, job_id: str) -> str:
+        """String: the fencing token; its TTL is the toleration stage."""
+        return self._k("lease", job_id)
+
+    def deadlines(self) -> str:
+        """Sorted set job id -> lease deadline (ms): the index the pass scans."""
+        return self._k("deadlines")
+
+    def report(self, report_id: str) -> str:
+        """The answer given to a report id, so a second copy gets the first's answer."""
+        return self._k("report", report_id)
+
+    # workers
+    def workers(self) -> str:
+        return self._k("workers")
+
+    def worker(self, name: str) -> str:
+        return self._k("worker", name)
+
+    def worker_alive(self, name: str) -> str:
+        """String with TTL `grace_seconds`: present while the worker is reachable."""
+        return self._k("worker", name, "alive")
+
+    def worker_leases(self, name: str, kind: str) -> str:
+        return self._k("worker", name, "leases", kind)
+
+    # campaigns
+    def campaign_live(self) -> str:
+        """Hash campaign -> live agents (leased or running)."""
+        return self._k("campaign", "live")
+
+    # control
+    def limits(self) -> str:
+        return self._k("limits")
+
+    def tokens(self) -> str:
+        """Hash token name -> its record (hash of the token, pool, expiry, who made it)."""
+        return self._k("tokens")
+
+    def token_hashes(self) -> str:
+        """Hash sha256(token) -> token name."""
+        return self._k("tokens", "by_hash")
+
+    def events(self) -> str:
+        return self._k("events")
+
+    def inbox(self) -> str:
+        """Hash escalation id -> record; acknowledged ones carry `acked`."""
+        return self._k("inbox")

@@ -1,0 +1,147 @@
+"""Typed wrappers around the lease scripts: the only code that changes jobs, leases and workers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from piloop_common.errors import NotFound
+from piloop_server.state.keys import Keys
+from piloop_server.state.scripts import Scripts
+
+KINDS = ("agent", "evaluation")
+REPORT_TTL_SECONDS = 7 * 24 * 3600
+CLAIM_SCAN_DEPTH = 200
+EXPIRE_BATCH = 500
+
+
+@dataclass(frozen=True)
+class Lease:
+    job: str
+    token: str
+
+
+@dataclass
+class Claim:
+    leases: list[Lease] = field(default_factory=list)
+    reason: str = ""  # why nothing (more) was leased: slots, nothing, image, draining, ...
+
+
+@dataclass(frozen=True)
+class Expiry:
+    rearmed: bool
+    count: int
+    lost: list[str]
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Durations in milliseconds, as the scripts take them."""
+
+    grace_ms: int
+    toleration_ms: int
+    max_lost: int = 3
+
+    @classmethod
+    def from_executor(cls, ex: Any) -> "Timings":
+        return cls(int(ex.grace_seconds * 1000), int(ex.toleration_seconds * 1000), ex.max_lost)
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class Leases:
+    def __init__(self, client: redis.Redis, keys: Keys, timings: Timings) -> None:
+        self.r = client
+        self.k = keys
+        self.t = timings
+        self.scripts = Scripts(client)
+
+    # -- producers ---------------------------------------------------------------------
+
+    def enqueue(self, job_id: str, kind: str, pool: str, spec: dict[str, Any], *, by: str,
+                campaign: str = "", image: str = "") -> int:
+        k = self.k
+        return int(self.scripts.run(
+            "enqueue", [k.job(job_id), k.queue(pool, kind), k.jobs(), k.events()],
+            [job_id, kind, pool, campaign, image, json.dumps(spec), by]))
+
+    # -- workers -----------------------------------------------------------------------
+
+    def register(self, name: str, pool: str, image: str, cas_id: str, sample: dict[str, Any], *,
+                 protocol: int, by: str, info: dict[str, Any] | None = None) -> None:
+        k = self.k
+        self.scripts.run(
+            "register", [k.worker(name), k.worker_alive(name), k.workers(), k.events()],
+            [name, pool, image, cas_id, json.dumps(sample), self.t.grace_ms, protocol, by,
+             json.dumps(info or {})])
+
+    def heartbeat(self, name: str, sample: dict[str, Any], held: list[Lease]) -> tuple[int, dict[str, str]]:
+        """Renew the worker and each lease it names; the status of each job: ok, cancel or lost."""
+        k = self.k
+        keys = [k.worker(name), k.worker_alive(name), k.deadlines()]
+        for lease in held:
+            keys += [k.lease(lease.job), k.job(lease.job)]
+        args: list[Any] = [self.t.grace_ms, self.t.toleration_ms, json.dumps(sample), len(held)]
+        args += [lease.token for lease in held] + [lease.job for lease in held]
+        reply = self.scripts.run("heartbeat", keys, args)
+        now = int(reply[0])
+        return now, {lease.job: _s(st) for lease, st in zip(held, reply[1:])}
+
+    def claim(self, name: str, pool: str, kind: str, *, slots: int, image: str, most: int = 1) -> Claim:
+        """Lease up to `most` jobs of `kind` from `pool` to worker `name`, in one script."""
+        k = self.k
+        reply = self.scripts.run(
+            "claim",
+            [k.worker(name), k.worker_alive(name), k.worker_leases(name, kind), k.queue(pool, kind),
+             k.deadlines(), k.active(pool, kind), k.token_seq(), k.generation(), k.events(),
+             k.campaign_live(), k.daemon()],
+            [k.prefix(), name, kind, slots, image, self.t.toleration_ms, most, CLAIM_SCAN_DEPTH])
+        reply = [_s(x) for x in reply]
+        if reply[0] == "none":
+            return Claim(reason=reply[1])
+        rest = reply[1:]
+        return Claim(leases=[Lease(rest[i], rest[i + 1]) for i in range(0, len(rest), 2)])
+
+    def _job_keys(self, job_id: str) -> tuple[str, str]:
+        f = self.r.hmget(self.k.job(job_id), "kind", "pool")
+        if f[0] is None:
+            raise NotFound(f"job {job_id} does not exist")
+        return _s(f[0]), _s(f[1])
+
+    def release(self, job_id: str, token: str, worker: str, reason: str = "") -> None:
+        k = self.k
+        kind, pool = self._job_keys(job_id)
+        self.scripts.run(
+            "release",
+            [k.lease(job_id), k.job(job_id), k.worker_leases(worker, kind), k.queue(pool, kind),
+             k.deadlines(), k.active(pool, kind), k.campaign_live(), k.events()],
+            [job_id, token, worker, reason])
+
+    def report(self, report_id: str, job_id: str, token: str, worker: str, outcome: str,
+               result: dict[str, Any], reason: str = "") -> dict[str, Any]:
+        k = self.k
+        kind, pool = self._job_keys(job_id)
+        reply = self.scripts.run(
+            "report",
+            [k.report(report_id), k.lease(job_id), k.job(job_id), k.worker_leases(worker, kind),
+             k.deadlines(), k.active(pool, kind), k.campaign_live(), k.events(), k.queue(pool, kind)],
+            [job_id, token, worker, outcome, json.dumps(result), REPORT_TTL_SECONDS, self.t.max_lost,
+             reason])
+        return json.loads(_s(reply))
+
+    # -- the pass ----------------------------------------------------------------------
+
+    def expire(self, held_pools: tuple[str, ...] = ()) -> Expiry:
+        k = self.k
+        reply = self.scripts.run(
+            "expire", [k.deadlines(), k.daemon(), k.events(), k.campaign_live(), k.workers()],
+            [k.prefix(), self.t.grace_ms, self.t.toleration_ms, self.t.max_lost, EXPIRE_BATCH,
+             " ".join(held_pools)])
+        if _s(reply[0]) == "rearmed":
+            return Expiry(True, int(reply[1]), [])
+        return Expiry(False, int(reply[1]), [_s(x) for x in reply[2:]])

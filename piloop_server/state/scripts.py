@@ -1,0 +1,63 @@
+"""Lua scripts shipped as package files, loaded once, called by SHA with one retry on NOSCRIPT."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import redis
+
+from piloop_common.errors import Conflict, LeaseLost, NotFound, PiloopError, Unavailable
+
+# `PILOOP_<CODE> message` replies from the scripts, and the errors they stand for.
+_ERRORS: dict[str, type[PiloopError]] = {
+    "PILOOP_CONFLICT": Conflict,
+    "PILOOP_LEASE_LOST": LeaseLost,
+    "PILOOP_UNKNOWN_WORKER": NotFound,
+}
+
+
+class GenerationMissing(PiloopError):
+    """Redis no longer holds the generation marker: it lost its data under us."""
+
+    code = "generation_missing"
+    status = 503
+
+
+_ERRORS["PILOOP_NO_GENERATION"] = GenerationMissing
+
+
+@cache
+def source(name: str) -> str:
+    return resources.files("piloop_server.state").joinpath("scripts", f"{name}.lua").read_text()
+
+
+class Scripts:
+    """Runs the named scripts on one Redis client, caching their SHAs."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._sha: dict[str, str] = {}
+
+    def _load(self, name: str) -> str:
+        sha = self.client.script_load(source(name))
+        self._sha[name] = sha
+        return sha
+
+    def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        sha = self._sha.get(name) or self._load(name)
+        try:
+            try:
+                return self.client.evalsha(sha, len(keys), *keys, *args)
+            except redis.exceptions.NoScriptError:
+                # Redis restarted or SCRIPT FLUSH: load again, once.
+                return self.client.evalsha(self._load(name), len(keys), *keys, *args)
+        except redis.exceptions.ResponseError as e:
+            code, _, message = str(e).partition(" ")
+            cls = _ERRORS.get(code)
+            if cls is None:
+                raise
+            raise cls(message or code) from None
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+            raise Unavailable(f"Redis cannot be reached: {e}") from e

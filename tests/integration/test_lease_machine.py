@@ -1,0 +1,181 @@
+"""A hypothesis state machine over the lease scripts on a real redis-server.
+
+It interleaves enqueue, claim, heartbeat, lapse (a lease key's TTL running out), the pass's
+expiry, report and release over several workers, and checks after every step: no job is
+leased twice, tokens only grow, every job is in exactly one place, slot counts stay within
+the pool's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+
+import pytest
+import redis
+from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from piloop_common.errors import LeaseLost
+from piloop_server.state.generation import GenerationRecord, ensure_generation
+from piloop_server.state.keys import Keys
+from piloop_server.state.leases import KINDS, Lease, Leases, Timings
+
+WORKERS = ("w1", "w2", "w3")
+SLOTS = {"agent": 2, "evaluation": 1}
+CAMPAIGNS = ("c1", "c2")
+TERMINAL = {"succeeded", "failed", "cancelled", "lost", "worker_lost"}
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+@pytest.fixture
+def machine_env(redis_server, tmp_path):
+    LeaseMachine.url = redis_server.url
+    LeaseMachine.tmp = tmp_path
+    yield
+
+
+class LeaseMachine(RuleBasedStateMachine):
+    url = ""
+    tmp = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.r = redis.Redis.from_url(self.url)
+        self.k = Keys("m" + uuid.uuid4().hex[:10])
+        ensure_generation(self.r, self.k, GenerationRecord(self.tmp / f"{self.k.namespace}.json"), 0)
+        # long timings: time never passes by itself here, the `lapse` rule makes it pass
+        self.l = Leases(self.r, self.k, Timings(grace_ms=600_000, toleration_ms=900_000, max_lost=2))
+        self.l.expire()
+        for w in WORKERS:
+            self.l.register(w, "p", "", "cas", {}, protocol=1, by=f"worker:{w}")
+        self.ids = itertools.count()
+        self.jobs: list[str] = []
+        self.held: dict[str, dict[str, str]] = {w: {} for w in WORKERS}  # what each worker believes it holds
+        self.max_token = 0
+        self.reports = itertools.count()
+
+    def teardown(self) -> None:
+        for key in self.r.scan_iter(match=self.k.prefix() + "*", count=500):
+            self.r.delete(key)
+        self.r.close()
+
+    def _take(self, tokens) -> None:
+        for t in tokens:
+            assert int(t) > self.max_token, "a token went backwards"
+            self.max_token = int(t)
+
+    @rule(kind=st.sampled_from(KINDS), campaign=st.sampled_from(CAMPAIGNS))
+    def enqueue(self, kind, campaign):
+        jid = f"j{next(self.ids)}"
+        self.l.enqueue(jid, kind, "p", {}, by="human:test", campaign=campaign if kind == "agent" else "")
+        self.jobs.append(jid)
+
+    @rule(worker=st.sampled_from(WORKERS), kind=st.sampled_from(KINDS), most=st.integers(1, 3))
+    def claim(self, worker, kind, most):
+        c = self.l.claim(worker, "p", kind, slots=SLOTS[kind], image="", most=most)
+        self._take(lease.token for lease in c.leases)
+        for lease in c.leases:
+            self.held[worker][lease.job] = lease.token
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def heartbeat(self, worker):
+        held = [Lease(j, t) for j, t in self.held[worker].items()]
+        _, statuses = self.l.heartbeat(worker, {}, held)
+        for j, s in statuses.items():
+            if s == "lost":  # the worker stops that job at once
+                self.held[worker].pop(j, None)
+
+    @precondition(lambda self: any(self.held.values()))
+    @rule(data=st.data())
+    def lapse(self, data):
+        """A lease's TTL runs out (its worker went silent)."""
+        worker = data.draw(st.sampled_from([w for w in WORKERS if self.held[w]]))
+        job = data.draw(st.sampled_from(sorted(self.held[worker])))
+        self.r.delete(self.k.lease(job))
+        if self.r.zscore(self.k.deadlines(), job) is not None:
+            self.r.zadd(self.k.deadlines(), {job: 0})
+
+    @rule()
+    def expire(self):
+        self.l.expire()
+
+    @precondition(lambda self: any(self.held.values()))
+    @rule(data=st.data(), outcome=st.sampled_from(["succeeded", "failed", "fenced", "cancelled"]),
+          twice=st.booleans())
+    def report(self, data, outcome, twice):
+        worker = data.draw(st.sampled_from([w for w in WORKERS if self.held[w]]))
+        job = data.draw(st.sampled_from(sorted(self.held[worker])))
+        token = self.held[worker].pop(job)
+        rid = f"r{next(self.reports)}"
+        first = self.l.report(rid, job, token, worker, outcome, {})
+        if twice:
+            assert self.l.report(rid, job, token, worker, outcome, {}) == first
+
+    @precondition(lambda self: any(self.held.values()))
+    @rule(data=st.data())
+    def release(self, data):
+        worker = data.draw(st.sampled_from([w for w in WORKERS if self.held[w]]))
+        job = data.draw(st.sampled_from(sorted(self.held[worker])))
+        token = self.held[worker].pop(job)
+        try:
+            self.l.release(job, token, worker)
+        except LeaseLost:
+            pass  # its lease lapsed first: nothing changed
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def worker_dies(self, worker):
+        self.held[worker] = {}
+
+    @invariant()
+    def each_job_in_exactly_one_place(self):
+        if not self.jobs:
+            return
+        queued: set[str] = set()
+        active: set[str] = set()
+        for kind in KINDS:
+            queued |= {_s(x) for x in self.r.zrange(self.k.queue("p", kind), 0, -1)}
+            active |= {_s(x) for x in self.r.smembers(self.k.active("p", kind))}
+        holders: dict[str, list[str]] = {}
+        for w in WORKERS:
+            for kind in KINDS:
+                members = {_s(x) for x in self.r.smembers(self.k.worker_leases(w, kind))}
+                assert len(members) <= SLOTS[kind], f"{w} holds {len(members)} {kind} leases"
+                for j in members:
+                    holders.setdefault(j, []).append(w)
+        live = {c: 0 for c in CAMPAIGNS}
+        for j in self.jobs:
+            f = self.r.hmget(self.k.job(j), "state", "token", "kind", "campaign")
+            state = _s(f[0])
+            places = (j in queued) + (j in active) + (state in TERMINAL)
+            assert places == 1, f"{j} ({state}) is in {places} places"
+            assert state in TERMINAL | {"queued", "leased", "running"}
+            if j in active:
+                assert state in ("leased", "running")
+                assert len(holders.get(j, [])) == 1, f"{j} is leased to {holders.get(j)}"
+                assert self.r.zscore(self.k.deadlines(), j) is not None
+                if _s(f[2]) == "agent":
+                    live[_s(f[3])] += 1
+            else:
+                assert j not in holders, f"{j} ({state}) still counts in {holders[j]}'s slots"
+                assert not self.r.exists(self.k.lease(j))
+        for c, n in live.items():
+            assert int(self.r.hget(self.k.campaign_live(), c) or 0) == n, f"campaign {c} live count"
+
+    @invariant()
+    def a_lease_key_names_the_job_token(self):
+        for j in self.jobs:
+            v = self.r.get(self.k.lease(j))
+            if v is not None:
+                assert _s(v) == _s(self.r.hget(self.k.job(j), "token"))
+
+
+TestLeaseMachine = LeaseMachine.TestCase
+TestLeaseMachine.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+TestLeaseMachine = pytest.mark.usefixtures("machine_env")(TestLeaseMachine)

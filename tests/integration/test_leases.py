@@ -1,0 +1,197 @@
+"""The lease scripts on a real redis-server: claim, heartbeat, release, report, expiry."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from piloop_common.errors import LeaseLost, NotFound
+from piloop_server.state.generation import GenerationRecord, ensure_generation
+from piloop_server.state.keys import Keys
+from piloop_server.state.leases import Lease, Leases, Timings
+from tests.helpers.redis import wait_for
+
+
+@pytest.fixture
+def leases(redis_client, namespace, tmp_path):
+    keys = Keys(namespace)
+    ensure_generation(redis_client, keys, GenerationRecord(tmp_path / "gen.json"), 0)
+    return Leases(redis_client, keys, Timings(grace_ms=400, toleration_ms=1200, max_lost=2))
+
+
+def _worker(leases: Leases, name: str = "w1", pool: str = "p", image: str = "") -> None:
+    leases.register(name, pool, image, "cas1", {"load": 0.1}, protocol=1, by=f"worker:{name}")
+
+
+def _state(leases: Leases, job: str) -> str:
+    return leases.r.hget(leases.k.job(job), "state").decode()
+
+
+def test_claim_takes_oldest_first_and_respects_slots(leases):
+    _worker(leases)
+    for i in range(3):
+        leases.enqueue(f"j{i}", "evaluation", "p", {"argv": ["true"]}, by="human:t")
+        time.sleep(0.002)  # distinct enqueue scores
+    c = leases.claim("w1", "p", "evaluation", slots=2, image="", most=5)
+    assert [lease.job for lease in c.leases] == ["j0", "j1"]
+    assert int(c.leases[1].token) > int(c.leases[0].token)
+    again = leases.claim("w1", "p", "evaluation", slots=2, image="", most=5)
+    assert again.leases == [] and again.reason == "slots"
+    assert _state(leases, "j0") == "leased"
+
+
+def test_claim_reasons(leases):
+    _worker(leases, image="img:1")
+    assert leases.claim("w1", "p", "evaluation", slots=1, image="img:1").reason == "nothing"
+    leases.enqueue("j", "evaluation", "p", {}, by="human:t", image="img:2")
+    assert leases.claim("w1", "p", "evaluation", slots=1, image="img:1").reason == "image"
+    leases.r.hset(leases.k.worker("w1"), "draining", "1")
+    assert leases.claim("w1", "p", "evaluation", slots=1, image="img:2").reason == "draining"
+    leases.r.hset(leases.k.worker("w1"), "draining", "0")
+    leases.r.delete(leases.k.worker_alive("w1"))
+    assert leases.claim("w1", "p", "evaluation", slots=1, image="img:2").reason == "unreachable"
+
+
+def test_agents_go_to_the_campaign_with_fewest_live(leases):
+    _worker(leases)
+    _worker(leases, "w2")
+    leases.enqueue("a1", "agent", "p", {}, by="human:t", campaign="big")
+    time.sleep(0.002)
+    leases.enqueue("a2", "agent", "p", {}, by="human:t", campaign="big")
+    time.sleep(0.002)
+    leases.enqueue("b1", "agent", "p", {}, by="human:t", campaign="small")
+    first = leases.claim("w1", "p", "agent", slots=1, image="")
+    assert [lease.job for lease in first.leases] == ["a1"]
+    # big now has one live agent, small none: small's job goes first though it is newer
+    second = leases.claim("w2", "p", "agent", slots=1, image="")
+    assert [lease.job for lease in second.leases] == ["b1"]
+
+
+def test_heartbeat_renews_marks_running_and_reports_lost(leases):
+    _worker(leases)
+    leases.enqueue("j", "evaluation", "p", {}, by="human:t")
+    (lease,) = leases.claim("w1", "p", "evaluation", slots=1, image="").leases
+    _, st = leases.heartbeat("w1", {}, [lease, Lease("ghost", "1")])
+    assert st == {"j": "ok", "ghost": "lost"}
+    assert _state(leases, "j") == "running"
+    _, st = leases.heartbeat("w1", {}, [Lease("j", "999")])
+    assert st == {"j": "lost"}
+
+
+def test_heartbeat_from_unknown_worker_must_register(leases):
+    with pytest.raises(NotFound):
+        leases.heartbeat("nobody", {}, [])
+
+
+def test_release_puts_back_without_an_attempt(leases):
+    _worker(leases)
+    leases.enqueue("j", "evaluation", "p", {}, by="human:t")
+    (lease,) = leases.claim("w1", "p", "evaluation", slots=1, image="").leases
+    with pytest.raises(LeaseLost):
+        leases.release("j", "123", "w1")
+    leases.release("j", lease.token, "w1", "image")
+    assert _state(leases, "j") == "queued"
+    assert leases.r.hget(leases.k.job("j"), "attempts") == b"0"
+    (again,) = leases.claim("w1", "p", "evaluation", slots=1, image="").leases
+    assert int(again.token) > int(lease.token)
+
+
+def test_report_is_idempotent_and_stale_reports_are_kept(leases):
+    _worker(leases)
+    leases.enqueue("j", "evaluation", "p", {}, by="human:t")
+    (lease,) = leases.claim("w1", "p", "evaluation", slots=1, image="").leases
+    a = leases.report("r1", "j", lease.token, "w1", "succeeded", {"exit": 0})
+    b = leases.report("r1", "j", lease.token, "w1", "succeeded", {"exit": 0})
+    assert a == b == {"answer": "accepted", "state": "succeeded"}
+    assert leases.r.hget(leases.k.job("j"), "attempts") == b"1"
+    stale = leases.report("r2", "j", lease.token, "w1", "failed", {"exit": 1})
+    assert stale == {"answer": "stale"}
+    events = [e[1] for e in leases.r.xrange(leases.k.events())]
+    assert any(e[b"type"] == b"lease.stale_report" and e[b"job"] == b"j" for e in events)
+    assert _state(leases, "j") == "succeeded"
+
+
+def test_expiry_requeues_evaluations_ends_agents_and_stops_after_max_lost(leases):
+    _worker(leases)
+    leases.enqueue("e", "evaluation", "p", {}, by="human:t")
+    leases.enqueue("a", "agent", "p", {}, by="human:t", campaign="c")
+    leases.expire()  # the first pass marks the daemon present
+    (le,) = leases.claim("w1", "p", "evaluation", slots=1, image="").leases
+    (la,) = leases.claim("w1", "p", "agent", slots=1, image="").leases
+
+    def pass_expired(n: int):
+        def go():
+            leases.heartbeat("w1", {}, [])  # the worker lives; its leases are not named
+            return leases.expire().count >= n or None
+        return go
+
+    wait_for(pass_expired(1), 5, interval=0.1, what="the leases to expire")
+    wait_for(lambda: _state(leases, "a") == "worker_lost" or (leases.expire() and False), 5, what="agent lost")
+    assert _state(leases, "e") == "queued"
+    assert leases.r.hget(leases.k.campaign_live(), "c") == b"0"
+    # a late report under the old token is stale
+    assert leases.report("late", "e", le.token, "w1", "succeeded", {})["answer"] == "stale"
+    # the second loss in a row ends it lost (max_lost = 2)
+    (le2,) = leases.claim("w1", "p", "evaluation", slots=1, image="").leases
+    assert int(le2.token) > int(le.token)
+
+    def lost():
+        leases.heartbeat("w1", {}, [])
+        res = leases.expire()
+        return "e" in res.lost or None
+    wait_for(lost, 5, interval=0.1, what="the evaluation to end lost")
+    assert _state(leases, "e") == "lost"
+    del la
+
+
+def test_daemon_absence_rearms_instead_of_expiring(leases):
+    _worker(leases)
+    leases.enqueue("e", "evaluation", "p", {}, by="human:t")
+    leases.expire()
+    (lease,) = leases.claim("w1", "p", "evaluation", slots=1, image="").leases
+    # the daemon is away longer than both grace (0.4 s) and toleration (1.2 s): its lease key is gone
+    wait_for(lambda: not leases.r.exists(leases.k.lease("e")), 5, what="the lease key to expire")
+    res = leases.expire()
+    assert res.rearmed and res.count == 1
+    assert leases.r.get(leases.k.lease("e")).decode() == lease.token
+    assert leases.r.exists(leases.k.worker_alive("w1"))
+    _, st = leases.heartbeat("w1", {}, [lease])
+    assert st == {"e": "ok"}
+
+
+def test_held_pools_do_not_requeue(leases):
+    _worker(leases)
+    leases.enqueue("e", "evaluation", "p", {}, by="human:t")
+    leases.expire()
+    leases.claim("w1", "p", "evaluation", slots=1, image="")
+
+    def due():
+        leases.heartbeat("w1", {}, [])
+        leases.expire(held_pools=("p",))
+        return not leases.r.exists(leases.k.lease("e"))
+    wait_for(due, 5, interval=0.1, what="the lease to lapse")
+    leases.heartbeat("w1", {}, [])
+    assert leases.expire(held_pools=("p",)).count == 0
+    assert _state(leases, "e") == "running" or _state(leases, "e") == "leased"
+
+
+def test_generation_change_keeps_tokens_growing(redis_client, namespace, tmp_path):
+    keys = Keys(namespace)
+    rec = GenerationRecord(tmp_path / "gen.json")
+    g1 = ensure_generation(redis_client, keys, rec, 0)
+    assert not g1.lost_data
+    lz = Leases(redis_client, keys, Timings(400, 1200))
+    _worker(lz)
+    lz.enqueue("e", "evaluation", "p", {}, by="human:t")
+    (before,) = lz.claim("w1", "p", "evaluation", slots=1, image="").leases
+    for key in redis_client.scan_iter(match=keys.prefix() + "*"):
+        redis_client.delete(key)  # Redis lost its data
+    g2 = ensure_generation(redis_client, keys, rec, 300)
+    assert g2.lost_data and g2.generation == g1.generation + 1
+    _worker(lz)
+    lz.enqueue("e2", "evaluation", "p", {}, by="human:t")
+    assert lz.claim("w1", "p", "evaluation", slots=1, image="").reason == "recovering"
+    redis_client.hset(keys.daemon(), "hold_until", 0)
+    (after,) = lz.claim("w1", "p", "evaluation", slots=1, image="").leases
+    assert int(after.token) > int(before.token)
