@@ -1,0 +1,146 @@
+"""The `Store` interface: every provider implements a few primitives, this class does the rest.
+
+Public methods parse addresses first (so a bad one is refused before any I/O) and verify every
+read against its address; providers only move bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from piloop_common.cas.address import address_of, hash_file, parse_address
+from piloop_common.cas.spool import spool
+from piloop_common.errors import Corrupt
+
+
+@dataclass
+class Blob:
+    """An open blob: its size and its bytes in chunks, not yet verified."""
+
+    size: int
+    chunks: Iterator[bytes]
+
+
+class Store(ABC):
+    """A content-addressed store of blobs, keyed `sha256:<hex>`."""
+
+    #: Names the backend in messages (a directory, a bucket URL, a server URL).
+    where: str = "?"
+    #: Where unknown-hash data is spooled before it is stored (None: the system temp dir).
+    spool_dir: Path | None = None
+
+    # -- primitives each provider implements ------------------------------------------------
+
+    @abstractmethod
+    def _store(self, address: str, path: Path, owned: bool) -> None:
+        """Keep the file at `path`, which hashes to `address`; `owned` means it may be moved away."""
+
+    @abstractmethod
+    def _open(self, address: str) -> AbstractContextManager[Blob]:
+        """The blob's bytes; `BlobMissing` if absent (raised on enter, before any byte)."""
+
+    @abstractmethod
+    def _has_many(self, addresses: list[str]) -> set[str]: ...
+
+    @abstractmethod
+    def _size(self, address: str) -> int: ...
+
+    @abstractmethod
+    def identity(self) -> str:
+        """The store's random id, from its identity object (created once, on first use)."""
+
+    def close(self) -> None:
+        """Release clients and pools."""
+
+    # -- the interface ----------------------------------------------------------------------
+
+    def put_stream(self, fileobj: BinaryIO, expect: str | None = None) -> str:
+        """Store everything left in `fileobj`; with `expect`, refuse (`Corrupt`) data that hashes otherwise."""
+        if expect is not None:
+            expect = parse_address(expect)
+        with spool(fileobj, self.spool_dir) as spooled:
+            if expect is not None and spooled.address != expect:
+                raise Corrupt(
+                    f"the data hashes to {spooled.address}, not {expect}", address=expect, actual=spooled.address
+                )
+            self._store(spooled.address, spooled.path, owned=True)
+            return spooled.address
+
+    def put_bytes(self, data: bytes) -> str:
+        return self.put_stream(io.BytesIO(data))
+
+    def put_file(self, path: str | os.PathLike[str]) -> str:
+        """Store a file without copying it first: hash it, then hand the file itself to the backend."""
+        address = hash_file(path)
+        self._store(address, Path(path), owned=False)
+        return address
+
+    def open(self, address: str) -> AbstractContextManager[Blob]:
+        """The raw, unverified bytes (for relaying them: the final reader verifies)."""
+        return self._open(parse_address(address))
+
+    def get_to(self, address: str, fileobj: BinaryIO) -> int:
+        """Write the blob to `fileobj` as it arrives; `Corrupt` at the end if it does not hash to `address`.
+
+        The caller's file may then hold bad bytes: use `get_file` to get all or nothing.
+        """
+        address = parse_address(address)
+        digest = hashlib.sha256()
+        written = 0
+        with self._open(address) as blob:
+            for chunk in blob.chunks:
+                digest.update(chunk)
+                fileobj.write(chunk)
+                written += len(chunk)
+        if (actual := address_of(digest)) != address:
+            raise Corrupt(
+                f"blob {address} in {self.where} is corrupt: its bytes hash to {actual}",
+                address=address,
+                actual=actual,
+            )
+        return written
+
+    def get_file(self, address: str, path: str | os.PathLike[str]) -> int:
+        """Write the blob to `path` atomically: a temp file beside it, renamed only once verified."""
+        target = Path(path)
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                size = self.get_to(address, out)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(name, target)
+            return size
+        finally:
+            Path(name).unlink(missing_ok=True)
+
+    def get_bytes(self, address: str) -> bytes:
+        buf = io.BytesIO()
+        self.get_to(address, buf)
+        return buf.getvalue()
+
+    def has_many(self, addresses: Iterable[str]) -> set[str]:
+        """Which of `addresses` the store holds, asked in one batch."""
+        parsed = list(dict.fromkeys(parse_address(a) for a in addresses))
+        return self._has_many(parsed) if parsed else set()
+
+    def has(self, address: str) -> bool:
+        return bool(self.has_many([address]))
+
+    def size(self, address: str) -> int:
+        return self._size(parse_address(address))
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

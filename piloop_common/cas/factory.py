@@ -1,0 +1,37 @@
+"""`open_store`: the `Store` a `[plugins.cas]` config describes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from piloop_common.cas.base import Store
+from piloop_common.cas.config import CachedCasConfig, CasConfig, HttpCasConfig, LocalCasConfig, S3CasConfig
+from piloop_common.errors import ConfigError
+
+
+def open_store(cfg: CasConfig, home: Path) -> Store:
+    """Open the store; providers import their client libraries (boto3, httpx) only here."""
+    if isinstance(cfg, LocalCasConfig):
+        from piloop_common.cas.local import LocalStore
+
+        return LocalStore(_under(home, cfg.path, "cas"))
+    if isinstance(cfg, S3CasConfig):
+        from piloop_common.cas.s3 import S3Store
+
+        return S3Store(cfg)
+    if isinstance(cfg, HttpCasConfig):
+        from piloop_common.cas.http import HttpStore
+
+        token = cfg.token.get_secret_value() if cfg.token else os.environ.get("PILOOP_HTTPS_TOKEN")
+        return HttpStore(cfg.url, token=token, timeout=cfg.timeout_seconds)
+    if isinstance(cfg, CachedCasConfig):
+        from piloop_common.cas.cached import CachedStore
+
+        remote = open_store(cfg.remote, home)
+        return CachedStore(remote, _under(home, cfg.path, "cas-cache"), max_bytes=int(cfg.local_max_gb * 1e9))
+    raise ConfigError(f"[plugins.cas] names an unknown provider: {cfg!r}")
+
+
+def _under(home: Path, path: str | None, default: str) -> Path:
+    return home / Path(path).expanduser() if path else home / default
