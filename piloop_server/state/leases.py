@@ -145,3 +145,14 @@ class Leases:
         if _s(reply[0]) == "rearmed":
             return Expiry(True, int(reply[1]), [])
         return Expiry(False, int(reply[1]), [_s(x) for x in reply[2:]])
+
+    # -- logs and cancels --------------------------------------------------------------
+
+    def append_log(self, job_id: str, token: str, chunks: list[str]) -> bool:
+        k = self.k
+        return bool(self.scripts.run("append_log", [k.lease(job_id), k.job_log(job_id)], [token, *chunks]))
+
+    def cancel(self, job_id: str, by: str) -> str:
+        kind, pool = self._job_keys(job_id)
+        k = self.k
+        return _s(self.scripts.run("cancel", [k.job(job_id), k.queue(pool, kind), k.events()], [job_id, by]))

@@ -1,0 +1,54 @@
+"""The `piloop` command: one click root; each group imports its side only when it runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from piloop_common import __version__
+from piloop_common.cli.admin import events, inbox, limits, token
+from piloop_common.cli.cas import cas
+from piloop_common.cli.context import Cli
+from piloop_common.cli.daemon import init, serve, status, stop
+from piloop_common.cli.jobs import job
+from piloop_common.cli.worker import worker
+from piloop_common.errors import ConfigError, PiloopError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--home", type=click.Path(file_okay=False, path_type=Path), envvar="PILOOP_HOME",
+              help="piloop's home (default ~/.piloop): config.toml, the socket, the spool.")
+@click.version_option(__version__, prog_name="piloop")
+@click.pass_context
+def root(ctx: click.Context, home: Path | None) -> None:
+    """piloop: agent sessions and evaluations on workers anywhere, leased through Redis."""
+    ctx.obj = Cli(home)
+
+
+for command in (init, serve, stop, status, worker, limits, token, cas, job, events, inbox):
+    root.add_command(command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI: a user mistake is one line on stderr and a non-zero exit, never a traceback."""
+    try:
+        rv = root.main(args=argv, prog_name="piloop", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.Abort:
+        click.echo("piloop: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except ConfigError as e:
+        click.echo(f"piloop: config: {e.message}", err=True)
+        sys.exit(2)
+    except PiloopError as e:
+        click.echo(f"piloop: {e.message}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(rv if isinstance(rv, int) else 0)

@@ -1,0 +1,3 @@
+from piloop_common.cli import main
+
+main()

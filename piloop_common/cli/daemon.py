@@ -1,0 +1,207 @@
+"""`piloop init`, `serve`, `stop` and `status`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from piloop_common.cli.output import ago, emit_json, progress, progress_done, table
+from piloop_common.errors import PiloopError, Unavailable
+
+PID_FILE = "piloop.pid"
+
+CONFIG_TEMPLATE = """\
+# piloop's config. Every key and its default: docs/configuration.md.
+
+[plugins.executor]
+provider = "workers"
+# renew_seconds = 10        # the worker's heartbeat
+# grace_seconds = 50        # then a silent worker is unreachable: its slots count zero
+# toleration_seconds = 300  # then its leases expire and their jobs go back with a new token
+
+# `piloop serve`'s own worker is in the pool `serve`.
+[plugins.executor.pools.serve]
+agents = 2
+evaluations = 1
+max_load = 2.0       # the 1-minute load per CPU
+min_memory_gb = 0.5
+
+# [plugins.cas]      # default: a directory under this home
+# provider = "local"
+
+# [plugins.state]    # default: an embedded Redis under this home, AOF on
+# url = "redis://localhost:6379/0"
+"""
+
+
+def _pid(home: Path) -> int | None:
+    try:
+        pid = int((home / PID_FILE).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return pid
+
+
+def _wait_up(ctx_obj, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            progress_done()
+            tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []
+            reason = "\n  ".join(tail) or f"exit code {proc.returncode}"
+            raise click.ClickException(f"the daemon did not start:\n  {reason}")
+        try:
+            with ctx_obj.api(timeout=2) as api:
+                return api.call("GET", "/v1/health")
+        except Unavailable:
+            progress(f"piloop: starting the daemon… {time.monotonic() - started:.0f}s")
+            time.sleep(0.1)
+    progress_done()
+    raise click.ClickException(f"the daemon did not answer within {timeout:g}s; see {log}")
+
+
+def start_detached(ctx_obj, listen: str | None) -> dict:
+    home: Path = ctx_obj.home
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "logs").mkdir(exist_ok=True)
+    log = home / "logs" / "daemon.log"
+    args = [sys.executable, "-m", "piloop_common.cli", "--home", str(home), "serve"]
+    if listen:
+        args += ["--listen", listen]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+    health = _wait_up(ctx_obj, proc, log)
+    progress_done()
+    return health
+
+
+@click.command()
+@click.pass_obj
+def init(obj) -> None:
+    """Write a commented config.toml, create the CAS identity, and start the daemon on its socket."""
+    home: Path = obj.home
+    home.mkdir(parents=True, exist_ok=True)
+    home.chmod(0o700)
+    cfg = home / "config.toml"
+    if cfg.exists():
+        click.echo(f"piloop: {cfg} exists; keeping it")
+    else:
+        cfg.write_text(CONFIG_TEMPLATE)
+        click.echo(f"piloop: wrote {cfg}")
+    settings = obj.settings
+    from piloop_common.cas import open_store
+
+    cas_id = open_store(settings.plugins.cas, home).identity()
+    click.echo(f"piloop: CAS {settings.plugins.cas.provider}, id {cas_id}")
+    pid = _pid(home)
+    if pid:
+        click.echo(f"piloop: the daemon is already running (pid {pid})")
+        return
+    health = start_detached(obj, None)
+    click.echo(f"piloop: the daemon is running (pid {health['pid']}) on {home / 'piloop.sock'}")
+
+
+@click.command()
+@click.option("--detach", is_flag=True, help="Run in the background; the log goes to $PILOOP_HOME/logs/daemon.log.")
+@click.option("--listen", metavar="HOST:PORT", help="Listen here too (a non-loopback address needs [plugins.network] tls).")
+@click.pass_obj
+def serve(obj, detach: bool, listen: str | None) -> None:
+    """Run the daemon: the API, the pass, and its own worker `serve`."""
+    settings = obj.settings
+    from piloop_server.serve import check_listen, run
+
+    if listen or settings.plugins.network.listen:
+        check_listen(settings, listen or settings.plugins.network.listen)
+    pid = _pid(obj.home)
+    if pid:
+        raise click.ClickException(f"a daemon is already running (pid {pid}): `piloop stop` it first")
+    if detach:
+        health = start_detached(obj, listen)
+        where = f", listening on {listen}" if listen else ""
+        click.echo(f"piloop: the daemon is running (pid {health['pid']}){where}")
+        return
+    sys.exit(run(settings, obj.home, listen))
+
+
+@click.command()
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for it to stop.")
+@click.pass_obj
+def stop(obj, timeout: float) -> None:
+    """Stop the daemon; its worker's jobs keep running under their shims for the next `piloop serve`."""
+    pid = _pid(obj.home)
+    if not pid:
+        click.echo("piloop: no daemon is running")
+        return
+    os.kill(pid, signal.SIGTERM)
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            progress_done()
+            click.echo(f"piloop: the daemon stopped (pid {pid}); its worker's jobs run on under their shims")
+            return
+        progress(f"piloop: stopping the daemon (pid {pid})… {time.monotonic() - started:.0f}s")
+        time.sleep(0.1)
+    progress_done()
+    raise click.ClickException(f"the daemon (pid {pid}) did not stop within {timeout:g}s")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def status(obj, as_json: bool) -> None:
+    """The daemon, Redis, the CAS, each pool's slots and jobs, limits and escalations."""
+    try:
+        with obj.api() as api:
+            st = api.call("GET", "/v1/status")
+    except Unavailable:
+        if as_json:
+            emit_json({"daemon": None})
+        else:
+            click.echo(f"piloop: no daemon answers on {obj.home / 'piloop.sock'} (start it: `piloop serve --detach`)")
+        sys.exit(1)
+    if as_json:
+        emit_json(st)
+        return
+    d = st["daemon"]
+    up = time.time() - d.get("started_ms", 0) / 1000
+    click.echo(f"daemon   pid {d.get('pid')}, up {ago(up).removesuffix(' ago')}, piloop {d.get('version')}"
+               + (f", listening on {d['listen']}" if d.get("listen") else ""))
+    r = st["redis"]
+    click.echo(f"redis    {'embedded' if r['embedded'] else 'external'}, generation {r['generation']}, "
+               f"namespace {r['namespace']}")
+    click.echo(f"cas      {st['cas']['provider']}, id {st['cas']['id']}")
+    click.echo("")
+    rows = [[p["pool"], f"{p['reachable']}/{p['workers']}",
+             f"{p['agent_free']}/{p['agent_slots']}", f"{p['evaluation_free']}/{p['evaluation_slots']}",
+             f"{p['agent_queued']}/{p['agent_running']}", f"{p['evaluation_queued']}/{p['evaluation_running']}"]
+            for p in st["pools"]]
+    click.echo(table(["pool", "workers", "agents free", "evaluations free", "agents queued/running",
+                      "evaluations queued/running"], rows))
+    if st["limits"]:
+        click.echo("")
+        click.echo("limits")
+        for lim in st["limits"]:
+            click.echo(f"  {lim['key']} = {lim['value']}: {lim['reason']} ({lim['by']})")
+    if st["escalations"]:
+        click.echo("")
+        click.echo("escalations (`piloop inbox`)")
+        for e in st["escalations"]:
+            click.echo(f"  {e['id']}  {e['what']}: {e['message']}")
+
+
+__all__ = ["init", "serve", "stop", "status", "PiloopError"]

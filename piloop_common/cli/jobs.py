@@ -1,0 +1,156 @@
+"""`piloop job`: submit, list, show, cancel, wait."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from piloop_common.cli.output import emit_json, progress, progress_done, table, when
+from piloop_common.duration import parse_duration
+from piloop_common.protocol import TERMINAL_STATES
+
+KIND = click.Choice(["evaluation", "agent"])
+
+
+@click.group()
+def job() -> None:
+    """Jobs: agent sessions and evaluations."""
+
+
+@job.command("submit")
+@click.option("--kind", type=KIND, default="evaluation", show_default=True)
+@click.option("--pool", default="serve", show_default=True)
+@click.option("--campaign", default="")
+@click.option("--image", default="", help="Only a worker with this image runs it.")
+@click.option("--secret", "secrets", multiple=True, metavar="NAME", help="A secret the job gets as env.")
+@click.option("--env", "envs", multiple=True, metavar="K=V")
+@click.option("--input", "inputs", multiple=True, metavar="PATH", help="A file put in the CAS and given to the job.")
+@click.option("--timeout", metavar="DURATION", help="Stop the job after this long, like 30m.")
+@click.option("--memory-mb", type=int, help="The job's memory grant.")
+@click.option("--json", "as_json", is_flag=True)
+@click.argument("argv", nargs=-1, required=True, metavar="-- CMD ARGS…")
+@click.pass_obj
+def submit(obj, kind, pool, campaign, image, secrets, envs, inputs, timeout, memory_mb, as_json, argv) -> None:
+    """Queue a job; print its id."""
+    env = {}
+    for kv in envs:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            raise click.UsageError(f"--env {kv!r}: write K=V")
+        env[k] = v
+    input_addrs = {}
+    if inputs:
+        from pathlib import Path
+
+        from piloop_common.cas import open_store
+
+        store = open_store(obj.settings.plugins.cas, obj.home)
+        for p in inputs:
+            path = Path(p)
+            if not path.is_file():
+                raise click.UsageError(f"--input {p}: no such file")
+            input_addrs[path.name] = store.put_file(path)
+    spec = {"argv": list(argv), "env": env, "secrets": list(secrets), "inputs": input_addrs,
+            "timeout_seconds": parse_duration(timeout, "--timeout") if timeout else None, "memory_mb": memory_mb}
+    body = {"kind": kind, "pool": pool, "campaign": campaign, "image": image, "spec": spec}
+    with obj.api() as api:
+        got = api.call("POST", "/v1/jobs", body)
+    emit_json(got) if as_json else click.echo(got["job"])
+
+
+@job.command("list")
+@click.option("--state")
+@click.option("--pool")
+@click.option("--limit", default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def listing(obj, state, pool, limit, as_json) -> None:
+    with obj.api() as api:
+        rows = api.call("GET", "/v1/jobs", params={k: v for k, v in
+                                                    {"state": state, "pool": pool, "limit": limit}.items() if v})
+    if as_json:
+        emit_json(rows)
+        return
+    click.echo(table(["job", "kind", "pool", "state", "attempts", "worker", "created", "command"],
+                     [[j["id"], j["kind"], j["pool"], j["state"], j["attempts"], j["worker"] or "-",
+                       when(j["created_ms"]), " ".join(j["spec"].get("argv", []))[:40]] for j in rows]))
+
+
+@job.command("show")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def show(obj, job_id, as_json) -> None:
+    with obj.api() as api:
+        j = api.call("GET", f"/v1/jobs/{job_id}")
+    if as_json:
+        emit_json(j)
+        return
+    r = j["result"]
+    usage = r.get("usage") or {}
+    lines = [("job", j["id"]), ("kind", j["kind"]), ("pool", j["pool"]), ("state", j["state"]),
+             ("attempts", j["attempts"]), ("lost", j["lost"]), ("worker", j["worker"] or "-"),
+             ("token", j["token"] or "-"), ("command", " ".join(j["spec"].get("argv", []))),
+             ("exit", r.get("exit_code") if r else "-"), ("signal", r.get("signal") or "-"),
+             ("peak memory", f"{usage.get('peak_rss_bytes', 0) / 2**20:.1f} MiB" if usage else "-"),
+             ("cpu", f"{usage.get('cpu_seconds', 0):.2f} s" if usage else "-"),
+             ("reason", j["reason"] or "-"), ("log", ", ".join(j["log"]) or "-")]
+    for name, addr in (r.get("outputs") or {}).items():
+        lines.append((f"output {name}", addr))
+    width = max(len(k) for k, _ in lines)
+    for k, v in lines:
+        click.echo(f"{k.ljust(width)}  {v}")
+
+
+@job.command("cancel")
+@click.argument("job_id")
+@click.pass_obj
+def cancel(obj, job_id) -> None:
+    """Cancel a job: at once when queued, at its worker's next heartbeat when running."""
+    with obj.api() as api:
+        got = api.call("POST", f"/v1/jobs/{job_id}/cancel")
+    click.echo(f"{job_id}: {got['state']}")
+
+
+@job.command("wait")
+@click.argument("job_ids", nargs=-1, required=True)
+@click.option("--timeout", metavar="DURATION", help="Give up after this long (exit 124).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def wait(obj, job_ids, timeout, as_json) -> None:
+    """Wait for jobs to end; the exit status is 0 only when all succeeded."""
+    limit = parse_duration(timeout, "--timeout") if timeout else None
+    started = time.monotonic()
+    done: dict[str, dict] = {}
+    with obj.api() as api:
+        while len(done) < len(job_ids):
+            states = {}
+            for jid in job_ids:
+                if jid in done:
+                    continue
+                j = api.call("GET", f"/v1/jobs/{jid}")
+                states[jid] = j["state"]
+                if j["state"] in TERMINAL_STATES:
+                    done[jid] = j
+            if len(done) == len(job_ids):
+                break
+            waited = time.monotonic() - started
+            if limit is not None and waited > limit:
+                progress_done()
+                click.echo(f"piloop: gave up after {limit:g}s", err=True)
+                sys.exit(124)
+            summary = ", ".join(f"{k} {v}" for k, v in states.items())
+            progress(f"waiting {waited:.0f}s: {len(done)}/{len(job_ids)} done; {summary}"[:200])
+            time.sleep(0.2)
+    progress_done()
+    if as_json:
+        emit_json(list(done.values()))
+    else:
+        for jid in job_ids:
+            j = done[jid]
+            code = (j["result"] or {}).get("exit_code")
+            click.echo(f"{jid}  {j['state']}" + (f"  exit {code}" if code is not None else "")
+                       + (f"  {j['reason']}" if j["reason"] else ""))
+    sys.exit(0 if all(j["state"] == "succeeded" for j in done.values()) else 1)

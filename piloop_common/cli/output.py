@@ -1,0 +1,54 @@
+"""Human output that lines up, and JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Iterable
+
+import click
+
+
+def table(headers: list[str], rows: Iterable[list[Any]]) -> str:
+    """Columns left-aligned, two spaces apart, one space before the first (as the docs print them)."""
+    cells = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join((" " + "  ".join(c.ljust(w) for c, w in zip(r, widths))).rstrip() for r in cells)
+
+
+def ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    s = int(seconds)
+    if s < 120:
+        return f"{s}s ago"
+    if s < 7200:
+        return f"{s // 60}m ago"
+    if s < 172800:
+        return f"{s // 3600}h ago"
+    return f"{s // 86400}d ago"
+
+
+def when(ms: int | None) -> str:
+    if not ms:
+        return "-"
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M")
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def progress(line: str) -> None:
+    """A progress line that rewrites itself on a terminal, and is quiet elsewhere."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K" + line)
+        sys.stderr.flush()
+
+
+def progress_done() -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()

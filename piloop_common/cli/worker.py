@@ -1,0 +1,69 @@
+"""`piloop worker` runs a worker; `piloop worker list` shows them all."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from piloop_common.cli.output import ago, emit_json, table
+
+
+@click.group(invoke_without_command=True)
+@click.option("--server", metavar="URL", help="The server to work for, like https://piloop.example.com:8443.")
+@click.option("--socket", type=click.Path(path_type=Path), hidden=True, help="The daemon's socket (its own worker).")
+@click.option("--pool", help="The pool this worker serves.")
+@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Read the token from the first line of this file (else PILOOP_HTTPS_TOKEN).")
+@click.option("--name", help="The worker's name, where its token allows one (else the token's name).")
+@click.option("--image", envvar="PILOOP_IMAGE", default="", help="This worker's image; jobs for another are given back.")
+@click.option("--dir", "workdir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where job directories go (default $PILOOP_HOME/work/<worker>).")
+@click.pass_context
+def worker(ctx, server, socket, pool, token_file, name, image, workdir) -> None:
+    """Run a worker: it calls the server, and the server never calls it."""
+    if ctx.invoked_subcommand:
+        return
+    if not pool:
+        raise click.UsageError("--pool: name the pool this worker serves")
+    if not server and not socket:
+        raise click.UsageError("--server: give the server's URL, like https://piloop.example.com:8443")
+    token = None
+    if token_file:
+        try:
+            token = token_file.read_text().splitlines()[0].strip() if token_file.read_text().strip() else ""
+        except OSError as e:
+            raise click.UsageError(f"--token-file {token_file}: {e.strerror}") from e
+        if not token:
+            raise click.UsageError(f"--token-file {token_file}: the file is empty")
+    else:
+        token = os.environ.get("PILOOP_HTTPS_TOKEN") or None
+    if server and not token:
+        raise click.UsageError("no token: set PILOOP_HTTPS_TOKEN or --token-file (make one with `piloop token create`)")
+    from piloop_worker.main import run_worker
+
+    sys.exit(run_worker(server=server, socket=socket, pool=pool, token=token, token_file=token_file, name=name,
+                        image=image, dir=workdir, home=ctx.obj.home))
+
+
+@worker.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def worker_list(obj, as_json: bool) -> None:
+    """Each worker, its host, its slots in use, and why it got no lease."""
+    with obj.api() as api:
+        rows = api.call("GET", "/v1/workers")
+    if as_json:
+        emit_json(rows)
+        return
+    out = []
+    for w in rows:
+        s = w["sample"]
+        load = f"{s['load1']:.1f}/{s['cpus']}" if s else "-"
+        mem = f"{s['memory_available_gb']:.1f} GB" if s else "-"
+        disk = f"{s['disk_free_gb']:.1f} GB" if s else "-"
+        out.append([w["name"], w["pool"], ago(w["seen_seconds"]), load, mem, disk, w["agents"], w["evaluations"],
+                    w["no_lease"]])
+    click.echo(table(["worker", "pool", "seen", "load", "memory", "disk", "agents", "evaluations", "no lease"], out))

@@ -1,0 +1,83 @@
+"""The API client: the unix socket for local callers, HTTPS (or loopback HTTP) for workers."""
+
+from __future__ import annotations
+
+import os
+import ssl
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from piloop_common.errors import PiloopError, Unavailable, from_payload
+
+M = TypeVar("M", bound=BaseModel)
+SOCKET_NAME = "piloop.sock"
+
+
+def ssl_context() -> ssl.SSLContext:
+    """The system's trust store, or `SSL_CERT_FILE` for a certificate the system does not trust."""
+    cafile = os.environ.get("SSL_CERT_FILE")
+    return ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
+
+
+class ApiClient:
+    def __init__(self, *, url: str | None = None, socket: Path | None = None, token: str | None = None,
+                 worker: str | None = None, timeout: float = 10.0) -> None:
+        if (url is None) == (socket is None):
+            raise ValueError("give the server's url or its socket")
+        headers = {}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        if worker:
+            headers["x-piloop-worker"] = worker
+        if socket is not None:
+            self.where = f"the daemon's socket {socket}"
+            transport = httpx.HTTPTransport(uds=str(socket))
+            self.http = httpx.Client(base_url="http://piloop", transport=transport, headers=headers, timeout=timeout)
+        else:
+            self.where = url or ""
+            self.http = httpx.Client(base_url=url or "", headers=headers, timeout=timeout, verify=ssl_context())
+        self.socket = socket
+
+    @classmethod
+    def local(cls, home: Path, **kw: Any) -> "ApiClient":
+        return cls(socket=home / SOCKET_NAME, **kw)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> "ApiClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def call(self, method: str, path: str, body: BaseModel | dict[str, Any] | None = None,
+             params: dict[str, Any] | None = None, model: type[M] | None = None, timeout: float | None = None) -> Any:
+        payload = body.model_dump(mode="json") if isinstance(body, BaseModel) else body
+        kw: dict[str, Any] = {}
+        if timeout is not None:
+            kw["timeout"] = timeout
+        try:
+            resp = self.http.request(method, path, json=payload, params=params, **kw)
+        except httpx.TransportError as e:
+            if self.socket is not None and isinstance(e, httpx.ConnectError):
+                raise Unavailable(f"no daemon answers on {self.socket}: start one with `piloop serve --detach`") from e
+            raise Unavailable(f"{self.where} cannot be reached: {type(e).__name__}: {e}") from e
+        if resp.status_code >= 400:
+            try:
+                data = resp.json()
+            except ValueError:
+                data = {"error": "http", "message": f"{resp.status_code} {resp.text[:200]}"}
+            if not isinstance(data, dict) or "error" not in data:
+                data = {"error": "http", "message": f"{resp.status_code}: {data}"}
+            raise from_payload(data, resp.status_code)
+        if resp.status_code == 204 or not resp.content:
+            return None
+        data = resp.json()
+        return model.model_validate(data) if model is not None else data
+
+
+__all__ = ["ApiClient", "PiloopError", "ssl_context"]

@@ -1,0 +1,337 @@
+"""piloop's settings: the whole `config.toml` tree, and where each value comes from.
+
+Sources, later wins: the models' defaults, `$PILOOP_HOME/config.toml`, `PILOOP_*` env
+(`PILOOP_REDIS_URL`, `PILOOP_NAMESPACE`, and `PILOOP_<SECTION>__<KEY>` for any plugin key),
+then the `PILOOP_PLUGINS` JSON env. A wrong or unknown key is one `ConfigError` naming the
+source, the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from piloop_common.cas.config import CasConfig, LocalCasConfig
+from piloop_common.errors import ConfigError
+
+CONFIG_FILE = "config.toml"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --- provisioner -------------------------------------------------------------------------
+
+
+class LocalCompute(_Model):
+    provider: Literal["local"] = "local"
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for each started worker.")
+    hang: bool = Field(False, description="Start a process that never registers (for testing the register deadline).")
+    refuse: bool = Field(False, description="Refuse every start as a platform would on quota (for testing the backoff).")
+
+
+class RegistryConfig(_Model):
+    kind: Literal["aws-ecr", "basic"] = Field(description="How the private registry is pulled from.")
+    secret: str = Field(description="The Modal Secret holding the pull credentials.")
+
+
+class ModalCompute(_Model):
+    provider: Literal["modal"] = "modal"
+    image: str = Field(description="The image with piloop in it, as a registry reference.")
+    registry: RegistryConfig | None = Field(None, description="The pull secret of a private registry.")
+    gpu: str | None = Field(None, description="The GPU of each sandbox, as Modal names it (`A100`, `H100:2`).")
+    cpu: float | None = Field(None, description="CPU cores requested per sandbox.")
+    memory_mb: int | None = Field(None, description="Memory requested per sandbox, in MiB.")
+    secrets: list[str] = Field(default_factory=list, description="Modal Secrets each sandbox gets as its environment.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for each sandbox.")
+    app: str = Field("piloop-workers", description="The Modal app the sandboxes belong to.")
+    timeout_seconds: int = Field(24 * 3600, description="The platform's own backstop on a sandbox's life.")
+    idle_timeout_seconds: int | None = Field(None, description="The platform's own idle backstop.")
+
+
+ComputeConfig = Annotated[Union[LocalCompute, ModalCompute], Field(discriminator="provider")]
+
+
+class ProvisionerConfig(_Model):
+    max: int = Field(ge=0, description="The most workers this pool runs at once; 0 drains the pool.")
+    idle_seconds: float = Field(300, gt=0, description="A worker that held no lease this long is drained and stopped.")
+    register_seconds: float = Field(300, gt=0, description="A started worker that has not registered by then is stopped.")
+    orphan_exit_seconds: float | None = Field(
+        None, gt=0, description="A worker that cannot reach its server this long exits once it holds no job; unset: never waits, exits at once when orphaned and idle."
+    )
+    compute: ComputeConfig = Field(default_factory=LocalCompute, description="Where the workers run.")
+
+
+# --- executor ----------------------------------------------------------------------------
+
+
+class PoolConfig(_Model):
+    agents: int = Field(2, ge=0, description="Agent slots per worker of this pool.")
+    evaluations: int = Field(1, ge=0, description="Evaluation slots per worker of this pool.")
+    max_load: float = Field(2.0, gt=0, description="A worker whose 1-minute load per CPU is over this takes no job.")
+    min_memory_gb: float = Field(0.5, ge=0, description="A worker with less free memory than this takes no job.")
+    runners: list[Literal["process"]] = Field(default_factory=lambda: ["process"], description="How jobs run on its workers.")
+    provisioner: ProvisionerConfig | None = Field(None, description="Start and stop this pool's workers.")
+
+
+def _default_pools() -> dict[str, PoolConfig]:
+    return {"serve": PoolConfig()}
+
+
+class ExecutorConfig(_Model):
+    provider: Literal["workers"] = Field("workers", description="Jobs run on workers that lease them.")
+    renew_seconds: float = Field(10, gt=0, description="The worker's heartbeat period.")
+    grace_seconds: float = Field(50, gt=0, description="After this much silence a worker is unreachable: its slots count zero.")
+    toleration_seconds: float = Field(300, gt=0, description="After this much silence a worker's leases expire and their jobs go back with a new token.")
+    request_timeout_seconds: float = Field(10, gt=0, description="The longest a worker waits on one call to the server.")
+    kill_grace_seconds: float = Field(5, ge=0, description="Between SIGTERM and SIGKILL when a job is stopped.")
+    pass_seconds: float = Field(1, gt=0, description="The period of the daemon's pass (expiry, requeue, limits).")
+    max_lost: int = Field(3, ge=1, description="An evaluation lost this many times in a row ends `lost`.")
+    memory_pressure_max: float = Field(
+        40.0, ge=0, le=100, description="A worker whose memory pressure (PSI `some avg10`, %) is above this claims nothing."
+    )
+    pools: dict[str, PoolConfig] = Field(default_factory=_default_pools, description="The pools, by name.")
+
+    @model_validator(mode="after")
+    def _serve_pool(self) -> "ExecutorConfig":
+        # `piloop serve`'s own worker always has its pool; give it 0 slots to keep jobs off it
+        if "serve" not in self.pools:
+            self.pools = {"serve": PoolConfig(), **self.pools}
+        return self
+
+    @model_validator(mode="after")
+    def _timings(self) -> "ExecutorConfig":
+        if self.grace_seconds <= self.renew_seconds:
+            raise ValueError(
+                f"grace_seconds ({self.grace_seconds:g}) must exceed renew_seconds ({self.renew_seconds:g}): "
+                "one late heartbeat must not make a worker unreachable"
+            )
+        need = self.grace_seconds + 2 * self.renew_seconds + self.request_timeout_seconds + self.kill_grace_seconds
+        if self.toleration_seconds <= need:
+            raise ValueError(
+                f"toleration_seconds ({self.toleration_seconds:g}) must exceed grace_seconds + 2 × renew_seconds + "
+                f"request_timeout_seconds + kill_grace_seconds = {self.grace_seconds:g} + 2 × {self.renew_seconds:g} + "
+                f"{self.request_timeout_seconds:g} + {self.kill_grace_seconds:g} = {need:g}, so that a silent worker "
+                "has stopped its jobs before they are handed on"
+            )
+        return self
+
+
+# --- network -----------------------------------------------------------------------------
+
+
+class TlsFiles(_Model):
+    cert: str = Field(description="The certificate chain, PEM.")
+    key: str = Field(description="The private key, PEM.")
+
+
+class ProxyRule(_Model):
+    when: dict[str, str] = Field(description="Claims and the values they must have.")
+    access: Literal["worker", "act"] = Field(description="What a caller this rule matches may do.")
+    caller: Literal["human", "service"] = Field("human", description="How its writes are signed.")
+
+
+class NetworkConfig(_Model):
+    provider: Literal["token", "proxy"] = Field("token", description="`token`: piloop's own tokens; `proxy`: a proxy's claims.")
+    listen: str | None = Field(None, description="HOST:PORT to listen on beside the unix socket.")
+    url: str | None = Field(None, description="The address workers and provisioned workers dial.")
+    tls: Literal["proxy"] | TlsFiles | None = Field(None, description="`{cert, key}`, or `\"proxy\"` when a proxy ends TLS.")
+    claims: dict[str, str] = Field(default_factory=dict, description="Claim names and the headers a proxy stamps them in.")
+    name_claims: list[str] = Field(default_factory=list, description="The claims that name a caller, first non-empty wins.")
+    rules: list[ProxyRule] = Field(default_factory=list, description="Access by claims; the first match wins.")
+    max_body_mb: int = Field(16, gt=0, description="The largest request body the API accepts (the CAS streams apart).")
+
+
+# --- state -------------------------------------------------------------------------------
+
+
+class StateConfig(_Model):
+    url: SecretStr = Field(description="The Redis URL (`redis://`, `rediss://`, `unix://`).")
+    appendfsync: Literal["always", "everysec", "no"] = Field("everysec", description="AOF fsync policy of the embedded Redis.")
+
+
+class EmbeddedStateDefaults:
+    """The embedded Redis runs under `$PILOOP_HOME/redis` when `[plugins.state]` is absent."""
+
+
+class Plugins(_Model):
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
+    cas: CasConfig = Field(default_factory=LocalCasConfig)
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
+    state: StateConfig | None = Field(None, description="A Redis of your own; absent: the embedded one.")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(extra="forbid")
+
+    home: Path = Field(description="`$PILOOP_HOME`: config, socket, spool, logs.")
+    namespace: str = Field("piloop", pattern=r"^[a-z0-9_-]{1,32}$", description="The Redis hash tag of every key.")
+    plugins: Plugins = Field(default_factory=Plugins)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,  # type: ignore[override]
+                                   file_secret_settings):
+        # load_settings merges the sources itself, so errors can name the one at fault.
+        return (init_settings,)
+
+    @property
+    def executor(self) -> ExecutorConfig:
+        return self.plugins.executor
+
+
+# --- loading -----------------------------------------------------------------------------
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("PILOOP_HOME") or Path.home() / ".piloop").expanduser()
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _env_value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def _env_source(env: dict[str, str]) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
+    """The settings PILOOP_* env gives, and which variable gave each path."""
+    data: dict[str, Any] = {}
+    origin: dict[tuple[str, ...], str] = {}
+    if env.get("PILOOP_NAMESPACE"):
+        data["namespace"] = env["PILOOP_NAMESPACE"]
+        origin[("namespace",)] = "env PILOOP_NAMESPACE"
+    if env.get("PILOOP_REDIS_URL"):
+        data = _deep_merge(data, {"plugins": {"state": {"url": env["PILOOP_REDIS_URL"]}}})
+        origin[("plugins", "state")] = "env PILOOP_REDIS_URL"
+    for name in sorted(env):
+        if not name.startswith("PILOOP_") or "__" not in name:
+            continue
+        path = tuple(p.lower() for p in name[len("PILOOP_"):].split("__"))
+        node: dict[str, Any] = {}
+        cur = node
+        for p in path[:-1]:
+            cur[p] = {}
+            cur = cur[p]
+        cur[path[-1]] = _env_value(env[name])
+        data = _deep_merge(data, {"plugins": node})
+        origin[("plugins", *path)] = f"env {name}"
+    return data, origin
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        return {}
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}", source=str(path)) from e
+
+
+def _has_path(data: dict[str, Any], loc: tuple[str, ...]) -> bool:
+    cur: Any = data
+    for p in loc:
+        if not isinstance(cur, dict) or p not in cur:
+            return False
+        cur = cur[p]
+    return True
+
+
+def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:
+    """The keys a table at `loc` accepts, for 'unknown key' errors."""
+    model: Any = Settings
+    for p in loc:
+        if model is None:
+            return []
+        field = getattr(model, "model_fields", {}).get(p) if isinstance(p, str) else None
+        if field is None:
+            # a dict of pools, or a discriminated union: step into the value type
+            ann = getattr(model, "__args__", None)
+            model = ann[-1] if ann else None
+            continue
+        model = _model_of(field.annotation)
+    return sorted(getattr(model, "model_fields", {}) or [])
+
+
+def _model_of(ann: Any) -> Any:
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for a in getattr(ann, "__args__", ()) or ():
+        m = _model_of(a)
+        if m is not None:
+            return m
+    meta = getattr(ann, "__origin__", None)
+    return _model_of(meta) if meta not in (None, ann) else None
+
+
+def _describe(err: dict[str, Any], sources: list[tuple[str, dict[str, Any]]], origin: dict[tuple[str, ...], str]) -> str:
+    loc = tuple(str(p) for p in err["loc"] if not (isinstance(p, str) and p in ("local", "s3", "http", "cached", "modal")))
+    key = ".".join(loc[1:] if loc and loc[0] == "plugins" else loc) or "(top level)"
+    where = "defaults"
+    for i in range(len(loc), 0, -1):
+        if loc[:i] in origin:
+            where = origin[loc[:i]]
+            break
+    else:
+        for name, data in reversed(sources):
+            if _has_path(data, loc[:-1] if err["type"] == "missing" else loc):
+                where = name
+                break
+    if err["type"] == "extra_forbidden":
+        allowed = _allowed_keys(tuple(loc[:-1]))
+        hint = f"; allowed: {', '.join(allowed)}" if allowed else ""
+        return f"{where}: {key}: unknown key{hint}"
+    given = err.get("input")
+    shown = "" if err["type"] == "missing" or isinstance(given, dict) else f" (given: {given!r})"
+    return f"{where}: {key}: {err['msg']}{shown}"
+
+
+def load_settings(home: Path | None = None, env: dict[str, str] | None = None, path: Path | None = None) -> Settings:
+    """Settings from every source; a ConfigError names what is wrong and where."""
+    env = dict(os.environ if env is None else env)
+    home = Path(home or env.get("PILOOP_HOME") or Path.home() / ".piloop").expanduser()
+    file = path or home / CONFIG_FILE
+    file_data = _read_toml(file)
+    env_data, origin = _env_source(env)
+    plugins_json: dict[str, Any] = {}
+    if env.get("PILOOP_PLUGINS"):
+        try:
+            parsed = json.loads(env["PILOOP_PLUGINS"])
+        except ValueError as e:
+            raise ConfigError(f"env PILOOP_PLUGINS: not valid JSON: {e}") from e
+        if not isinstance(parsed, dict):
+            raise ConfigError("env PILOOP_PLUGINS: must be a JSON object of plugin tables, like {\"network\": {...}}")
+        plugins_json = {"plugins": parsed}
+    sources = [(str(file), file_data), ("env", env_data), ("env PILOOP_PLUGINS", plugins_json)]
+    merged: dict[str, Any] = {}
+    for _, data in sources:
+        merged = _deep_merge(merged, data)
+    if "home" in merged:
+        raise ConfigError(f"{file}: home: set PILOOP_HOME or --home, not a key in config.toml")
+    try:
+        return Settings(home=home, **merged)
+    except ValidationError as e:
+        lines = [_describe(err, sources, origin) for err in e.errors()]
+        raise ConfigError("; ".join(lines), source=str(file)) from None
+
+
+def settings_schema_keys() -> list[str]:
+    """Every dotted key a limit may set (`executor.pools.<pool>.<key>`)."""
+    return [f"executor.pools.<pool>.{k}" for k in PoolConfig.model_fields if k not in ("runners",)]

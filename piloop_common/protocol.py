@@ -1,0 +1,233 @@
+"""Every message between the CLI, workers and the server, as pydantic models used on both sides.
+
+`PROTOCOL` is checked at every worker call: a worker speaking another one is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PROTOCOL = 1
+API = "/v1"
+
+Kind = Literal["agent", "evaluation"]
+Outcome = Literal["succeeded", "failed", "cancelled", "fenced", "lost"]
+JobState = Literal["queued", "leased", "running", "succeeded", "failed", "cancelled", "lost", "worker_lost"]
+TERMINAL_STATES = ("succeeded", "failed", "cancelled", "lost", "worker_lost")
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- the worker's calls ------------------------------------------------------------------
+
+
+class HostSample(Message):
+    cpus: int = Field(ge=1)
+    load1: float = Field(ge=0, description="The 1-minute load average of the host.")
+    memory_available_gb: float = Field(ge=0)
+    disk_free_gb: float = Field(ge=0)
+    memory_pressure: float | None = Field(None, description="PSI `some avg10` (%), where the host has it.")
+
+    @property
+    def load_per_cpu(self) -> float:
+        return self.load1 / self.cpus
+
+
+class HeldJob(Message):
+    job: str
+    token: str
+
+
+class WorkerHello(Message):
+    """What registration and every heartbeat carry."""
+
+    protocol: int
+    pool: str
+    image: str = ""
+    cas_id: str
+    sample: HostSample
+    jobs: list[HeldJob] = Field(default_factory=list)
+    admission: str = Field("", description="Why the worker itself claims nothing now (e.g. `memory`).")
+
+
+class RegisterRequest(WorkerHello):
+    name: str | None = Field(None, description="Only where the token allows naming the worker.")
+    info: dict[str, Any] = Field(default_factory=dict, description="host, pid, version, cgroups")
+
+
+class Timing(Message):
+    renew_seconds: float
+    grace_seconds: float
+    toleration_seconds: float
+    request_timeout_seconds: float
+    kill_grace_seconds: float
+    memory_pressure_max: float
+
+
+class RegisterResponse(Message):
+    worker: str
+    timing: Timing
+    jobs: dict[str, str] = Field(default_factory=dict, description="job -> ok | cancel | lost")
+
+
+class HeartbeatResponse(Message):
+    jobs: dict[str, str] = Field(default_factory=dict, description="job -> ok | cancel | lost")
+
+
+class ClaimRequest(Message):
+    protocol: int
+    want: dict[Kind, int] = Field(description="How many jobs of each kind the worker has room for now.")
+
+
+class JobSpec(Message):
+    runner: Literal["process"] = "process"
+    argv: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    secrets: list[str] = Field(default_factory=list, description="Names of the secrets the job gets as env.")
+    inputs: dict[str, str] = Field(default_factory=dict, description="File name -> CAS address, put in the job's dir.")
+    timeout_seconds: float | None = Field(None, gt=0)
+    memory_mb: int | None = Field(None, gt=0, description="The job's memory grant (a cgroup limit where possible).")
+
+
+class Assignment(Message):
+    job: str
+    token: str
+    kind: Kind
+    pool: str
+    campaign: str = ""
+    image: str = ""
+    spec: JobSpec
+    secrets: dict[str, str] = Field(default_factory=dict, description="Values of the secrets the job names.")
+
+
+class ClaimResponse(Message):
+    leases: list[Assignment] = Field(default_factory=list)
+    reason: str = Field("", description="Why no (more) lease was given: slots, load, memory, nothing, ...")
+
+
+class ReleaseRequest(Message):
+    protocol: int
+    job: str
+    token: str
+    reason: str = ""
+
+
+class Usage(Message):
+    peak_rss_bytes: int = 0
+    cpu_seconds: float = 0.0
+
+
+class ReportRequest(Message):
+    protocol: int
+    report_id: str
+    job: str
+    token: str
+    outcome: Outcome
+    exit_code: int | None = None
+    signal: int | None = None
+    oom: bool = False
+    reason: str = ""
+    usage: Usage = Field(default_factory=Usage)
+    log: list[str] = Field(default_factory=list, description="CAS addresses of the log's chunks, in order.")
+    outputs: dict[str, str] = Field(default_factory=dict, description="Output name -> CAS address.")
+    metrics: str | None = Field(None, description="CAS address of metrics.jsonl.")
+    duration_seconds: float = 0.0
+
+
+class ReportResponse(Message):
+    answer: Literal["accepted", "stale"]
+    state: str | None = None
+
+
+class LogAppend(Message):
+    protocol: int
+    job: str
+    token: str
+    chunks: list[str] = Field(min_length=1, description="CAS addresses of new log chunks, in order.")
+
+
+# --- the operator's calls ----------------------------------------------------------------
+
+
+class SubmitRequest(Message):
+    kind: Kind = "evaluation"
+    pool: str = "serve"
+    campaign: str = ""
+    image: str = ""
+    spec: JobSpec
+
+
+class SubmitResponse(Message):
+    job: str
+
+
+class JobView(Message):
+    id: str
+    kind: str
+    pool: str
+    campaign: str = ""
+    image: str = ""
+    state: str
+    attempts: int = 0
+    lost: int = 0
+    worker: str = ""
+    token: str = ""
+    created_ms: int = 0
+    updated_ms: int = 0
+    reason: str = ""
+    spec: dict[str, Any] = Field(default_factory=dict)
+    result: dict[str, Any] = Field(default_factory=dict)
+    log: list[str] = Field(default_factory=list)
+
+
+class WorkerView(Message):
+    name: str
+    pool: str
+    image: str = ""
+    seen_seconds: float | None = None
+    reachable: bool
+    draining: bool = False
+    sample: HostSample | None = None
+    agents: int = 0
+    evaluations: int = 0
+    no_lease: str = ""
+
+
+class LimitRequest(Message):
+    key: str
+    value: Any
+    reason: str = Field(min_length=1)
+
+
+class LimitView(Message):
+    key: str
+    value: Any
+    reason: str
+    by: str
+    at_ms: int
+
+
+class TokenCreate(Message):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    pool: str | None = None
+    expires_seconds: float | None = Field(None, gt=0)
+    rename: bool = Field(False, description="The worker may choose its own name with --name.")
+
+
+class TokenView(Message):
+    name: str
+    pool: str | None = None
+    created_ms: int
+    expires_ms: int | None = None
+    by: str
+    revoked: bool = False
+    rename: bool = False
+
+
+class TokenCreated(Message):
+    name: str
+    token: str

@@ -1,0 +1,108 @@
+"""The operator's routes: health, status, workers, limits, tokens, events, inbox."""
+
+from __future__ import annotations
+
+import os
+
+from fastapi import APIRouter, Request
+
+from piloop_common import __version__
+from piloop_common.errors import NotFound
+from piloop_common.protocol import LimitRequest, LimitView, TokenCreate, TokenCreated, TokenView, WorkerView
+from piloop_server import workers
+from piloop_server.api.deps import ActorDep, RuntimeDep
+
+router = APIRouter(prefix="/v1", tags=["admin"])
+
+
+@router.get("/health")
+def health(request: Request) -> dict:
+    rt = request.app.state.runtime
+    return {"ok": True, "server_id": rt.server_id, "pid": os.getpid(), "version": __version__}
+
+
+@router.get("/workers", response_model=list[WorkerView])
+def worker_list(rt: RuntimeDep, caller: ActorDep) -> list[WorkerView]:
+    return workers.views(rt)
+
+
+@router.get("/status")
+def status(request: Request, rt: RuntimeDep, caller: ActorDep) -> dict:
+    ws = workers.views(rt)
+    info = request.app.state.daemon_info
+    gen = rt.redis.get(rt.keys.generation())
+    return {
+        "daemon": {**info, "server_id": rt.server_id, "version": __version__},
+        "redis": {"embedded": rt.settings.plugins.state is None, "generation": int(gen) if gen else None,
+                  "namespace": rt.settings.namespace},
+        "cas": {"provider": rt.settings.plugins.cas.provider, "id": rt.cas_id},
+        "pools": workers.pool_summary(rt, ws),
+        "limits": [LimitView(key=k, **v).model_dump() for k, v in sorted(rt.limits.all().items())],
+        "escalations": rt.events.inbox()[-10:],
+    }
+
+
+@router.get("/limits", response_model=list[LimitView])
+def limits_list(rt: RuntimeDep, caller: ActorDep) -> list[LimitView]:
+    return [LimitView(key=k, **v) for k, v in sorted(rt.limits.all().items())]
+
+
+@router.post("/limits", response_model=LimitView)
+def limits_set(body: LimitRequest, rt: RuntimeDep, caller: ActorDep) -> LimitView:
+    value = rt.limits.set(rt.settings.plugins.executor, body.key, body.value, body.reason, caller.signed)
+    rt.refresh_limits()  # at once, not only at the next pass
+    rt.events.add("limit.set", caller.signed, key=body.key, value=value, reason=body.reason)
+    return LimitView(key=body.key, **rt.limits.all()[body.key])
+
+
+@router.delete("/limits/{key}")
+def limits_unset(key: str, rt: RuntimeDep, caller: ActorDep) -> dict:
+    rt.limits.unset(key)
+    rt.refresh_limits()
+    rt.events.add("limit.unset", caller.signed, key=key)
+    return {"key": key}
+
+
+@router.post("/tokens", response_model=TokenCreated)
+def token_create(body: TokenCreate, rt: RuntimeDep, caller: ActorDep) -> TokenCreated:
+    if body.pool is not None and body.pool not in rt.executor.pools:
+        from piloop_common.errors import BadRequest
+
+        raise BadRequest(f"--pool {body.pool}: no such pool (pools: {', '.join(sorted(rt.executor.pools))})")
+    token = rt.tokens.create(body.name, by=caller.signed, pool=body.pool, expires_seconds=body.expires_seconds,
+                             rename=body.rename)
+    rt.events.add("token.created", caller.signed, name=body.name, pool=body.pool or "")
+    return TokenCreated(name=body.name, token=token)
+
+
+@router.get("/tokens", response_model=list[TokenView])
+def token_list(rt: RuntimeDep, caller: ActorDep) -> list[TokenView]:
+    return [TokenView(name=t.name, pool=t.pool, created_ms=t.created_ms, expires_ms=t.expires_ms, by=t.by,
+                      revoked=t.revoked, rename=t.rename) for t in rt.tokens.list()]
+
+
+@router.delete("/tokens/{name}")
+def token_revoke(name: str, rt: RuntimeDep, caller: ActorDep) -> dict:
+    rt.tokens.revoke(name)
+    rt.events.add("token.revoked", caller.signed, name=name)
+    return {"name": name}
+
+
+@router.get("/events")
+def events(rt: RuntimeDep, caller: ActorDep, after: str = "0", count: int = 100, block_ms: int = 0,
+           last: int = 0) -> list[dict]:
+    if last:
+        return rt.events.tail(min(last, 10_000))
+    return rt.events.read(after, min(max(count, 1), 10_000), min(block_ms, 30_000) or None)
+
+
+@router.get("/inbox")
+def inbox(rt: RuntimeDep, caller: ActorDep, all: bool = False) -> list[dict]:
+    return rt.events.inbox(include_acked=all)
+
+
+@router.post("/inbox/{eid}/ack")
+def inbox_ack(eid: str, rt: RuntimeDep, caller: ActorDep) -> dict:
+    if not rt.events.ack(eid, caller.signed):
+        raise NotFound(f"no escalation {eid} (see `piloop inbox`)")
+    return {"id": eid}

@@ -1,0 +1,32 @@
+"""Jobs: submit, list, show, cancel."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from piloop_common.protocol import JobView, SubmitRequest, SubmitResponse
+from piloop_server import jobs
+from piloop_server.api.deps import ActorDep, RuntimeDep
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+@router.post("", response_model=SubmitResponse)
+def submit(body: SubmitRequest, rt: RuntimeDep, caller: ActorDep) -> SubmitResponse:
+    return SubmitResponse(job=jobs.submit(rt, body, caller.signed))
+
+
+@router.get("", response_model=list[JobView])
+def listing(rt: RuntimeDep, caller: ActorDep, state: str | None = None, pool: str | None = None,
+            limit: int = 200) -> list[JobView]:
+    return jobs.listing(rt, state, pool, min(max(limit, 1), 5000))
+
+
+@router.get("/{job_id}", response_model=JobView)
+def show(job_id: str, rt: RuntimeDep, caller: ActorDep) -> JobView:
+    return jobs.view(rt, job_id)
+
+
+@router.post("/{job_id}/cancel")
+def cancel(job_id: str, rt: RuntimeDep, caller: ActorDep) -> dict:
+    return {"state": rt.leases.cancel(job_id, caller.signed)}

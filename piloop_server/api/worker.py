@@ -1,0 +1,137 @@
+"""The worker's routes: register, heartbeat, claim, release, report, log. Every mutation names its token."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from fastapi import APIRouter
+
+from piloop_common.errors import LeaseLost, NotFound, Refused
+from piloop_common.protocol import (
+    PROTOCOL, Assignment, ClaimRequest, ClaimResponse, HeartbeatResponse, HostSample, JobSpec, LogAppend, RegisterRequest,
+    RegisterResponse, ReleaseRequest, ReportRequest, ReportResponse, Timing, WorkerHello,
+)
+from piloop_server import pools
+from piloop_server.api.deps import RuntimeDep, WorkerDep
+from piloop_server.auth import Caller
+from piloop_server.runtime import Runtime
+from piloop_server.state.leases import KINDS, Lease
+
+router = APIRouter(prefix="/v1/worker", tags=["worker"])
+
+
+def _check(rt: Runtime, caller: Caller, hello: WorkerHello | ClaimRequest | ReleaseRequest | ReportRequest | LogAppend) -> None:
+    if hello.protocol != PROTOCOL:
+        raise Refused(f"the server speaks piloop protocol {PROTOCOL}, this worker {hello.protocol}: "
+                      "install the same piloop version on both")
+    if not isinstance(hello, WorkerHello):
+        return
+    if hello.pool not in rt.executor.pools:
+        raise Refused(f"unknown pool {hello.pool}; the server's pools: {', '.join(sorted(rt.executor.pools))}")
+    if caller.token is not None and caller.token.pool and caller.token.pool != hello.pool:
+        raise Refused(f"token {caller.name} is for pool {caller.token.pool}, not {hello.pool}")
+    if hello.cas_id != rt.cas_id:
+        raise Refused(f"the worker's CAS ({hello.cas_id}) is not the server's ({rt.cas_id}): "
+                      "give the worker the server's [plugins.cas]")
+
+
+def _timing(rt: Runtime) -> Timing:
+    ex = rt.executor
+    return Timing(renew_seconds=ex.renew_seconds, grace_seconds=ex.grace_seconds,
+                  toleration_seconds=ex.toleration_seconds, request_timeout_seconds=ex.request_timeout_seconds,
+                  kill_grace_seconds=ex.kill_grace_seconds, memory_pressure_max=ex.memory_pressure_max)
+
+
+def _sample(hello: WorkerHello) -> dict:
+    return {**hello.sample.model_dump(), "admission": hello.admission}
+
+
+@router.post("/register", response_model=RegisterResponse)
+def register(body: RegisterRequest, rt: RuntimeDep, caller: WorkerDep) -> RegisterResponse:
+    _check(rt, caller, body)
+    name = caller.name
+    info = {**body.info, "token": caller.token.name if caller.token else "", "via": "socket" if caller.via_socket else "tcp"}
+    rt.leases.register(name, body.pool, body.image, body.cas_id, _sample(body), protocol=body.protocol,
+                       by=f"worker:{name}", info=info)
+    _, statuses = rt.leases.heartbeat(name, _sample(body), [Lease(j.job, j.token) for j in body.jobs])
+    return RegisterResponse(worker=name, timing=_timing(rt), jobs=statuses)
+
+
+@router.post("/heartbeat", response_model=HeartbeatResponse)
+def heartbeat(body: WorkerHello, rt: RuntimeDep, caller: WorkerDep) -> HeartbeatResponse:
+    _check(rt, caller, body)
+    _, statuses = rt.leases.heartbeat(caller.name, _sample(body), [Lease(j.job, j.token) for j in body.jobs])
+    return HeartbeatResponse(jobs=statuses)
+
+
+@router.post("/claim", response_model=ClaimResponse)
+def claim(body: ClaimRequest, rt: RuntimeDep, caller: WorkerDep) -> ClaimResponse:
+    _check(rt, caller, body)
+    name = caller.name
+    rec = rt.redis.hmget(rt.keys.worker(name), "pool", "image", "sample")
+    if rec[0] is None:
+        raise NotFound(f"worker {name} is not registered: register again")
+    pool_name, image = rec[0].decode(), (rec[1] or b"").decode()
+    pool = rt.executor.pools.get(pool_name)
+    if pool is None:
+        raise Refused(f"pool {pool_name} is gone from the server's config")
+    sample = json.loads(rec[2]) if rec[2] else None
+    hs = HostSample.model_validate({k: v for k, v in sample.items() if k != "admission"}) if sample else None
+    reason = pools.host_reason(pool, hs, (sample or {}).get("admission", ""))
+    leases: list[Lease] = []
+    if not reason:
+        per_kind: dict[str, str] = {}
+        for kind in KINDS:
+            n = pools.slots(pool, kind)
+            want = body.want.get(kind, 0)
+            if n <= 0 or want <= 0:
+                per_kind[kind] = "slots"
+                continue
+            c = rt.leases.claim(name, pool_name, kind, slots=n, image=image, most=want)
+            leases += c.leases
+            per_kind[kind] = c.reason or ("slots" if len(c.leases) >= want else "nothing")
+        reason = "" if leases else pools.combine_reasons(per_kind)
+    rt.redis.hset(rt.keys.worker(name), "reason", reason)
+    return ClaimResponse(leases=[_assignment(rt, lease) for lease in leases], reason=reason)
+
+
+def _assignment(rt: Runtime, lease: Lease) -> Assignment:
+    f = rt.redis.hmget(rt.keys.job(lease.job), "kind", "pool", "campaign", "image", "spec")
+    spec = JobSpec.model_validate_json(f[4])
+    secrets = rt.secrets.values(spec.secrets) if spec.secrets and getattr(rt, "secrets", None) else {}
+    return Assignment(job=lease.job, token=lease.token, kind=f[0].decode(), pool=f[1].decode(),
+                      campaign=(f[2] or b"").decode(), image=(f[3] or b"").decode(), spec=spec, secrets=secrets)
+
+
+@router.post("/release")
+def release(body: ReleaseRequest, rt: RuntimeDep, caller: WorkerDep) -> dict:
+    _check(rt, caller, body)
+    rt.leases.release(body.job, body.token, caller.name, body.reason)
+    return {}
+
+
+@router.post("/report", response_model=ReportResponse)
+def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep) -> ReportResponse:
+    _check(rt, caller, body)
+    name = caller.name
+    named = [*body.log, *body.outputs.values(), *([body.metrics] if body.metrics else [])]
+    outcome, reason = body.outcome, body.reason
+    if named:
+        missing = sorted(set(named) - rt.store.has_many(named))
+        if missing:
+            # the job's results cannot be read back: it is lost, with the blobs it names
+            outcome, reason = "lost", f"the CAS lacks {len(missing)} blob(s) the report names: {', '.join(missing[:5])}"
+    result = {"exit_code": body.exit_code, "signal": body.signal, "oom": body.oom, "usage": body.usage.model_dump(),
+              "log": body.log, "outputs": body.outputs, "metrics": body.metrics,
+              "duration_seconds": body.duration_seconds, "outcome": body.outcome, "at_ms": int(time.time() * 1000)}
+    answer = rt.leases.report(body.report_id, body.job, body.token, name, outcome, result, reason)
+    return ReportResponse.model_validate(answer)
+
+
+@router.post("/log")
+def log(body: LogAppend, rt: RuntimeDep, caller: WorkerDep) -> dict:
+    _check(rt, caller, body)
+    if not rt.leases.append_log(body.job, body.token, body.chunks):
+        raise LeaseLost(f"job {body.job} is not leased under this token")
+    return {}

@@ -1,0 +1,57 @@
+"""Who is calling: a human on the unix socket, or a worker with a token (or the socket's header)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from piloop_common.errors import Forbidden, Refused, Unauthorized
+from piloop_server.tokens import TokenRecord
+
+SOCKET_SCOPE = "piloop.socket"
+
+
+@dataclass(frozen=True)
+class Caller:
+    kind: str  # human | service | worker
+    name: str
+    via_socket: bool
+    token: TokenRecord | None = None
+
+    @property
+    def signed(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+
+def identify(request: Request) -> Caller:
+    rt = request.app.state.runtime
+    if request.scope.get(SOCKET_SCOPE):
+        # the socket is 0600: whoever reaches it is the daemon's user
+        worker = request.headers.get("x-piloop-worker")
+        if worker:
+            return Caller("worker", worker, True)
+        return Caller("human", rt.user, True)
+    auth = request.headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized("a piloop token is needed: `Authorization: Bearer plt_…` (PILOOP_HTTPS_TOKEN on a worker)")
+    rec = rt.tokens.check(token.strip())
+    named = request.headers.get("x-piloop-worker")
+    if named and named != rec.name:
+        if not rec.rename:
+            raise Refused(f"token {rec.name} does not let a worker choose its name (`piloop token create --rename`)")
+        return Caller("worker", named, False, rec)
+    return Caller("worker", rec.name, False, rec)
+
+
+def require_worker(caller: Caller) -> Caller:
+    if caller.kind != "worker":
+        raise Forbidden("this route is for workers")
+    return caller
+
+
+def require_act(caller: Caller) -> Caller:
+    if caller.kind == "worker":
+        raise Forbidden("workers can only register, heartbeat, claim, report, release and log")
+    return caller

@@ -1,0 +1,103 @@
+"""The daemon's pass, every `pass_seconds`: the generation, limits, and lease expiry."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import redis
+
+from piloop_common.errors import PiloopError
+from piloop_server.runtime import Runtime
+from piloop_server.state.generation import GenerationRecord, ensure_generation
+
+log = logging.getLogger("piloop.daemon")
+
+# Kubernetes' full-disruption mode: when most of a pool goes silent at once, the network is the
+# likelier culprit than every machine; workers fence themselves anyway, so holding is safe.
+DISRUPTION_MIN_WORKERS = 3
+DISRUPTION_SHARE = 0.5
+
+
+class Pass:
+    def __init__(self, rt: Runtime, record: GenerationRecord) -> None:
+        self.rt = rt
+        self.record = record
+        self.held_since: dict[str, float] = {}
+        self.bad_limits: set[str] = set()
+        self.count = 0
+
+    def check_generation(self) -> None:
+        rt = self.rt
+        raw = rt.redis.get(rt.keys.generation())
+        if raw is not None and int(raw) >= self.record.read(rt.keys.namespace):
+            return
+        hold_ms = int(rt.executor.grace_seconds * 1000)
+        gen = ensure_generation(rt.redis, rt.keys, self.record, hold_ms)
+        if gen.lost_data:
+            rt.events.escalate(
+                "redis.lost_data",
+                f"Redis lost its data (generation now {gen.generation}): no work is handed out for "
+                f"{rt.executor.grace_seconds:g}s while workers re-announce; jobs it held are gone")
+
+    def held_pools(self) -> tuple[str, ...]:
+        rt = self.rt
+        names = [n.decode() for n in rt.redis.smembers(rt.keys.workers())]
+        pipe = rt.redis.pipeline(transaction=False)
+        for n in names:
+            pipe.hget(rt.keys.worker(n), "pool")
+            pipe.exists(rt.keys.worker_alive(n))
+        got = pipe.execute()
+        per: dict[str, list[int]] = {}
+        for i in range(len(names)):
+            pool = (got[2 * i] or b"").decode()
+            total, silent = per.setdefault(pool, [0, 0])
+            per[pool] = [total + 1, silent + (0 if got[2 * i + 1] else 1)]
+        held = []
+        now = time.monotonic()
+        for pool, (total, silent) in per.items():
+            disrupted = total >= DISRUPTION_MIN_WORKERS and silent / total > DISRUPTION_SHARE
+            if not disrupted:
+                self.held_since.pop(pool, None)
+                continue
+            since = self.held_since.setdefault(pool, now)
+            if since == now:
+                rt.events.escalate("pool.disrupted", f"{silent} of {total} workers of pool {pool} went silent at "
+                                   "once: their leases are held, not requeued, while it lasts", pool=pool)
+            # the hold has a deadline too: past another toleration period the leases expire as usual
+            if now - since < rt.executor.toleration_seconds:
+                held.append(pool)
+        return tuple(held)
+
+    def run_once(self) -> None:
+        rt = self.rt
+        self.check_generation()
+        bad = set(rt.refresh_limits())
+        for key in bad - self.bad_limits:
+            rt.events.add("limit.ignored", "service:daemon", key=key, reason="it no longer fits config.toml")
+        self.bad_limits = bad
+        res = rt.leases.expire(self.held_pools())
+        if res.rearmed:
+            log.warning("event=daemon.rearmed leases=%d (the daemon was away longer than grace_seconds)", res.count)
+        for job in res.lost:
+            rt.events.escalate("job.lost", f"evaluation {job} was lost {rt.executor.max_lost} times in a row", job=job)
+        self.count += 1
+
+
+def run(p: Pass, stop: threading.Event) -> None:
+    failing = False
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            p.run_once()
+            if failing:
+                log.warning("event=daemon.redis_back")
+            failing = False
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, PiloopError) as e:
+            if not failing:
+                log.warning("event=daemon.pass_failed error=%s (retrying every pass)", e)
+            failing = True
+        except Exception:  # the pass must outlive any one bad pass
+            log.exception("event=daemon.pass_crashed")
+        stop.wait(max(0.0, p.rt.executor.pass_seconds - (time.monotonic() - started)))

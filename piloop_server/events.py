@@ -1,0 +1,62 @@
+"""The event stream (who did what) and the inbox of escalations."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import redis
+
+from piloop_server.state.keys import Keys
+
+MAXLEN = 100_000
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class Events:
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.r = client
+        self.k = keys
+
+    def add(self, type_: str, by: str, **fields: Any) -> str:
+        data = {"type": type_, "by": by, **{k: v if isinstance(v, str) else json.dumps(v) for k, v in fields.items()}}
+        return _s(self.r.xadd(self.k.events(), data, maxlen=MAXLEN, approximate=True))
+
+    def read(self, after: str = "0", count: int = 100, block_ms: int | None = None) -> list[dict[str, str]]:
+        if block_ms:
+            got = self.r.xread({self.k.events(): after}, count=count, block=block_ms)
+            entries = got[0][1] if got else []
+        else:
+            entries = self.r.xrange(self.k.events(), min=f"({after}" if after != "0" else "-", count=count)
+        return [{"id": _s(eid), **{_s(k): _s(v) for k, v in f.items()}} for eid, f in entries]
+
+    def tail(self, count: int) -> list[dict[str, str]]:
+        entries = self.r.xrevrange(self.k.events(), count=count)
+        return [{"id": _s(eid), **{_s(k): _s(v) for k, v in f.items()}} for eid, f in reversed(entries)]
+
+    def escalate(self, what: str, message: str, **fields: Any) -> str:
+        """An escalation: something an operator must look at, kept in the inbox until acknowledged."""
+        eid = uuid.uuid4().hex[:12]
+        rec = {"id": eid, "what": what, "message": message, "at_ms": int(time.time() * 1000), "acked": False, **fields}
+        self.r.hset(self.k.inbox(), eid, json.dumps(rec))
+        self.add("escalation", "service:daemon", what=what, message=message, escalation=eid)
+        return eid
+
+    def inbox(self, include_acked: bool = False) -> list[dict[str, Any]]:
+        recs = [json.loads(v) for v in self.r.hvals(self.k.inbox())]
+        return sorted((r for r in recs if include_acked or not r["acked"]), key=lambda r: r["at_ms"])
+
+    def ack(self, eid: str, by: str) -> bool:
+        raw = self.r.hget(self.k.inbox(), eid)
+        if raw is None:
+            return False
+        rec = json.loads(raw)
+        rec["acked"] = True
+        rec["acked_by"] = by
+        self.r.hset(self.k.inbox(), eid, json.dumps(rec))
+        return True

@@ -1,0 +1,78 @@
+"""Reading and submitting jobs (the operator's side of the lease engine)."""
+
+from __future__ import annotations
+
+import json
+import secrets as _secrets
+from typing import Any
+
+from piloop_common.errors import BadRequest, NotFound
+from piloop_common.protocol import TERMINAL_STATES, JobView, SubmitRequest
+from piloop_server.runtime import Runtime
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
+
+
+def new_id() -> str:
+    return "j" + _secrets.token_hex(6)
+
+
+def submit(rt: Runtime, req: SubmitRequest, by: str) -> str:
+    if req.pool not in rt.executor.pools:
+        raise BadRequest(f"--pool {req.pool}: no such pool (pools: {', '.join(sorted(rt.executor.pools))})")
+    pool = rt.executor.pools[req.pool]
+    if (pool.agents if req.kind == "agent" else pool.evaluations) == 0 and pool.provisioner is None:
+        # a limit may set it to 0 for a while; say so, but queue the job anyway
+        pass
+    if req.spec.secrets:
+        have = rt.secrets.names() if getattr(rt, "secrets", None) else set()
+        missing = [s for s in req.spec.secrets if s not in have]
+        if missing:
+            raise BadRequest(f"--secret: no secret named {', '.join(missing)} (`piloop secret list`)")
+    missing_inputs = sorted(set(req.spec.inputs.values()) - rt.store.has_many(list(req.spec.inputs.values())))
+    if missing_inputs:
+        raise BadRequest(f"--input: the CAS lacks {', '.join(missing_inputs)}")
+    job_id = new_id()
+    rt.leases.enqueue(job_id, req.kind, req.pool, req.spec.model_dump(mode="json"), by=by,
+                      campaign=req.campaign, image=req.image)
+    return job_id
+
+
+def view(rt: Runtime, job_id: str) -> JobView:
+    pipe = rt.redis.pipeline(transaction=False)
+    pipe.hgetall(rt.keys.job(job_id))
+    pipe.lrange(rt.keys.job_log(job_id), 0, -1)
+    h, log = pipe.execute()
+    if not h:
+        raise NotFound(f"no job {job_id} (see `piloop job list`)")
+    f = {_s(k): _s(v) for k, v in h.items()}
+    result = json.loads(f["result"]) if f.get("result") else {}
+    chunks = result.get("log") or [_s(c) for c in log]
+    return JobView(
+        id=f["id"], kind=f["kind"], pool=f["pool"], campaign=f.get("campaign", ""), image=f.get("image", ""),
+        state=f["state"], attempts=int(f.get("attempts") or 0), lost=int(f.get("lost") or 0),
+        worker=f.get("worker", ""), token=f.get("token", ""), created_ms=int(f.get("created") or 0),
+        updated_ms=int(f.get("updated") or 0), reason=f.get("reason", ""),
+        spec=json.loads(f.get("spec") or "{}"), result=result, log=chunks)
+
+
+def listing(rt: Runtime, state: str | None, pool: str | None, limit: int = 200) -> list[JobView]:
+    ids = [_s(x) for x in rt.redis.zrevrange(rt.keys.jobs(), 0, max(limit * 5, 1000) - 1)]
+    out: list[JobView] = []
+    for jid in ids:
+        try:
+            v = view(rt, jid)
+        except NotFound:
+            continue
+        if (state and v.state != state) or (pool and v.pool != pool):
+            continue
+        out.append(v)
+        if len(out) >= limit:
+            break
+    return out
+
+
+def is_done(state: str) -> bool:
+    return state in TERMINAL_STATES

@@ -1,0 +1,52 @@
+"""What the API and the pass share: settings, the Redis client and the stores built on it."""
+
+from __future__ import annotations
+
+import getpass
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from piloop_common.cas import Store
+from piloop_common.config import ExecutorConfig, Settings
+from piloop_server.events import Events
+from piloop_server.limits import Limits
+from piloop_server.state.keys import Keys
+from piloop_server.state.leases import Leases, Timings
+from piloop_server.tokens import TokenStore
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    home: Path
+    redis: redis.Redis
+    store: Store
+    cas_id: str
+    keys: Keys = field(init=False)
+    leases: Leases = field(init=False)
+    tokens: TokenStore = field(init=False)
+    limits: Limits = field(init=False)
+    events: Events = field(init=False)
+    user: str = field(default_factory=getpass.getuser)
+    server_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    executor: ExecutorConfig = field(init=False)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.keys = Keys(self.settings.namespace)
+        self.executor = self.settings.plugins.executor
+        self.leases = Leases(self.redis, self.keys, Timings.from_executor(self.executor))
+        self.tokens = TokenStore(self.redis, self.keys)
+        self.limits = Limits(self.redis, self.keys)
+        self.events = Events(self.redis, self.keys)
+        self.refresh_limits()
+
+    def refresh_limits(self) -> list[str]:
+        """Apply the limits to config.toml's executor (each pass, and at once after a change)."""
+        executor, bad = Limits.apply(self.settings.plugins.executor, self.limits.all())
+        self.executor = executor
+        return bad

@@ -1,0 +1,197 @@
+"""`piloop serve`: Redis, the API on the unix socket (and `--listen`), the pass, and the `serve` worker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import uvicorn
+
+from piloop_common.cas import open_store
+from piloop_common.client import SOCKET_NAME
+from piloop_common.config import Settings
+from piloop_common.errors import ConfigError, Unavailable
+from piloop_server import embedded
+from piloop_server.app import create_app, via_socket
+from piloop_server.daemon import Pass, run as run_pass
+from piloop_server.redisconn import check_policy, connect
+from piloop_server.runtime import Runtime
+from piloop_server.state.generation import GenerationRecord
+
+log = logging.getLogger("piloop.serve")
+PID_FILE = "piloop.pid"
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(f"--listen {listen}: give HOST:PORT, like 127.0.0.1:8443")
+    return host.strip("[]"), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_listen(settings: Settings, listen: str) -> tuple[str, int]:
+    host, port = parse_listen(listen)
+    if not is_loopback(host) and settings.plugins.network.tls is None:
+        raise ConfigError(
+            f"--listen {listen}: {host} is not a loopback address, and [plugins.network] tls is not set. "
+            'Set tls = { cert = "<cert.pem>", key = "<key.pem>" }, or tls = "proxy" when a proxy or an SSH tunnel '
+            "ends TLS; or listen on 127.0.0.1")
+    return host, port
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the daemon stops all its servers together."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[override]
+        yield
+
+
+def _unix_socket(path: Path) -> socket.socket:
+    if path.exists():
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as probe:
+            probe.settimeout(0.5)
+            probe.connect(str(path))
+            raise Unavailable(f"another daemon answers on {path}: `piloop stop` it first")
+        path.unlink()
+    old = os.umask(0o177)
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(str(path))
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    s.listen(512)
+    return s
+
+
+def _tcp_socket(host: str, port: int) -> socket.socket:
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host, port))
+    except OSError as e:
+        s.close()
+        raise Unavailable(f"--listen {host}:{port}: cannot listen there: {e.strerror}") from e
+    s.listen(1024)
+    return s
+
+
+class WorkerChild:
+    """The daemon's own worker `serve`, a child process speaking to the socket like any worker."""
+
+    def __init__(self, home: Path, sock: Path) -> None:
+        self.home, self.sock = home, sock
+        self.proc: subprocess.Popen | None = None
+        self.stopping = False
+        self.log = open(home / "logs" / "worker-serve.log", "ab")
+
+    def start(self) -> None:
+        args = [sys.executable, "-m", "piloop_common.cli", "--home", str(self.home), "worker", "--socket",
+                str(self.sock), "--pool", "serve", "--name", "serve"]
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
+        log.info("event=worker.started name=serve pid=%d", self.proc.pid)
+
+    def watch(self, stop: threading.Event) -> None:
+        backoff = 1.0
+        while not stop.wait(1.0):
+            if self.proc is not None and self.proc.poll() is not None and not self.stopping:
+                log.warning("event=worker.exited name=serve code=%s (restarting in %gs)", self.proc.returncode, backoff)
+                if stop.wait(backoff):
+                    return
+                backoff = min(backoff * 2, 60)
+                self.start()
+
+    def stop(self) -> None:
+        """SIGTERM: the worker detaches and exits, leaving its jobs under their shims for the next daemon."""
+        self.stopping = True
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+
+def run(settings: Settings, home: Path, listen: str | None) -> int:
+    """Run the daemon in the foreground until SIGTERM or SIGINT."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    listen = listen or settings.plugins.network.listen
+    tcp_addr = check_listen(settings, listen) if listen else None
+    home.mkdir(parents=True, exist_ok=True)
+    home.chmod(0o700)
+    (home / "logs").mkdir(exist_ok=True)
+    redis_proc = embedded.start(home, "everysec") if settings.plugins.state is None else None
+    try:
+        client = connect(settings, home)
+        check_policy(client)
+        store = open_store(settings.plugins.cas, home)
+        rt = Runtime(settings=settings, home=home, redis=client, store=store, cas_id=store.identity())
+        record = GenerationRecord(home / "state" / "generation.json")
+        the_pass = Pass(rt, record)
+        the_pass.check_generation()
+        sock_path = home / SOCKET_NAME
+        servers_socks = [_unix_socket(sock_path)]
+        if tcp_addr:
+            servers_socks.append(_tcp_socket(*tcp_addr))
+        info = {"pid": os.getpid(), "socket": str(sock_path), "listen": listen or "", "started_ms": int(time.time() * 1000)}
+        app = create_app(rt, info)
+        servers = [_Server(uvicorn.Config(via_socket(app), lifespan="off", log_level="warning", access_log=False))]
+        if tcp_addr:
+            tls = settings.plugins.network.tls
+            kw = {"ssl_certfile": tls.cert, "ssl_keyfile": tls.key} if tls is not None and tls != "proxy" else {}
+            servers.append(_Server(uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
+                                                  proxy_headers=tls == "proxy", **kw)))
+        (home / PID_FILE).write_text(str(os.getpid()))
+        stop = threading.Event()
+        pass_thread = threading.Thread(target=run_pass, args=(the_pass, stop), name="pass", daemon=True)
+        pass_thread.start()
+        child = WorkerChild(home, sock_path) if "serve" in rt.executor.pools else None
+        if child:
+            child.start()
+            threading.Thread(target=child.watch, args=(stop,), name="worker-watch", daemon=True).start()
+        log.info("event=daemon.started pid=%d socket=%s listen=%s", os.getpid(), sock_path, listen or "-")
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, lambda: [setattr(s, "should_exit", True) for s in servers])
+            await asyncio.gather(*(s.serve(sockets=[sk]) for s, sk in zip(servers, servers_socks)))
+
+        try:
+            asyncio.run(main())
+        finally:
+            stop.set()
+            if child:
+                child.stop()
+            pass_thread.join(10)
+            with contextlib.suppress(FileNotFoundError):
+                sock_path.unlink()
+            with contextlib.suppress(FileNotFoundError):
+                (home / PID_FILE).unlink()
+            log.info("event=daemon.stopped")
+        return 0
+    finally:
+        if settings.plugins.state is None:
+            embedded.stop(home, redis_proc)

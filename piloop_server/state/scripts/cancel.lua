@@ -1,0 +1,19 @@
+-- cancel: a queued job ends at once; a leased or running one is stopped at its worker's next heartbeat.
+-- KEYS[1] job hash  KEYS[2] queue (pool, kind)  KEYS[3] events
+-- ARGV[1] job id  ARGV[2] by
+-- Reply: the job's state after the call ('cancelled' or 'cancelling').
+-- Error PILOOP_CONFLICT when the job has already ended.
+local st = redis.call('HGET', KEYS[1], 'state')
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if st == 'queued' then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('HSET', KEYS[1], 'state', 'cancelled', 'reason', 'cancelled by ' .. ARGV[2], 'ended', now, 'updated', now)
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', 100000, '*', 'type', 'job.cancelled', 'by', ARGV[2], 'job', ARGV[1])
+  return 'cancelled'
+elseif st == 'leased' or st == 'running' then
+  redis.call('HSET', KEYS[1], 'cancel', '1', 'updated', now)
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', 100000, '*', 'type', 'job.cancel_requested', 'by', ARGV[2], 'job', ARGV[1])
+  return 'cancelling'
+end
+return redis.error_reply('PILOOP_CONFLICT job ' .. ARGV[1] .. ' has already ended (' .. tostring(st) .. ')')
