@@ -1,6 +1,6 @@
 """One suite that every CAS provider must pass, against real backends.
 
-`s3` is moto's server over HTTP; `http` is a real CAS server process over a local store;
+`s3` is moto's server over HTTP; `http` is a real `piloop cas serve` process over a local store;
 `cached` runs in front of each. Each test gets its own namespace (a directory, a key prefix).
 """
 
@@ -20,28 +20,14 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (the lead's conftest may do it too)
-
-from helpers.s3 import DUMMY_CREDENTIALS, free_port, start_moto, stop, wait_until_answers  # noqa: E402
-
-from piloop_common.cas import CasConfig, Store, hash_bytes, hash_file, open_store  # noqa: E402
-from piloop_common.cas.local import LocalStore  # noqa: E402
-from piloop_common.errors import BadAddress, BlobMissing, Corrupt, Unavailable  # noqa: E402
+from piloop_common.cas import CasConfig, Store, hash_bytes, hash_file, open_store
+from piloop_common.cas.local import LocalStore
+from piloop_common.errors import BadAddress, BlobMissing, Corrupt, Unavailable
+from tests.helpers.s3 import DUMMY_CREDENTIALS, free_port, start_moto, stop, wait_until_answers
 
 BUCKET = "piloop-cas"
-TOKEN = "plt_test-token"
 MiB = 1 << 20
 CONFIG = TypeAdapter(CasConfig)
-
-# Until `piloop cas serve` and its token verifier land, the server is the same app under uvicorn.
-SERVE = """
-import sys, uvicorn
-from piloop_common.cas.local import LocalStore
-from piloop_server.cas_app import create_cas_app
-root, port, token = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-app = create_cas_app(LocalStore(root), lambda t: t == token)
-uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
-"""
 
 # Opens a store from a config in a fresh process, races to create the identity, and puts a file.
 PUT = """
@@ -55,16 +41,29 @@ print(json.dumps({"id": store.identity(), "address": store.put_file(sys.argv[3])
 
 
 class CasServer:
-    """A CAS server process over a directory, which tests may stop and start again."""
+    """A real `piloop cas serve` over a local store, with its tokens in Redis; tests stop and restart it."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, home: Path, redis_url: str) -> None:
+        from piloop_server.state.keys import Keys
+        from piloop_server.tokens import TokenStore
+        import redis
+
+        self.home = home
+        self.root = home / "served"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        namespace = "cas" + uuid.uuid4().hex[:8]
+        client = redis.Redis.from_url(redis_url)
+        self.token = TokenStore(client, Keys(namespace)).create("cas-test", by="test")
+        client.close()
+        plugins = {"state": {"url": redis_url}, "cas": {"provider": "local", "path": str(self.root)}}
+        self.env = {**os.environ, "PILOOP_PLUGINS": json.dumps(plugins), "PILOOP_NAMESPACE": namespace}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", SERVE, str(self.root), str(self.port), TOKEN])
+        argv = [sys.executable, "-m", "piloop_common.cli", "--home", str(self.home)]
+        argv += ["cas", "serve", "--listen", f"127.0.0.1:{self.port}"]
+        self.proc = subprocess.Popen(argv, env=self.env)
         wait_until_answers(f"{self.url}/v1/cas/identity", self.proc)
 
     def stop(self) -> None:
@@ -83,8 +82,8 @@ def s3_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def cas_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CasServer]:
-    server = CasServer(tmp_path_factory.mktemp("cas-server"))
+def cas_server(tmp_path_factory: pytest.TempPathFactory, redis_server: Any) -> Iterator[CasServer]:
+    server = CasServer(tmp_path_factory.mktemp("cas-server"), redis_server.url)
     server.start()
     yield server
     server.stop()
@@ -171,7 +170,7 @@ def _http(server: CasServer) -> tuple[dict[str, Any], Callable[[str, bytes], Non
         def __exit__(self, *exc: object) -> None:
             server.start()
 
-    return {"provider": "http", "url": server.url, "token": TOKEN}, corrupt, None, Outage
+    return {"provider": "http", "url": server.url, "token": server.token}, corrupt, None, Outage
 
 
 def _random_file(path: Path, size: int) -> Path:
