@@ -29,3 +29,14 @@ def redis_client(redis_server):
 def namespace() -> str:
     """Each test its own key namespace, instead of flushing a shared Redis."""
     return "t" + uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def daemon(redis_server, namespace):
+    """A real `piloop serve` on a short temp home, on the session Redis under its own namespace."""
+    from tests.helpers.serve import Daemon, short_home
+
+    d = Daemon(short_home(), redis_url=redis_server.url, namespace=namespace)
+    d.start()
+    yield d
+    d.cleanup()

@@ -9,7 +9,6 @@ import click
 
 from piloop_common.cli.output import emit_json, progress, progress_done, table, when
 from piloop_common.duration import parse_duration
-from piloop_common.protocol import TERMINAL_STATES
 
 KIND = click.Choice(["evaluation", "agent"])
 
@@ -121,6 +120,8 @@ def cancel(obj, job_id) -> None:
 @click.pass_obj
 def wait(obj, job_ids, timeout, as_json) -> None:
     """Wait for jobs to end; the exit status is 0 only when all succeeded."""
+    from piloop_common.protocol import TERMINAL_STATES
+
     limit = parse_duration(timeout, "--timeout") if timeout else None
     started = time.monotonic()
     done: dict[str, dict] = {}

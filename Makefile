@@ -1,0 +1,30 @@
+# The README's two commands: `make demo` (piloop's main job, end to end, on the embedded
+# defaults) and `make test` (every test). Both set up the venv themselves.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DEMO_HOME ?= $(CURDIR)/.piloop-demo
+
+.PHONY: venv demo test bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+venv: $(BIN)/.installed
+
+demo: venv
+	PATH="$(CURDIR)/$(BIN):$$PATH" PILOOP_HOME="$(DEMO_HOME)" sh bench/demo.sh
+
+test: venv
+	$(BIN)/pytest -q
+
+bench: venv
+	$(BIN)/python bench/claims.py
+
+clean:
+	-PILOOP_HOME="$(DEMO_HOME)" $(BIN)/piloop stop
+	rm -rf $(VENV) $(DEMO_HOME)
