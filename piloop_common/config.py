@@ -257,15 +257,15 @@ def _has_path(data: dict[str, Any], loc: tuple[str, ...]) -> bool:
 def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:
     """The keys a table at `loc` accepts, for 'unknown key' errors."""
     model: Any = Settings
+    in_dict = False
     for p in loc:
-        if model is None:
-            return []
-        field = getattr(model, "model_fields", {}).get(p) if isinstance(p, str) else None
-        if field is None:
-            # a dict of pools, or a discriminated union: step into the value type
-            ann = getattr(model, "__args__", None)
-            model = ann[-1] if ann else None
+        if in_dict:  # a pool's name: the value type is the model
+            in_dict = False
             continue
+        field = getattr(model, "model_fields", {}).get(p) if model is not None else None
+        if field is None:
+            return []
+        in_dict = getattr(field.annotation, "__origin__", None) is dict
         model = _model_of(field.annotation)
     return sorted(getattr(model, "model_fields", {}) or [])
 
