@@ -1,0 +1,152 @@
+"""Memory cgroups for jobs with a grant: cgroup v2 where a writable subtree has the memory controller,
+else v1's memory hierarchy. Where neither works, `Cgroups.reason` says why, once, at the worker's start.
+
+Each job gets `<base>/<job dir name>` with its memory limit; the job process joins it before exec,
+so everything it starts is counted. An out-of-memory kill is read back from the group's counters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _own_path(controller: str | None) -> str:
+    """Our cgroup's path in the v2 hierarchy (controller None) or in a v1 controller's."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return "/"
+    for line in lines:
+        hid, ctrls, path = line.split(":", 2)
+        if controller is None and hid == "0" and ctrls == "":
+            return path
+        if controller is not None and controller in ctrls.split(","):
+            return path
+    return "/"
+
+
+@dataclass
+class JobCgroup:
+    path: Path
+    version: int
+
+    def join_path(self) -> Path:
+        """The file a process writes its pid to, to join."""
+        return self.path / "cgroup.procs"
+
+    def oom_kills(self) -> int:
+        if self.version == 2:
+            m = re.search(r"^oom_kill (\d+)$", _read(self.path / "memory.events"), re.M)
+            return int(m.group(1)) if m else 0
+        m = re.search(r"^oom_kill (\d+)$", _read(self.path / "memory.oom_control"), re.M)
+        return int(m.group(1)) if m else 0
+
+    def pids(self) -> list[int]:
+        return [int(x) for x in _read(self.path / "cgroup.procs").split()]
+
+    def kill_all(self) -> None:
+        """SIGKILL every process in the group, even those that left the job's process group."""
+        if self.version == 2 and (self.path / "cgroup.kill").exists():
+            with contextlib.suppress(OSError):
+                (self.path / "cgroup.kill").write_text("1")
+                return
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
+def _read(p: Path) -> str:
+    try:
+        return p.read_text()
+    except OSError:
+        return ""
+
+
+class Cgroups:
+    """Where this worker's job cgroups go (`base`), or why there are none (`reason`)."""
+
+    def __init__(self, name: str, root: Path = CGROUP_ROOT) -> None:
+        self.base: Path | None = None
+        self.version = 0
+        self.reason = ""
+        reasons = []
+        for try_ in (self._v2, self._v1):
+            why = try_(name, root)
+            if not why:
+                return
+            reasons.append(why)
+        self.reason = "; ".join(reasons)
+
+    @property
+    def available(self) -> bool:
+        return self.base is not None
+
+    def _v2(self, name: str, root: Path) -> str:
+        if not (root / "cgroup.controllers").exists():
+            return "no cgroup v2 hierarchy at " + str(root)
+        if "memory" not in _read(root / "cgroup.controllers").split():
+            return "cgroup v2 has no memory controller"
+        own = root / _own_path(None).lstrip("/")
+        # a cgroup with processes cannot give controllers to children (no internal processes), so
+        # our jobs go in a sibling of our own cgroup where we may write to its parent
+        last = ""
+        for parent in (own.parent if own != root else root, own):
+            base = parent / f"piloop-{name}"
+            try:
+                base.mkdir(exist_ok=True)
+                if "memory" not in _read(parent / "cgroup.subtree_control").split():
+                    (parent / "cgroup.subtree_control").write_text("+memory")
+                (base / "cgroup.subtree_control").write_text("+memory")
+            except OSError as e:
+                last = f"cgroup v2 at {parent} is not writable here ({e.strerror})"
+                continue
+            self.base, self.version = base, 2
+            return ""
+        return last
+
+    def _v1(self, name: str, root: Path) -> str:
+        mem = root / "memory"
+        if not (mem / "memory.limit_in_bytes").exists():
+            return "no cgroup v1 memory controller"
+        last = ""
+        for parent in (mem / _own_path("memory").lstrip("/"), mem):
+            base = parent / f"piloop-{name}"
+            try:
+                base.mkdir(exist_ok=True)
+                probe = base / ".probe"
+                probe.mkdir(exist_ok=True)
+                probe.rmdir()
+            except OSError as e:
+                last = f"cgroup v1 memory at {parent} is not writable here ({e.strerror})"
+                continue
+            self.base, self.version = base, 1
+            return ""
+        return last
+
+    def create(self, job: str, memory_mb: int) -> JobCgroup:
+        """A cgroup for one job, limited to `memory_mb` (raises OSError where the kernel refuses)."""
+        assert self.base is not None
+        path = self.base / job
+        path.mkdir(exist_ok=True)
+        limit = str(memory_mb * 1024 * 1024)
+        if self.version == 2:
+            (path / "memory.max").write_text(limit)
+            with contextlib.suppress(OSError):
+                (path / "memory.swap.max").write_text("0")
+        else:
+            (path / "memory.limit_in_bytes").write_text(limit)
+            with contextlib.suppress(OSError):
+                (path / "memory.memsw.limit_in_bytes").write_text(limit)
+            with contextlib.suppress(OSError):
+                (path / "memory.swappiness").write_text("0")
+        return JobCgroup(path, self.version)

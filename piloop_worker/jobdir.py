@@ -1,0 +1,146 @@
+"""One job directory per lease: what the worker and the job's shim share on disk.
+
+Layout of `<dir>/jobs/<job>.<token>/`:
+
+    job.json      the assignment, minus secret values          (worker, before the shim starts)
+    deadline      a CLOCK_MONOTONIC float: fence after it       (worker, at each acknowledged renewal)
+    stop          why the worker wants the job stopped          (worker: lost, cancelled, refused, lease_lost)
+    lock          flock'd by the shim for as long as it lives   (shim)
+    shim.json     the shim's and the job's pids                 (shim)
+    exit.json     how the job ended, with its usage             (shim, atomically, last)
+    output.log    the job's stdout and stderr                   (job)
+    metrics.jsonl host metrics every few seconds                (shim)
+    log.json      how much of output.log is in the CAS          (worker)
+    inputs/ outputs/ work/                                      (worker / job / job's cwd)
+
+Every file another process reads is written atomically (a temp file, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write(path: Path, data: bytes | str, mode: int = 0o600) -> None:
+    """Write `path` so a reader sees the old content or the new, never a part."""
+    raw = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_json(path: Path, obj: Any) -> None:
+    atomic_write(path, json.dumps(obj, sort_keys=True))
+
+
+def read_json(path: Path) -> Any | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class JobDir:
+    """The paths of one job's directory, and the small protocol on them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @classmethod
+    def for_lease(cls, workdir: Path, job: str, token: str) -> "JobDir":
+        return cls(workdir / "jobs" / f"{job}.{token}")
+
+    def __repr__(self) -> str:
+        return f"JobDir({self.root})"
+
+    # -- paths ----------------------------------------------------------------------------
+    job_json = property(lambda self: self.root / "job.json")
+    deadline_file = property(lambda self: self.root / "deadline")
+    stop_file = property(lambda self: self.root / "stop")
+    lock_file = property(lambda self: self.root / "lock")
+    shim_json = property(lambda self: self.root / "shim.json")
+    exit_json = property(lambda self: self.root / "exit.json")
+    output_log = property(lambda self: self.root / "output.log")
+    metrics = property(lambda self: self.root / "metrics.jsonl")
+    log_state = property(lambda self: self.root / "log.json")
+    inputs = property(lambda self: self.root / "inputs")
+    outputs = property(lambda self: self.root / "outputs")
+    work = property(lambda self: self.root / "work")
+
+    def create(self, job_record: dict[str, Any]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for d in (self.inputs, self.outputs, self.work):
+            d.mkdir(exist_ok=True)
+        atomic_json(self.job_json, job_record)
+
+    def record(self) -> dict[str, Any] | None:
+        return read_json(self.job_json)
+
+    # -- the deadline ---------------------------------------------------------------------
+    def write_deadline(self, monotonic_deadline: float) -> None:
+        atomic_write(self.deadline_file, repr(float(monotonic_deadline)))
+
+    def read_deadline(self) -> float | None:
+        try:
+            return float(self.deadline_file.read_text())
+        except (OSError, ValueError):
+            return None
+
+    # -- stop requests --------------------------------------------------------------------
+    def request_stop(self, why: str) -> None:
+        """Ask the shim to stop the job; the first reason given wins."""
+        if not self.stop_file.exists():
+            atomic_write(self.stop_file, why)
+
+    def stop_reason(self) -> str | None:
+        try:
+            return self.stop_file.read_text().strip() or "stopped"
+        except OSError:
+            return None
+
+    # -- the shim's liveness --------------------------------------------------------------
+    def shim_alive(self) -> bool:
+        """Whether a shim holds this dir's lock (flock dies with its holder, so a stale pid can't fool it)."""
+        try:
+            fd = os.open(self.lock_file, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return True
+            raise
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        finally:
+            os.close(fd)
+
+    def exit_record(self) -> dict[str, Any] | None:
+        return read_json(self.exit_json)
+
+
+def scan(workdir: Path) -> list[JobDir]:
+    """Every job directory under `workdir`, oldest first."""
+    jobs = workdir / "jobs"
+    if not jobs.is_dir():
+        return []
+    dirs = [JobDir(p) for p in jobs.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    return sorted(dirs, key=lambda d: d.root.stat().st_mtime)

@@ -1,0 +1,206 @@
+"""The per-job supervisor: forked from the shim host, it runs one job and fences it on its own.
+
+It is its own session leader (it outlives the worker and the shim host), runs the job in a process group
+of its own, and every ~100 ms compares CLOCK_MONOTONIC with the `deadline` the worker last wrote: past it,
+the job's whole group gets SIGTERM, then SIGKILL after the kill grace. So a job dies by its deadline
+whatever else has died, and never runs beside the copy the server hands on after its lease expires.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from piloop_worker import metrics
+from piloop_worker.cgroups import JobCgroup
+from piloop_worker.jobdir import JobDir, atomic_json
+from piloop_worker.usage import Meter
+
+TICK = 0.1
+SAMPLE_EVERY = 0.5
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class _Terminated(Exception):
+    pass
+
+
+def run(req: dict[str, Any]) -> int:
+    """Run the job `req` describes (see `ShimHost.start`) to its end, and write `exit.json`."""
+    jd = JobDir(Path(req["dir"]))
+    lock_fd = os.open(jd.lock_file, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return 1  # another shim already supervises this dir
+    terminated = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: terminated.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    cg = JobCgroup(Path(req["cgroup"]["path"]), req["cgroup"]["version"]) if req.get("cgroup") else None
+    started_wall, started = time.time(), time.monotonic()
+    record: dict[str, Any] = {"exit_code": None, "signal": None, "oom": False, "stopped": "", "reason": "",
+                              "started": started_wall}
+    try:
+        log = open(jd.output_log, "ab")
+        proc = subprocess.Popen(req["argv"], cwd=jd.work, env=req["env"], stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, process_group=0,
+                                preexec_fn=_joiner(cg) if cg is not None else None)
+        log.close()
+    except (OSError, subprocess.SubprocessError) as e:
+        record.update(exit_code=127, reason=f"cannot start {req['argv'][0]!r}: {e}", ended=time.time(),
+                      usage={"peak_rss_bytes": 0, "cpu_seconds": 0.0}, duration_seconds=0.0)
+        atomic_json(jd.exit_json, record)
+        return 0
+    pid = proc.pid
+    atomic_json(jd.shim_json, {"shim": os.getpid(), "pid": pid, "pgid": pid, "started": started_wall})
+    stop_metrics = threading.Event()
+    threading.Thread(target=_metrics_loop, args=(jd, float(req.get("metrics_seconds", 5)), stop_metrics),
+                     name="metrics", daemon=True).start()
+    meter = Meter(os.getpid(), include_root=False)  # the shim is a subreaper: all it has is the job's
+    why = ""
+    kill_at: float | None = None
+    killed = False
+    next_sample = 0.0
+    timeout = req.get("timeout")
+    grace = float(req.get("kill_grace", 5))
+    while True:
+        done, status, ru = os.wait4(pid, os.WNOHANG)
+        if done:
+            break
+        now = time.monotonic()
+        if not why:
+            deadline = jd.read_deadline()
+            if deadline is None or now > deadline:
+                why = "fenced"
+            elif (stop := jd.stop_reason()) is not None:
+                why = stop
+            elif timeout and now - started > float(timeout):
+                why = "timeout"
+            elif terminated.is_set():
+                why = "shim terminated"
+            if why:
+                _signal_tree(pid, meter, signal.SIGTERM)
+                kill_at = now + grace
+        elif not killed and kill_at is not None and now >= kill_at:
+            _signal_tree(pid, meter, signal.SIGKILL)
+            if cg is not None:
+                cg.kill_all()
+            killed = True
+        if now >= next_sample:
+            meter.sample()
+            next_sample = now + SAMPLE_EVERY
+        time.sleep(TICK)
+    # the job is its main process: whatever it left behind in its group (or cgroup) ends with it
+    stop_metrics.set()
+    _signal_tree(pid, meter, signal.SIGKILL)
+    if cg is not None:
+        cg.kill_all()
+    _reap_all(pid, 2.0)
+    record["ended"] = time.time()
+    record["duration_seconds"] = round(time.monotonic() - started, 3)
+    if os.WIFEXITED(status):
+        record["exit_code"] = os.WEXITSTATUS(status)
+    elif os.WIFSIGNALED(status):
+        record["signal"] = os.WTERMSIG(status)
+    if cg is not None:
+        record["oom"] = cg.oom_kills() > 0
+        cg.remove()
+    record["stopped"] = why
+    record["usage"] = meter.usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024).model_dump()
+    atomic_json(jd.exit_json, record)
+    return 0
+
+
+def _joiner(cg: JobCgroup):
+    path = str(cg.join_path())
+
+    def join() -> None:  # runs in the child between fork and exec
+        with open(path, "w") as f:
+            f.write(str(os.getpid()))
+
+    return join
+
+
+def _signal_tree(pgid: int, meter: Meter, sig: int) -> None:
+    """Signal the job's process group, and every descendant that left it (setsid, setpgid)."""
+    with contextlib.suppress(OSError):
+        os.killpg(pgid, sig)
+    for p in meter.processes():
+        with contextlib.suppress(OSError):
+            os.kill(p.pid, sig)
+
+
+def _become_subreaper() -> None:
+    """Orphans of the job are re-parented to the shim (not init), so it sees, kills and reaps them all."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _reap_all(pgid: int, timeout: float) -> None:
+    """Kill and reap every process left under the shim, until it has no child (or `timeout`)."""
+    end = time.monotonic() + timeout
+    me = psutil.Process()
+    while time.monotonic() < end:
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signal.SIGKILL)
+        for p in me.children(recursive=True):
+            with contextlib.suppress(psutil.Error, OSError):
+                p.kill()
+        while True:
+            try:
+                done, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if not done:
+                break
+        time.sleep(0.01)
+
+
+def _metrics_loop(jd: JobDir, every: float, stop: threading.Event) -> None:
+    if every <= 0:
+        return
+    while not stop.is_set():
+        with contextlib.suppress(Exception):
+            metrics.append(jd.metrics, jd.root)
+        stop.wait(every)
+
+
+def main_forked(req: dict[str, Any]) -> None:
+    """The shim's life after the fork: its own session, its own log, then `run`."""
+    jd = JobDir(Path(req["dir"]))
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    out = os.open(jd.root / "shim.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    for fd in (devnull, out):
+        os.close(fd)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _become_subreaper()
+    try:
+        run(req)
+    except BaseException as e:  # the record says why, never a silent death
+        with contextlib.suppress(Exception):
+            os.write(2, f"shim failed: {type(e).__name__}: {e}\n".encode())
+            if not jd.exit_json.exists():
+                atomic_json(jd.exit_json, {"exit_code": None, "signal": None, "oom": False, "stopped": "",
+                                           "reason": f"the shim failed: {type(e).__name__}: {e}",
+                                           "usage": {"peak_rss_bytes": 0, "cpu_seconds": 0.0},
+                                           "started": time.time(), "ended": time.time(), "duration_seconds": 0.0})
+
+
+__all__ = ["main_forked", "run", "json"]

@@ -1,0 +1,105 @@
+"""The shim host: a single-threaded fork server the worker starts first, before it has any thread.
+
+It reads one JSON request per line on stdin and forks a shim for each (≈1 ms, where a new interpreter
+costs 13–18 ms). Each shim double-forks away, `setsid()`s and outlives both the worker and the host.
+The host exits when its stdin closes, which is when the worker dies or detaches.
+
+    python -m piloop_worker.shimhost
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from piloop_worker import shim  # imported here, once, so every forked shim starts warm
+
+
+def serve(stdin: Any) -> None:
+    for raw in stdin:
+        try:
+            req = json.loads(raw)
+        except ValueError:
+            continue
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                if os.fork() == 0:  # the shim: reparented away from the host, so the host never reaps it
+                    shim.main_forked(req)
+                    os._exit(0)
+            except BaseException:
+                code = 1
+            os._exit(code)
+        os.waitpid(pid, 0)
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the worker's group is the worker's to handle
+    serve(sys.stdin.buffer)
+
+
+class ShimHost:
+    """The worker's handle on its shim host process."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lock = threading.Lock()
+
+    def start(self) -> "ShimHost":
+        self.proc = subprocess.Popen([sys.executable, "-m", "piloop_worker.shimhost"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, close_fds=True)
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def run_job(self, req: dict[str, Any]) -> None:
+        """Ask for a shim for `req`: {dir, argv, env, timeout, kill_grace, cgroup, metrics_seconds}.
+
+        `env` carries the job's secret values: they cross this pipe and are never written to disk.
+        """
+        line = (json.dumps(req) + "\n").encode()
+        with self.lock:
+            for attempt in (0, 1):
+                if not self.alive():
+                    self.start()
+                assert self.proc is not None and self.proc.stdin is not None
+                try:
+                    self.proc.stdin.write(line)
+                    self.proc.stdin.flush()
+                    return
+                except (BrokenPipeError, OSError):
+                    if attempt:
+                        raise
+                    self.close()
+
+    def close(self) -> None:
+        """Close the pipe: the host exits; the shims it forked keep running."""
+        with self.lock:
+            if self.proc is None:
+                return
+            try:
+                if self.proc.stdin:
+                    self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+            self.proc = None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Sampling a job's process tree with psutil: its peak memory and its CPU seconds."""
+
+from __future__ import annotations
+
+import psutil
+
+from piloop_common.protocol import Usage
+
+
+class Meter:
+    """Samples the tree under one process (a subreaper shim: all its descendants); `usage()` is the peak RSS seen and the CPU spent."""
+
+    def __init__(self, pid: int, include_root: bool = True) -> None:
+        self.pid, self.include_root = pid, include_root
+        self.peak_rss = 0
+        self._cpu: dict[tuple[int, float], float] = {}  # (pid, create_time) -> last CPU seconds seen
+        self.seen: set[tuple[int, float]] = set()
+
+    def processes(self) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(self.pid)
+            kids = root.children(recursive=True)
+        except psutil.Error:
+            return []
+        return [root, *kids] if self.include_root else kids
+
+    def sample(self) -> None:
+        rss = 0
+        for p in self.processes():
+            try:
+                with p.oneshot():
+                    key = (p.pid, p.create_time())
+                    rss += p.memory_info().rss
+                    t = p.cpu_times()
+                    self._cpu[key] = t.user + t.system
+                    self.seen.add(key)
+            except psutil.Error:
+                continue
+        self.peak_rss = max(self.peak_rss, rss)
+
+    def usage(self, rusage_cpu: float = 0.0, rusage_maxrss: int = 0) -> Usage:
+        """The usage so far; `rusage_*` from wait4 of the root cover children that ended between samples."""
+        cpu = max(sum(self._cpu.values()), rusage_cpu)
+        return Usage(peak_rss_bytes=max(self.peak_rss, rusage_maxrss), cpu_seconds=round(cpu, 3))
