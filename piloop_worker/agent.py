@@ -1,0 +1,488 @@
+"""The worker's main loop: register, send the spool, re-attach, claim, start jobs, ship logs, report.
+
+Threads: this loop (the main thread) and the heartbeat (`heartbeat.py`). Jobs run under shims forked
+by the shim host, a process started before either thread existed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable
+
+import psutil
+
+from piloop_common import __version__
+from piloop_common.cas import Store
+from piloop_common.client import ApiClient
+from piloop_common.errors import BadRequest, LeaseLost, NotFound, PiloopError, Refused, StoreError
+from piloop_common.hostinfo import Sampler
+from piloop_common.protocol import (
+    PROTOCOL, Assignment, ClaimRequest, ClaimResponse, HeldJob, RegisterRequest, RegisterResponse, ReleaseRequest,
+    ReportRequest, ReportResponse, Timing, Usage, WorkerHello, LogAppend,
+)
+from piloop_worker import pressure
+from piloop_worker.cgroups import Cgroups
+from piloop_worker.heartbeat import Heartbeat, Reachability
+from piloop_worker.jobdir import JobDir, atomic_json, read_json, scan
+from piloop_worker.logs import LogShipper
+from piloop_worker.shimhost import ShimHost
+from piloop_worker.spool import Spool
+
+log = logging.getLogger("piloop.worker")
+
+REPORT_NS = uuid.UUID("5d1b7c3e-8f0a-4e4b-9c55-7a1f0c2d9e61")
+SHIM_START_SECONDS = 10.0  # a shim that has not taken its dir's lock by then never will
+TICK = 0.1
+
+
+class ShutdownRequested(BaseException):
+    """SIGTERM or SIGINT: detach. A BaseException, so no `except Exception` swallows it."""
+
+
+class WorkerRefused(BaseException):
+    """The server refuses this worker (protocol, pool, token, CAS): stop every job, exit 3."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def report_id_for(job: str, token: str) -> str:
+    """One report id per lease, so a report rebuilt after a crash is the same report to the server."""
+    return str(uuid.uuid5(REPORT_NS, f"{job}/{token}"))
+
+
+@dataclass
+class Held:
+    job: str
+    token: str
+    kind: str
+    jd: JobDir
+    shipper: LogShipper
+    requested_at: float = field(default_factory=time.monotonic)
+    report: ReportRequest | None = None
+    next_try: float = 0.0
+    tries: int = 0
+
+
+def outcome_of(rec: dict[str, Any]) -> tuple[str, str]:
+    """The report's outcome and reason for an exit record."""
+    stopped = rec.get("stopped") or ""
+    if rec.get("lost"):
+        return "lost", rec.get("reason") or "the job's shim is gone"
+    if stopped == "fenced":
+        return "fenced", "the worker could not renew the lease before its deadline"
+    if stopped in ("lost", "lease_lost"):
+        return "lost", "the server says the lease is lost"
+    if stopped == "cancelled":
+        return "cancelled", "cancelled"
+    if stopped.startswith("refused"):
+        return "lost", "the server refused the worker"
+    if stopped == "shim terminated":
+        return "lost", "the job's shim was terminated"
+    if stopped == "timeout":
+        return "failed", "timeout"
+    if rec.get("oom"):
+        return "failed", "out of memory"
+    if rec.get("reason"):
+        return "failed", rec["reason"]
+    if rec.get("exit_code") == 0:
+        return "succeeded", ""
+    if rec.get("signal"):
+        return "failed", f"killed by signal {rec['signal']}"
+    return "failed", f"exit code {rec.get('exit_code')}"
+
+
+def _safe_name(name: str) -> bool:
+    p = PurePosixPath(name)
+    return bool(name) and not p.is_absolute() and ".." not in p.parts and name not in (".",)
+
+
+class Worker:
+    def __init__(self, *, api_factory: Callable[[], ApiClient], where: str, pool: str, image: str,
+                 name: str | None, workdir: Path | None, home: Path, store: Store, host: ShimHost) -> None:
+        self.api_factory, self.pool, self.image, self.home = api_factory, pool, image, home
+        self.name = name or ""
+        self.workdir_arg = workdir
+        self.workdir: Path | None = workdir or (home / "work" / name if name else None)
+        self.store, self.host = store, host
+        self.api = api_factory()
+        self.reach = Reachability(where)
+        self.lock = threading.RLock()
+        self.held: dict[str, Held] = {}
+        self.timing: Timing | None = None  # type: ignore[assignment]
+        self.spool: Spool | None = None
+        self.sampler = Sampler(workdir or home)
+        self.cas_id = store.identity()
+        self.cgroups: Cgroups | None = None
+        self.refused: str | None = None
+        self.stopping = threading.Event()
+        self.next_claim = 0.0
+        self.heartbeat: Heartbeat | None = None
+        self.register_sent = 0.0
+
+    # -- what the server hears --------------------------------------------------------------
+    def snapshot(self) -> list[Held]:
+        with self.lock:
+            return list(self.held.values())
+
+    def hello(self, held: list[Held]) -> WorkerHello:
+        sample = self.sampler.get()
+        adm = pressure.admission(sample, self.timing.memory_pressure_max) if self.timing else ""
+        return WorkerHello(protocol=PROTOCOL, pool=self.pool, image=self.image, cas_id=self.cas_id, sample=sample,
+                           jobs=[HeldJob(job=h.job, token=h.token) for h in held], admission=adm)
+
+    def info(self) -> dict[str, Any]:
+        return {"host": socket.gethostname(), "pid": os.getpid(), "version": __version__,
+                "cgroups": (f"v{self.cgroups.version}" if self.cgroups and self.cgroups.available
+                            else (self.cgroups.reason if self.cgroups else "")),
+                "shim_host": self.host.pid}
+
+    def register_with(self, api: ApiClient, held: list[Held], sent: float | None = None) -> RegisterResponse:
+        hello = self.hello(held)
+        req = RegisterRequest(**hello.model_dump(), name=self.name or None, info=self.info())
+        sent = time.monotonic() if sent is None else sent
+        self.register_sent = sent
+        timeout = self.timing.request_timeout_seconds if self.timing else None
+        resp: RegisterResponse = api.call("POST", "/v1/worker/register", req, model=RegisterResponse, timeout=timeout)
+        self.timing = resp.timing
+        self.name = resp.worker
+        log.info("event=worker.registered worker=%s pool=%s jobs=%d", self.name, self.pool, len(held))
+        return resp
+
+    def refuse(self, reason: str) -> None:
+        self.refused = reason
+        self.stopping.set()
+
+    def apply(self, statuses: dict[str, str], sent: float, held: list[Held]) -> None:
+        """Act on the server's word about each job we named: renew its deadline, or stop it."""
+        assert self.timing is not None
+        deadline = sent + self.timing.toleration_seconds - 2 * self.timing.renew_seconds
+        for h in held:
+            st = statuses.get(h.job, "lost")
+            try:
+                if st == "ok":
+                    if h.jd.root.exists():
+                        h.jd.write_deadline(deadline)
+                elif st == "cancel":
+                    h.jd.request_stop("cancelled")
+                else:
+                    if not h.jd.exit_json.exists():
+                        log.warning("event=job.lost job=%s token=%s worker=%s", h.job, h.token, self.name)
+                    h.jd.request_stop("lost")
+            except FileNotFoundError:
+                pass  # reported and removed meanwhile
+
+    # -- start -------------------------------------------------------------------------------
+    def _call_until_answered(self, fn: Callable[[], Any]) -> Any:
+        backoff = 0.25
+        while True:
+            self._check_stop()
+            try:
+                return fn()
+            except Refused as e:
+                raise WorkerRefused(e.message) from e
+            except (PiloopError, OSError) as e:
+                if isinstance(e, BadRequest):
+                    raise
+                self.reach.failed(e, self.name or "-")
+            self.stopping.wait(backoff)
+            backoff = min(backoff * 2, 10.0)
+
+    def start(self) -> None:
+        found = self._scan_dirs() if self.workdir else []
+        resp = self._call_until_answered(lambda: self.register_with(self.api, found))
+        self.reach.ok(self.name)
+        if self.workdir is None:
+            self.workdir = self.home / "work" / self.name
+            self.sampler.disk_path = self.workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.cgroups = Cgroups(self.name)
+        if self.cgroups.available:
+            log.info("event=worker.cgroups worker=%s version=%d base=%s", self.name, self.cgroups.version,
+                     self.cgroups.base)
+        else:
+            log.warning("event=worker.no_cgroups worker=%s reason=%r: jobs' memory grants are not enforced",
+                        self.name, self.cgroups.reason)
+        self.spool = Spool(self.home / "spool" / self.name)
+        self.send_spool()
+        statuses = resp.jobs
+        sent = self.register_sent
+        if self.workdir_arg is None and not found:
+            found = self._scan_dirs()
+            if found:
+                sent = time.monotonic()
+                statuses = self._call_until_answered(
+                    lambda: self.api.call("POST", "/v1/worker/heartbeat", self.hello(found),
+                                          timeout=self.timing.request_timeout_seconds)["jobs"])
+        with self.lock:
+            for h in found:
+                self.held[h.job] = h
+        self.apply(statuses, sent, found)
+        for h in found:
+            log.info("event=job.reattached job=%s token=%s status=%s", h.job, h.token, statuses.get(h.job, "lost"))
+        self.heartbeat = Heartbeat(self, self.api_factory())
+        self.heartbeat.start()
+
+    def _scan_dirs(self) -> list[Held]:
+        """Job dirs left by an earlier worker: live shims to re-attach, ended jobs to report."""
+        assert self.workdir is not None
+        out = []
+        for jd in scan(self.workdir):
+            rec = jd.record()
+            if not rec or "job" not in rec:
+                shutil.rmtree(jd.root, ignore_errors=True)  # died before its lease was written down
+                continue
+            if not jd.shim_alive() and not jd.exit_json.exists():
+                self._shim_gone(jd)
+            out.append(Held(rec["job"], rec["token"], rec.get("kind", ""), jd, LogShipper(jd), requested_at=0.0))
+        return out
+
+    def _shim_gone(self, jd: JobDir) -> None:
+        """The shim died without an exit record: kill what it left, and record the job lost."""
+        info = read_json(jd.shim_json) or {}
+        pgid = info.get("pgid")
+        if pgid:
+            with contextlib.suppress(psutil.Error, OSError):
+                p = psutil.Process(pgid)
+                if abs(p.create_time() - float(info.get("started", 0))) < 5:
+                    os.killpg(pgid, signal.SIGKILL)
+        atomic_json(jd.exit_json, {"exit_code": None, "signal": None, "oom": False, "stopped": "", "lost": True,
+                                   "reason": "the job's shim died before the job ended",
+                                   "usage": Usage().model_dump(), "duration_seconds": 0.0})
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _check_stop(self) -> None:
+        if self.refused is not None:
+            raise WorkerRefused(self.refused)
+        if self.stopping.is_set():
+            raise ShutdownRequested()
+
+    def loop(self) -> None:
+        last_spool = time.monotonic()
+        while True:
+            self._check_stop()
+            now = time.monotonic()
+            for h in self.snapshot():
+                self._tend(h, now)
+            if now - last_spool > max(self.timing.renew_seconds, 1.0):
+                last_spool = now
+                self.send_spool()
+            if now >= self.next_claim:
+                self.claim()
+            self.stopping.wait(TICK)
+
+    def _tend(self, h: Held, now: float) -> None:
+        if h.report is None:
+            if h.jd.exit_json.exists():
+                self._build_report(h)
+            elif (h.requested_at and now - h.requested_at > SHIM_START_SECONDS and not h.jd.shim_alive()
+                  and not h.jd.exit_json.exists()):
+                self._shim_gone(h.jd)
+            elif h.shipper.due(now):
+                self._ship_log(h)
+        if h.report is not None and now >= h.next_try:
+            self._send(h)
+
+    def _ship_log(self, h: Held) -> None:
+        try:
+            new = h.shipper.upload(self.store)
+            if new:
+                self.api.call("POST", "/v1/worker/log", LogAppend(protocol=PROTOCOL, job=h.job, token=h.token, chunks=new),
+                              timeout=self.timing.request_timeout_seconds)
+                h.shipper.mark_posted(len(new))
+        except LeaseLost:
+            log.warning("event=job.lease_lost job=%s token=%s worker=%s", h.job, h.token, self.name)
+            h.jd.request_stop("lease_lost")
+        except Refused as e:
+            self.refuse(e.message)
+        except (PiloopError, OSError) as e:
+            self.reach.failed(e, self.name)
+
+    def _build_report(self, h: Held) -> None:
+        rec = h.jd.exit_record() or {}
+        outcome, reason = outcome_of(rec)
+        try:
+            h.shipper.upload(self.store)
+            outputs = {}
+            if h.jd.outputs.is_dir():
+                for p in sorted(h.jd.outputs.rglob("*")):
+                    if p.is_file():
+                        outputs[p.relative_to(h.jd.outputs).as_posix()] = self.store.put_file(p)
+            metrics = self.store.put_file(h.jd.metrics) if h.jd.metrics.exists() else None
+        except (StoreError, PiloopError, OSError) as e:
+            log.warning("event=job.report_deferred job=%s error=%s", h.job, e)
+            self.reach.failed(e, self.name)
+            return
+        report = ReportRequest(
+            protocol=PROTOCOL, report_id=report_id_for(h.job, h.token), job=h.job, token=h.token, outcome=outcome,
+            exit_code=rec.get("exit_code"), signal=rec.get("signal"), oom=bool(rec.get("oom")), reason=reason,
+            usage=Usage.model_validate(rec.get("usage") or {}), log=list(h.shipper.chunks), outputs=outputs,
+            metrics=metrics, duration_seconds=float(rec.get("duration_seconds") or 0.0))
+        assert self.spool is not None
+        self.spool.write(report)  # before it is sent: a worker that dies now sends it at its next start
+        h.report = report
+        log.info("event=job.ended job=%s outcome=%s reason=%r exit_code=%s", h.job, outcome, reason,
+                 rec.get("exit_code"))
+
+    def _send(self, h: Held) -> None:
+        assert h.report is not None
+        answer = self.send_report(h.report)
+        if answer is None:
+            h.tries += 1
+            h.next_try = time.monotonic() + min(0.5 * 2 ** h.tries, 30.0)
+            return
+        with self.lock:
+            self.held.pop(h.job, None)
+        shutil.rmtree(h.jd.root, ignore_errors=True)
+        self.next_claim = 0.0  # a slot is free
+
+    def send_report(self, report: ReportRequest) -> str | None:
+        """Send one spooled report; its answer (and the spool file gone), or None to try again later."""
+        assert self.spool is not None and self.timing is not None
+        try:
+            got: ReportResponse = self.api.call("POST", "/v1/worker/report", report, model=ReportResponse,
+                                                timeout=self.timing.request_timeout_seconds)
+        except Refused as e:
+            self.refuse(e.message)
+            return None
+        except BadRequest as e:
+            log.error("event=job.report_refused job=%s report=%s error=%s", report.job, report.report_id, e.message)
+            with contextlib.suppress(OSError):
+                self.spool.path(report.report_id).rename(self.spool.path(report.report_id).with_suffix(".bad"))
+            return "bad"
+        except (PiloopError, OSError) as e:
+            self.reach.failed(e, self.name)
+            return None
+        self.spool.remove(report.report_id)
+        log.info("event=job.reported job=%s outcome=%s answer=%s", report.job, report.outcome, got.answer)
+        return got.answer
+
+    def send_spool(self) -> None:
+        """Send every spooled report that no job of ours is sending right now."""
+        assert self.spool is not None
+        with self.lock:
+            mine = {h.report.report_id for h in self.held.values() if h.report is not None}
+        for report in self.spool.pending():
+            if report.report_id in mine:
+                continue
+            if self.send_report(report) is None:
+                return
+            assert self.workdir is not None
+            shutil.rmtree(JobDir.for_lease(self.workdir, report.job, report.token).root, ignore_errors=True)
+
+    # -- claims and starts ------------------------------------------------------------------
+    def claim(self) -> None:
+        assert self.timing is not None
+        sample = self.sampler.get()
+        if pressure.admission(sample, self.timing.memory_pressure_max):
+            self.next_claim = time.monotonic() + self.timing.renew_seconds
+            return
+        sent = time.monotonic()
+        try:
+            resp: ClaimResponse = self.api.call("POST", "/v1/worker/claim",
+                                                ClaimRequest(protocol=PROTOCOL, want={"agent": 1, "evaluation": 1}),
+                                                model=ClaimResponse, timeout=self.timing.request_timeout_seconds)
+        except Refused as e:
+            self.refuse(e.message)
+            return
+        except NotFound:
+            self.next_claim = sent + self.timing.renew_seconds  # the heartbeat registers again
+            return
+        except (PiloopError, OSError) as e:
+            self.reach.failed(e, self.name)
+            self.next_claim = sent + self.timing.renew_seconds
+            return
+        for a in resp.leases:
+            self.start_job(a, sent)
+        self.next_claim = sent + (0.05 if resp.leases else max(0.5, self.timing.renew_seconds))
+
+    def start_job(self, a: Assignment, sent: float) -> None:
+        assert self.timing is not None and self.workdir is not None
+        if a.image and a.image != self.image:
+            log.info("event=job.released job=%s reason=image wants=%s have=%s", a.job, a.image, self.image or "-")
+            with contextlib.suppress(PiloopError, OSError):
+                self.api.call("POST", "/v1/worker/release",
+                              ReleaseRequest(protocol=PROTOCOL, job=a.job, token=a.token, reason="image"),
+                              timeout=self.timing.request_timeout_seconds)
+            return
+        jd = JobDir.for_lease(self.workdir, a.job, a.token)
+        record = a.model_dump(mode="json", exclude={"secrets"})
+        record["secret_names"] = sorted(a.secrets)
+        record["claimed_at"] = time.time()
+        jd.create(record)
+        # the claim renewed nothing yet: the lease's clock started at most when the claim was sent
+        jd.write_deadline(sent + self.timing.toleration_seconds - 2 * self.timing.renew_seconds)
+        h = Held(a.job, a.token, a.kind, jd, LogShipper(jd))
+        with self.lock:
+            self.held[a.job] = h
+        log.info("event=job.started job=%s token=%s kind=%s worker=%s", a.job, a.token, a.kind, self.name)
+        try:
+            for name, addr in a.spec.inputs.items():
+                if not _safe_name(name):
+                    raise ValueError(f"input name {name!r} is not a relative path inside the job's dir")
+                dest = jd.inputs / name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                self.store.get_file(addr, dest)
+        except (PiloopError, OSError, ValueError) as e:
+            msg = getattr(e, "message", None) or str(e)
+            atomic_json(jd.exit_json, {"exit_code": None, "signal": None, "oom": False, "stopped": "",
+                                       "reason": f"inputs: {msg}", "usage": Usage().model_dump(),
+                                       "duration_seconds": 0.0})
+            return
+        cgroup = None
+        if a.spec.memory_mb and self.cgroups is not None and self.cgroups.available:
+            try:
+                cg = self.cgroups.create(jd.root.name, a.spec.memory_mb)
+                cgroup = {"path": str(cg.path), "version": cg.version}
+            except OSError as e:
+                log.warning("event=job.no_cgroup job=%s error=%s", a.job, e)
+        env = {**os.environ, **a.spec.env, **a.secrets, "PILOOP_JOB": a.job, "PILOOP_LEASE_TOKEN": a.token,
+               "PILOOP_JOB_DIR": str(jd.root)}
+        h.requested_at = time.monotonic()
+        self.host.run_job({"dir": str(jd.root), "argv": a.spec.argv, "env": env, "timeout": a.spec.timeout_seconds,
+                           "kill_grace": self.timing.kill_grace_seconds, "cgroup": cgroup, "metrics_seconds": 5})
+
+    # -- ends --------------------------------------------------------------------------------
+    def detach(self, budget: float) -> None:
+        """Stop heartbeating and claiming; send the reports that are ready; leave the shims running."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop.set()
+        end = time.monotonic() + budget
+        for h in self.snapshot():
+            if time.monotonic() > end:
+                break
+            if h.report is None and h.jd.exit_json.exists():
+                self._build_report(h)
+            if h.report is not None:
+                self._send(h)
+        if self.heartbeat is not None:
+            self.heartbeat.join(timeout=max(0.1, end - time.monotonic()))
+
+    def stop_all(self, why: str, wait: float) -> None:
+        """Stop every job (its shim kills its process group) and wait for them to end."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop.set()
+        held = self.snapshot()
+        for h in held:
+            with contextlib.suppress(OSError):
+                h.jd.request_stop(why)
+        end = time.monotonic() + wait
+        while time.monotonic() < end and any(h.jd.shim_alive() for h in held):
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.api.close()
+        self.host.close()
+        with contextlib.suppress(Exception):
+            self.store.close()

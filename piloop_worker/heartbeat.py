@@ -1,0 +1,113 @@
+"""The heartbeat: its own thread and its own HTTP client, so a slow job, claim or sample never starves it.
+
+Each acknowledged heartbeat moves every held job's fencing deadline to
+`send time + toleration − 2 × renew` (the send time, taken before the call, is the safe side).
+One failed call gives nothing up: only the deadline, enforced by each job's shim, fences a job.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from piloop_common.client import ApiClient
+from piloop_common.errors import NotFound, PiloopError, Refused
+from piloop_common.protocol import HeartbeatResponse
+
+if TYPE_CHECKING:
+    from piloop_worker.agent import Worker
+
+log = logging.getLogger("piloop.worker")
+
+
+class Reachability:
+    """Logs `event=worker.unreachable` at the first failure, then at most once a minute, and the way back."""
+
+    EVERY = 60.0
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+        self.lock = threading.Lock()
+        self.down_since: float | None = None
+        self.logged_at = 0.0
+
+    def failed(self, error: BaseException, who: str) -> None:
+        now = time.monotonic()
+        with self.lock:
+            first = self.down_since is None
+            if first:
+                self.down_since = now
+            if first or now - self.logged_at >= self.EVERY:
+                self.logged_at = now
+                msg = getattr(error, "message", None) or str(error)
+                log.warning("event=worker.unreachable worker=%s server=%s error=%s", who, self.server,
+                            msg.replace("\n", " "))
+
+    def ok(self, who: str) -> None:
+        with self.lock:
+            if self.down_since is not None:
+                log.info("event=worker.reachable worker=%s server=%s after_seconds=%.1f", who, self.server,
+                         time.monotonic() - self.down_since)
+                self.down_since = None
+
+
+class Heartbeat(threading.Thread):
+    def __init__(self, worker: "Worker", api: ApiClient) -> None:
+        super().__init__(name="heartbeat", daemon=True)
+        self.worker = worker
+        self.api = api
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        wait = self._period()
+        while not self.stop.wait(wait):
+            try:
+                ok = self.beat()
+            except Exception as e:  # never let one surprise end the heartbeat
+                log.exception("event=worker.heartbeat_error error=%s", e)
+                ok = False
+            wait = self._period() if ok else min(self._period(), self._backoff())
+        self.api.close()
+
+    def _period(self) -> float:
+        renew = self.worker.timing.renew_seconds
+        return renew * random.uniform(0.9, 1.1)
+
+    _fails = 0
+
+    def _backoff(self) -> float:
+        self._fails += 1
+        return min(0.25 * 2 ** (self._fails - 1), 30.0)
+
+    def beat(self) -> bool:
+        w = self.worker
+        held = w.snapshot()
+        hello = w.hello(held)
+        sent = time.monotonic()
+        try:
+            resp = self.api.call("POST", "/v1/worker/heartbeat", hello, model=HeartbeatResponse,
+                                 timeout=w.timing.request_timeout_seconds)
+            statuses = resp.jobs
+        except Refused as e:
+            w.refuse(e.message)
+            return False
+        except NotFound:
+            # the server forgot this worker (its state was lost or it expired): register again, same jobs
+            try:
+                statuses = w.register_with(self.api, held, sent).jobs
+            except Refused as e:
+                w.refuse(e.message)
+                return False
+            except PiloopError as e:
+                w.reach.failed(e, w.name)
+                return False
+        except PiloopError as e:
+            w.reach.failed(e, w.name)
+            return False
+        self._fails = 0
+        w.reach.ok(w.name)
+        w.apply(statuses, sent, held)
+        return True

@@ -1,0 +1,71 @@
+"""A job's `output.log` to the CAS in chunks, a few seconds after it is written and at least every 30 s.
+
+`log.json` in the job's dir keeps how far the log is in the CAS and which chunks the server has, so a
+restarted worker neither resends nor skips bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from piloop_common.cas import Store
+from piloop_worker.jobdir import JobDir, atomic_json, read_json
+
+CHUNK_MAX = 4 * 1024 * 1024
+QUIET_SECONDS = 2.0   # ship once the job has been quiet this long...
+MAX_WAIT_SECONDS = 30.0  # ...or when this long has passed since new bytes appeared
+
+
+class LogShipper:
+    def __init__(self, jd: JobDir) -> None:
+        self.jd = jd
+        st: dict[str, Any] = read_json(jd.log_state) or {}
+        self.offset: int = int(st.get("offset", 0))
+        self.chunks: list[str] = list(st.get("chunks", []))
+        self.posted: int = int(st.get("posted", 0))
+        self._seen_size = self.offset
+        self._changed_at: float | None = None
+        self._pending_since: float | None = None
+
+    def _save(self) -> None:
+        atomic_json(self.jd.log_state, {"offset": self.offset, "chunks": self.chunks, "posted": self.posted})
+
+    def due(self, now: float | None = None) -> bool:
+        """Whether new bytes wait and the job has been quiet a little, or they have waited long enough."""
+        now = time.monotonic() if now is None else now
+        try:
+            size = self.jd.output_log.stat().st_size
+        except OSError:
+            size = self.offset
+        if size != self._seen_size:
+            self._seen_size = size
+            self._changed_at = now
+            if self._pending_since is None:
+                self._pending_since = now
+        if size <= self.offset:
+            return self.posted < len(self.chunks)
+        quiet = self._changed_at is not None and now - self._changed_at >= QUIET_SECONDS
+        waited = self._pending_since is not None and now - self._pending_since >= MAX_WAIT_SECONDS
+        return quiet or waited
+
+    def upload(self, store: Store) -> list[str]:
+        """Put the log's new bytes in the CAS; the chunks the server has not been told of yet."""
+        try:
+            with open(self.jd.output_log, "rb") as f:
+                f.seek(self.offset)
+                while True:
+                    data = f.read(CHUNK_MAX)
+                    if not data:
+                        break
+                    self.chunks.append(store.put_bytes(data))
+                    self.offset += len(data)
+                    self._save()
+        except FileNotFoundError:
+            pass
+        self._pending_since = None
+        return self.chunks[self.posted:]
+
+    def mark_posted(self, n: int) -> None:
+        self.posted += n
+        self._save()

@@ -1,0 +1,99 @@
+"""`run_worker`: what `piloop worker` runs. Exit codes: 0 stopped (detached), 2 a user mistake, 3 refused."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from piloop_common.errors import ConfigError, PiloopError
+
+EXIT_OK, EXIT_USAGE, EXIT_REFUSED = 0, 2, 3
+log = logging.getLogger("piloop.worker")
+
+
+def _fail(msg: str, code: int = EXIT_USAGE) -> int:
+    print(f"piloop worker: {msg}", file=sys.stderr, flush=True)
+    return code
+
+
+def run_worker(*, server: str | None, socket: Path | None, pool: str, token: str | None, token_file: Path | None,
+               name: str | None, image: str, dir: Path | None, home: Path) -> int:
+    """Run a worker until SIGTERM/SIGINT (detach: 0) or a refusal (3); a user mistake is 2, in one line."""
+    # the shim host first, while this process has no thread: it forks every job's shim
+    if not server and not socket:
+        return _fail("give --server URL (or the daemon's --socket)")
+    if server and not token:
+        return _fail("no token: set PILOOP_HTTPS_TOKEN or --token-file (make one with `piloop token create`)")
+    if not pool:
+        return _fail("--pool: name the pool this worker serves")
+    try:
+        from piloop_common.config import load_settings
+
+        settings = load_settings(home)
+    except ConfigError as e:
+        return _fail(f"config: {e.message}")
+    if socket is None:
+        # nothing on a remote worker holds state credentials (the daemon's own worker shares its home)
+        if os.environ.get("PILOOP_REDIS_URL"):
+            return _fail("PILOOP_REDIS_URL is set: a worker holds no state credentials; unset it on this machine")
+        if settings.plugins.state is not None:
+            return _fail(f"{home / 'config.toml'} has [plugins.state]: a worker holds no state credentials; "
+                         "remove it on this machine")
+    from piloop_worker.shimhost import ShimHost
+
+    host = ShimHost().start()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per call would drown the worker's own
+    try:
+        return _run(settings, host, server=server, socket=socket, pool=pool, token=token, name=name, image=image,
+                    dir=dir, home=home)
+    finally:
+        host.close()
+
+
+def _run(settings, host, *, server, socket, pool, token, name, image, dir, home) -> int:
+    from piloop_common.cas import open_store
+    from piloop_common.client import ApiClient
+    from piloop_worker.agent import ShutdownRequested, Worker, WorkerRefused
+
+    try:
+        store = open_store(settings.plugins.cas, home)
+        store.identity()
+    except ConfigError as e:
+        return _fail(f"config: {e.message}")
+    except PiloopError as e:
+        return _fail(f"the CAS cannot be opened: {e.message}", 1)
+    worker_header = (name or "serve") if socket is not None else None
+    if socket is not None:
+        name = worker_header
+
+    def api_factory() -> ApiClient:
+        return ApiClient(url=server, socket=socket, token=token, worker=worker_header)
+
+    where = server or f"unix:{socket}"
+    w = Worker(api_factory=api_factory, where=where, pool=pool, image=image, name=name, workdir=dir, home=home,
+               store=store, host=host)
+
+    def on_signal(signum, frame) -> None:
+        w.stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        try:
+            w.start()
+            w.loop()
+        except ShutdownRequested:
+            log.info("event=worker.detaching worker=%s jobs=%d", w.name, len(w.held))
+            w.detach(budget=(w.timing.request_timeout_seconds * 2) if w.timing else 0.0)
+            return EXIT_OK
+        except WorkerRefused as e:
+            w.stop_all("refused", wait=(w.timing.kill_grace_seconds + 2) if w.timing else 2.0)
+            return _fail(f"refused by the server: {e.reason}", EXIT_REFUSED)
+    finally:
+        w.close()
+    return EXIT_OK
