@@ -1,4 +1,4 @@
-"""A job's `output.log` to the CAS in chunks, a few seconds after it is written and at least every 30 s.
+"""A job's `output.log` to the CAS in chunks, a few seconds after it is written (so at least every 30 s).
 
 `log.json` in the job's dir keeps how far the log is in the CAS and which chunks the server has, so a
 restarted worker neither resends nor skips bytes.
@@ -13,8 +13,7 @@ from piloop_common.cas import Store
 from piloop_worker.jobdir import JobDir, atomic_json, read_json
 
 CHUNK_MAX = 4 * 1024 * 1024
-QUIET_SECONDS = 2.0   # ship once the job has been quiet this long...
-MAX_WAIT_SECONDS = 30.0  # ...or when this long has passed since new bytes appeared
+SHIP_AFTER_SECONDS = 3.0  # new bytes go this long after they first appear (well within the promised 30 s)
 
 
 class LogShipper:
@@ -25,7 +24,6 @@ class LogShipper:
         self.chunks: list[str] = list(st.get("chunks", []))
         self.posted: int = int(st.get("posted", 0))
         self._seen_size = self.offset
-        self._changed_at: float | None = None
         self._pending_since: float | None = None
 
     def _save(self) -> None:
@@ -40,14 +38,11 @@ class LogShipper:
             size = self.offset
         if size != self._seen_size:
             self._seen_size = size
-            self._changed_at = now
             if self._pending_since is None:
                 self._pending_since = now
         if size <= self.offset:
             return self.posted < len(self.chunks)
-        quiet = self._changed_at is not None and now - self._changed_at >= QUIET_SECONDS
-        waited = self._pending_since is not None and now - self._pending_since >= MAX_WAIT_SECONDS
-        return quiet or waited
+        return self._pending_since is not None and now - self._pending_since >= SHIP_AFTER_SECONDS
 
     def upload(self, store: Store) -> list[str]:
         """Put the log's new bytes in the CAS; the chunks the server has not been told of yet."""

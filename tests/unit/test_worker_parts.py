@@ -1,0 +1,177 @@
+"""The worker's parts that need no process: PSI, host samples, admission, job dirs, the spool, logs, outcomes."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from piloop_common.cas.local import LocalStore
+from piloop_common.hostinfo import Sampler, memory_pressure, parse_psi, sample
+from piloop_common.protocol import PROTOCOL, HostSample, ReportRequest
+from piloop_worker.agent import outcome_of, report_id_for
+from piloop_worker.jobdir import JobDir, scan
+from piloop_worker.logs import LogShipper
+from piloop_worker.pressure import admission
+from piloop_worker.spool import Spool
+
+PSI = "some avg10=12.50 avg60=3.00 avg300=0.75 total=123456\nfull avg10=1.25 avg60=0.00 avg300=0.00 total=99\n"
+
+
+def test_psi_parsing(tmp_path: Path) -> None:
+    got = parse_psi(PSI)
+    assert got["some"] == {"avg10": 12.5, "avg60": 3.0, "avg300": 0.75, "total": 123456.0}
+    assert got["full"]["avg10"] == 1.25
+    f = tmp_path / "memory"
+    f.write_text(PSI)
+    assert memory_pressure(f) == 12.5
+    assert memory_pressure(tmp_path / "absent") is None  # a kernel without PSI
+    f.write_text("garbage\n")
+    assert memory_pressure(f) is None
+
+
+def test_host_sample_fields(tmp_path: Path) -> None:
+    psi = tmp_path / "memory"
+    psi.write_text(PSI)
+    s = sample(tmp_path / "not" / "yet" / "made", psi)  # the disk of the nearest existing parent
+    assert s.cpus >= 1 and s.load1 >= 0 and s.memory_available_gb > 0 and s.disk_free_gb > 0
+    assert s.memory_pressure == 12.5
+    assert HostSample.model_validate(s.model_dump()) == s
+
+
+def test_sampler_answers_from_its_cache_without_waiting(tmp_path: Path) -> None:
+    sm = Sampler(tmp_path, max_age=0.0, timeout=5.0)
+    first = sm.get()
+    assert first.cpus >= 1
+    t0 = time.monotonic()
+    for _ in range(50):
+        sm.get()  # stale at once: each call starts at most one refresh and returns the cached sample
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_memory_pressure_admission() -> None:
+    base = dict(cpus=2, load1=0.1, memory_available_gb=8, disk_free_gb=10)
+    assert admission(HostSample(**base, memory_pressure=None), 10) == ""
+    assert admission(HostSample(**base, memory_pressure=9.9), 10) == ""
+    assert admission(HostSample(**base, memory_pressure=10.1), 10) == "memory"
+
+
+def test_job_dir_deadline_stop_and_lock(tmp_path: Path) -> None:
+    jd = JobDir.for_lease(tmp_path, "j1", "7")
+    jd.create({"job": "j1", "token": "7"})
+    assert jd.record() == {"job": "j1", "token": "7"}
+    assert jd.read_deadline() is None
+    jd.write_deadline(1234.5)
+    assert jd.read_deadline() == 1234.5
+    assert not [p for p in jd.root.iterdir() if p.name.startswith(".")]  # no temp file left behind
+    jd.request_stop("lost")
+    jd.request_stop("cancelled")  # the first reason wins
+    assert jd.stop_reason() == "lost"
+    assert not jd.shim_alive()
+    fd = os.open(jd.lock_file, os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    assert jd.shim_alive()
+    os.close(fd)  # the lock dies with its holder's descriptor
+    assert not jd.shim_alive()
+    assert [d.root for d in scan(tmp_path)] == [jd.root]
+
+
+def _report(job: str = "j1") -> ReportRequest:
+    return ReportRequest(protocol=PROTOCOL, report_id=report_id_for(job, "5"), job=job, token="5", outcome="succeeded",
+                         exit_code=0)
+
+
+def test_spool_write_pending_remove(tmp_path: Path) -> None:
+    sp = Spool(tmp_path / "spool" / "w1")
+    a, b = _report("a"), _report("b")
+    sp.write(a)
+    time.sleep(0.01)  # distinct mtimes: oldest first
+    sp.write(b)
+    (sp.root / "junk.json").write_text("{not json")
+    assert [r.job for r in Spool(sp.root).pending()] == ["a", "b"]  # a new Spool: it is all on disk
+    assert (sp.root / "junk.bad").exists()  # set aside, never sent, never lost
+    sp.write(a)  # the same report again is the same file
+    sp.remove(a.report_id)
+    sp.remove(a.report_id)
+    assert [r.job for r in sp.pending()] == ["b"]
+    assert sp.pending()[0] == b
+
+
+def test_report_id_is_one_per_lease() -> None:
+    assert report_id_for("j1", "5") == report_id_for("j1", "5")
+    assert report_id_for("j1", "5") != report_id_for("j1", "6")
+
+
+@pytest.mark.parametrize("rec,want", [
+    ({"exit_code": 0}, ("succeeded", "")),
+    ({"exit_code": 2}, ("failed", "exit code 2")),
+    ({"signal": 9}, ("failed", "killed by signal 9")),
+    ({"signal": 9, "oom": True}, ("failed", "out of memory")),
+    ({"signal": 15, "stopped": "timeout"}, ("failed", "timeout")),
+    ({"signal": 15, "stopped": "fenced"}, ("fenced", "the worker could not renew the lease before its deadline")),
+    ({"signal": 15, "stopped": "cancelled"}, ("cancelled", "cancelled")),
+    ({"signal": 15, "stopped": "lost"}, ("lost", "the server says the lease is lost")),
+    ({"signal": 15, "stopped": "lease_lost"}, ("lost", "the server says the lease is lost")),
+    ({"exit_code": 127, "reason": "cannot start 'nope'"}, ("failed", "cannot start 'nope'")),
+    ({"lost": True, "reason": "the job's shim died"}, ("lost", "the job's shim died")),
+])
+def test_outcomes(rec: dict, want: tuple[str, str]) -> None:
+    assert outcome_of(rec) == want
+
+
+def test_log_shipper_sends_new_bytes_once_and_survives_a_restart(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "cas")
+    jd = JobDir(tmp_path / "job")
+    jd.create({"job": "j"})
+    sh = LogShipper(jd)
+    assert not sh.due(0.0)
+    jd.output_log.write_bytes(b"one\n")
+    assert not sh.due(100.0)  # just written: it goes a few seconds later, in one chunk with what follows
+    assert sh.due(103.0)
+    new = sh.upload(store)
+    assert [store.get_bytes(a) for a in new] == [b"one\n"]
+    sh.mark_posted(len(new))
+    assert not sh.due(200.0)
+    with open(jd.output_log, "ab") as f:
+        f.write(b"two\n")
+    again = LogShipper(jd)  # a restarted worker picks up where the last one stopped
+    assert again.offset == 4 and again.chunks == new
+    assert again.due(300.0) is False and again.due(303.0) is True
+    assert [store.get_bytes(a) for a in again.upload(store)] == [b"two\n"]
+    assert len(again.chunks) == 2
+
+
+def _run(tmp_path: Path, **kw):
+    from piloop_worker.main import run_worker
+
+    args = dict(server="http://127.0.0.1:9", socket=None, pool="gpu", token="plt_x", token_file=None, name=None,
+                image="", dir=None, home=tmp_path)
+    args.update(kw)
+    return run_worker(**args)
+
+
+def test_a_worker_refuses_to_hold_state_credentials(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("PILOOP_REDIS_URL", "redis://127.0.0.1:6379/0")
+    assert _run(tmp_path) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "PILOOP_REDIS_URL is set: a worker holds no state credentials" in err
+    monkeypatch.delenv("PILOOP_REDIS_URL")
+    (tmp_path / "config.toml").write_text('[plugins.state]\nurl = "redis://127.0.0.1:6379/0"\n')
+    assert _run(tmp_path) == 2
+    assert "has [plugins.state]: a worker holds no state credentials" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kw,config,says", [
+    ({"token": None}, "", "no token: set PILOOP_HTTPS_TOKEN or --token-file"),
+    ({"server": None}, "", "give --server URL"),
+    ({}, "[plugins.executor]\nrenew_seconds = 'often'\n", "config: "),
+])
+def test_user_mistakes_are_one_line_and_exit_2(tmp_path: Path, capsys, monkeypatch, kw, config, says) -> None:
+    monkeypatch.delenv("PILOOP_REDIS_URL", raising=False)
+    (tmp_path / "config.toml").write_text(config)
+    assert _run(tmp_path, **kw) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err
