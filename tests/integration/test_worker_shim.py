@@ -1,0 +1,168 @@
+"""The shim, forked from a real shim host: its own session and process group, self-fencing by the
+deadline in the job's dir (even when the worker or the host is SIGKILLed), stop, timeout, usage, OOM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from piloop_worker.cgroups import Cgroups
+from piloop_worker.jobdir import JobDir, read_json
+from piloop_worker.shimhost import ShimHost
+from tests.helpers.redis import wait_for
+
+# A job whose tree has a background child in its group and one that left it (setsid), each pid written down.
+TREE = "sleep 1000 & echo $! >> pids; setsid sleep 1000 & echo $! >> pids; echo $$ >> pids; wait"
+
+
+@pytest.fixture(scope="module")
+def host():
+    h = ShimHost().start()
+    yield h
+    h.close()
+
+
+def _job(tmp_path: Path, name: str = "j1") -> JobDir:
+    jd = JobDir.for_lease(tmp_path, name, "1")
+    jd.create({"job": name, "token": "1"})
+    return jd
+
+
+def _start(host: ShimHost, jd: JobDir, argv: list[str], deadline_in: float = 60.0, **req) -> None:
+    jd.write_deadline(time.monotonic() + deadline_in)
+    host.run_job({"dir": str(jd.root), "argv": argv, "env": {**os.environ, **req.pop("env", {})},
+                  "kill_grace": req.pop("kill_grace", 0.3), **req})
+
+
+def _pids(jd: JobDir, n: int) -> list[int]:
+    f = jd.work / "pids"
+    return wait_for(lambda: f.exists() and len(ps := [int(x) for x in f.read_text().split()]) >= n and ps,
+                    10, what="the job's pids")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _exit(jd: JobDir, timeout: float = 10) -> dict:
+    return wait_for(jd.exit_record, timeout, what=f"{jd.exit_json}")
+
+
+def test_a_job_runs_in_its_own_session_and_process_group(host, tmp_path):
+    jd = _job(tmp_path)
+    script = "import os; print(os.getsid(0), os.getpgid(0), os.getpid(), os.environ['X'], flush=True)"
+    _start(host, jd, [sys.executable, "-c", script], env={"X": "x1"})
+    rec = _exit(jd)
+    assert rec["exit_code"] == 0 and rec["stopped"] == "" and rec["usage"]["peak_rss_bytes"] > 0
+    sid, pgid, pid, x = jd.output_log.read_text().split()
+    shim = read_json(jd.shim_json)
+    assert int(sid) == shim["shim"] != os.getsid(0)  # the shim leads a session of its own
+    assert int(pgid) == int(pid) == shim["pid"]  # the job leads its own process group
+    assert x == "x1"
+    assert not jd.shim_alive()
+
+
+def test_a_passed_deadline_kills_the_whole_tree(host, tmp_path):
+    jd = _job(tmp_path)
+    _start(host, jd, ["sh", "-c", TREE], deadline_in=1.0)
+    pids = _pids(jd, 3)
+    assert not any(_gone(p) for p in pids) and jd.shim_alive()
+    rec = _exit(jd)
+    assert rec["stopped"] == "fenced" and rec["signal"] == signal.SIGTERM
+    assert set(rec["usage"]) == {"peak_rss_bytes", "cpu_seconds"} and rec["usage"]["peak_rss_bytes"] > 0
+    assert all(_gone(p) for p in pids), [p for p in pids if not _gone(p)]
+    assert not jd.shim_alive()
+
+
+def test_renewed_deadlines_keep_a_job_alive(host, tmp_path):
+    jd = _job(tmp_path)
+    _start(host, jd, ["sleep", "1.5"], deadline_in=0.6)
+    end = time.monotonic() + 5
+    while not jd.exit_json.exists() and time.monotonic() < end:
+        jd.write_deadline(time.monotonic() + 0.6)  # as each acknowledged heartbeat does
+        time.sleep(0.1)
+    assert _exit(jd)["exit_code"] == 0
+
+
+def test_stop_file_stops_it_with_the_reason(host, tmp_path):
+    jd = _job(tmp_path)
+    _start(host, jd, ["sh", "-c", "trap '' TERM; " + TREE], kill_grace=0.3)  # ignores SIGTERM: SIGKILL follows
+    pids = _pids(jd, 3)
+    jd.request_stop("cancelled")
+    rec = _exit(jd)
+    assert rec["stopped"] == "cancelled" and rec["signal"] == signal.SIGKILL
+    assert all(_gone(p) for p in pids)
+
+
+def test_timeout_kills_it(host, tmp_path):
+    jd = _job(tmp_path)
+    t0 = time.monotonic()
+    _start(host, jd, ["sleep", "100"], timeout=0.5)
+    rec = _exit(jd)
+    assert rec["stopped"] == "timeout" and time.monotonic() - t0 < 5
+
+
+def test_a_command_that_cannot_start_is_recorded(host, tmp_path):
+    jd = _job(tmp_path)
+    _start(host, jd, ["/no/such/program"])
+    rec = _exit(jd)
+    assert rec["exit_code"] == 127 and "cannot start '/no/such/program'" in rec["reason"]
+
+
+OWNER = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from piloop_worker.jobdir import JobDir
+    from piloop_worker.shimhost import ShimHost
+    h = ShimHost().start()
+    jd = JobDir(Path(sys.argv[1]))
+    jd.write_deadline(time.monotonic() + float(sys.argv[2]))
+    h.run_job({"dir": str(jd.root), "argv": ["sh", "-c", sys.argv[3]], "env": dict(os.environ), "kill_grace": 0.3})
+    print(h.pid, flush=True)
+    time.sleep(1000)
+""")
+
+
+@pytest.mark.parametrize("victim", ["worker", "shim host"])
+def test_sigkilled_worker_or_host_still_fences_its_job_by_the_deadline(tmp_path, victim):
+    jd = _job(tmp_path)
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(jd.root), "3", TREE], stdout=subprocess.PIPE, text=True)
+    try:
+        host_pid = int(owner.stdout.readline())
+        pids = _pids(jd, 3)
+        deadline = jd.read_deadline()
+        os.kill(owner.pid if victim == "worker" else host_pid, signal.SIGKILL)
+        if victim == "worker":
+            owner.wait(5)
+            wait_for(lambda: _gone(host_pid), 5, what="the shim host to exit with its worker")
+        assert time.monotonic() < deadline and not any(_gone(p) for p in pids)  # alive until the deadline
+        rec = _exit(jd, timeout=10)
+        assert rec["stopped"] == "fenced" and time.monotonic() >= deadline
+        assert all(_gone(p) for p in pids)
+    finally:
+        owner.kill()
+        owner.wait(5)
+
+
+@pytest.mark.skipif(not Cgroups("piloop-test").available, reason="no writable memory cgroup here")
+def test_out_of_memory_in_the_job_cgroup_is_recorded(host, tmp_path):
+    cgroups = Cgroups("piloop-test")
+    jd = _job(tmp_path)
+    cg = cgroups.create(jd.root.name, 64)
+    _start(host, jd, [sys.executable, "-c", "b = bytearray(400 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096])"],
+           cgroup={"path": str(cg.path), "version": cg.version})
+    rec = _exit(jd, timeout=30)
+    assert rec["oom"] is True and rec["signal"] == signal.SIGKILL
+    assert not cg.path.exists()  # removed once empty
+    cgroups.base.rmdir()
