@@ -103,6 +103,14 @@ def outcome_of(rec: dict[str, Any]) -> tuple[str, str]:
     return "failed", f"exit code {rec.get('exit_code')}"
 
 
+def fence_deadline(sent: float, timing: Timing) -> float:
+    """When a job must stop if nothing renews it: two heartbeats before its lease expires (the design's rule),
+    or earlier still where the kill grace would not fit in those two heartbeats, so it is dead before the lease
+    ends whatever the config. `sent` is the monotonic time the renewing call was sent (the safe side)."""
+    margin = max(2 * timing.renew_seconds, timing.kill_grace_seconds + 0.2)
+    return sent + timing.toleration_seconds - margin
+
+
 def _safe_name(name: str) -> bool:
     p = PurePosixPath(name)
     return bool(name) and not p.is_absolute() and ".." not in p.parts and name not in (".",)
@@ -167,7 +175,7 @@ class Worker:
     def apply(self, statuses: dict[str, str], sent: float, held: list[Held]) -> None:
         """Act on the server's word about each job we named: renew its deadline, or stop it."""
         assert self.timing is not None
-        deadline = sent + self.timing.toleration_seconds - 2 * self.timing.renew_seconds
+        deadline = fence_deadline(sent, self.timing)
         for h in held:
             st = statuses.get(h.job, "lost")
             try:
@@ -422,7 +430,7 @@ class Worker:
         record["claimed_at"] = time.time()
         jd.create(record)
         # the claim renewed nothing yet: the lease's clock started at most when the claim was sent
-        jd.write_deadline(sent + self.timing.toleration_seconds - 2 * self.timing.renew_seconds)
+        jd.write_deadline(fence_deadline(sent, self.timing))
         h = Held(a.job, a.token, a.kind, jd, LogShipper(jd))
         with self.lock:
             self.held[a.job] = h

@@ -175,3 +175,14 @@ def test_user_mistakes_are_one_line_and_exit_2(tmp_path: Path, capsys, monkeypat
     assert _run(tmp_path, **kw) == 2
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_fence_deadline_is_two_heartbeats_before_expiry_and_leaves_room_for_the_kill() -> None:
+    from piloop_common.protocol import Timing
+    from piloop_worker.agent import fence_deadline
+
+    t = Timing(renew_seconds=0.5, grace_seconds=2, toleration_seconds=6, request_timeout_seconds=1,
+               kill_grace_seconds=0.5, memory_pressure_max=50)
+    assert fence_deadline(100.0, t) == 105.0
+    slow_kill = t.model_copy(update={"kill_grace_seconds": 3.0})
+    assert fence_deadline(100.0, slow_kill) + 3.0 < 106.0  # SIGKILL still lands before the lease expires
