@@ -132,7 +132,8 @@ class Worker:
         self.spool: Spool | None = None
         self.sampler = Sampler(workdir or home)
         self.cas_id = store.identity()
-        self.cgroups: Cgroups | None = None
+        # found before registering, so `info` can say; job cgroups are named by their dir, so any base name will do
+        self.cgroups = Cgroups(name or socket.gethostname())
         self.refused: str | None = None
         self.stopping = threading.Event()
         self.next_claim = 0.0
@@ -152,8 +153,7 @@ class Worker:
 
     def info(self) -> dict[str, Any]:
         return {"host": socket.gethostname(), "pid": os.getpid(), "version": __version__,
-                "cgroups": (f"v{self.cgroups.version}" if self.cgroups and self.cgroups.available
-                            else (self.cgroups.reason if self.cgroups else "")),
+                "cgroups": f"v{self.cgroups.version}" if self.cgroups.available else f"none: {self.cgroups.reason}",
                 "shim_host": self.host.pid}
 
     def register_with(self, api: ApiClient, held: list[Held], sent: float | None = None) -> RegisterResponse:
@@ -215,7 +215,6 @@ class Worker:
             self.workdir = self.home / "work" / self.name
             self.sampler.disk_path = self.workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.cgroups = Cgroups(self.name)
         if self.cgroups.available:
             log.info("event=worker.cgroups worker=%s version=%d base=%s", self.name, self.cgroups.version,
                      self.cgroups.base)
@@ -449,7 +448,7 @@ class Worker:
                                        "duration_seconds": 0.0})
             return
         cgroup = None
-        if a.spec.memory_mb and self.cgroups is not None and self.cgroups.available:
+        if a.spec.memory_mb and self.cgroups.available:
             try:
                 cg = self.cgroups.create(jd.root.name, a.spec.memory_mb)
                 cgroup = {"path": str(cg.path), "version": cg.version}
