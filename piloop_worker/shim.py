@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
-import json
 import os
 import signal
 import subprocess
@@ -32,12 +31,8 @@ SAMPLE_EVERY = 0.5
 PR_SET_CHILD_SUBREAPER = 36
 
 
-class _Terminated(Exception):
-    pass
-
-
 def run(req: dict[str, Any]) -> int:
-    """Run the job `req` describes (see `ShimHost.start`) to its end, and write `exit.json`."""
+    """Run the job `req` describes (see `ShimHost.run_job`) to its end, and write `exit.json`."""
     jd = JobDir(Path(req["dir"]))
     lock_fd = os.open(jd.lock_file, os.O_CREAT | os.O_RDWR, 0o600)
     try:
@@ -203,4 +198,4 @@ def main_forked(req: dict[str, Any]) -> None:
                                            "started": time.time(), "ended": time.time(), "duration_seconds": 0.0})
 
 
-__all__ = ["main_forked", "run", "json"]
+__all__ = ["main_forked", "run"]
