@@ -16,7 +16,7 @@ router = APIRouter(prefix="/v1", tags=["admin"])
 
 
 @router.get("/health")
-def health(request: Request) -> dict:
+async def health(request: Request) -> dict:
     rt = request.app.state.runtime
     return {"ok": True, "server_id": rt.server_id, "pid": os.getpid(), "version": __version__}
 

@@ -10,7 +10,7 @@ from piloop_server.auth import Caller, identify, require_act, require_worker
 from piloop_server.runtime import Runtime
 
 
-def _runtime(request: Request) -> Runtime:
+async def _runtime(request: Request) -> Runtime:
     return request.app.state.runtime
 
 

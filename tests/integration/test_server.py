@@ -241,11 +241,11 @@ def _redis_url(d: Daemon) -> str:
 
 def test_redis_restarted_empty_changes_generation_and_never_reissues_a_token(tmp_path, namespace):
     rp = RedisProcess(tmp_path / "r", appendonly=False).start()
-    d = _tcp_daemon(rp, namespace)
+    d = _tcp_daemon(rp, namespace, "\n[plugins.executor.pools.sim]\nevaluations = 1\nmax_load = 1000\n")
     try:
-        w = SimWorker(ApiClient(url=d.url, token=_token(d, "w1")), "serve", _cas_id(d))
+        w = SimWorker(ApiClient(url=d.url, token=_token(d, "w1")), "sim", _cas_id(d))
         w.register()
-        d.cli("job", "submit", "--", "true", check=True)
+        d.cli("job", "submit", "--pool", "sim", "--", "true", check=True)
         w.heartbeat()
         (before,) = w.claim()["leases"]
         gen1 = d.cli("status", "--json").stdout
@@ -256,11 +256,11 @@ def test_redis_restarted_empty_changes_generation_and_never_reissues_a_token(tmp
                  what="the daemon to notice the data loss")
         assert gen1 != d.cli("status", "--json").stdout
         token = _token(d, "w2")  # the old token's record is gone with the data
-        w = SimWorker(ApiClient(url=d.url, token=token), "serve", _cas_id(d))
+        w = SimWorker(ApiClient(url=d.url, token=token), "sim", _cas_id(d))
         w.held = {before["job"]: before["token"]}
         w.register()
         assert w.heartbeat() == {before["job"]: "lost"}
-        d.cli("job", "submit", "--", "true", check=True)
+        d.cli("job", "submit", "--pool", "sim", "--", "true", check=True)
 
         def claimed():
             w.heartbeat()
