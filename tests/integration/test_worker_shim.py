@@ -70,7 +70,8 @@ def test_a_job_runs_in_its_own_session_and_process_group(host, tmp_path):
     assert int(sid) == shim["shim"] != os.getsid(0)  # the shim leads a session of its own
     assert int(pgid) == int(pid) == shim["pid"]  # the job leads its own process group
     assert x == "x1"
-    assert not jd.shim_alive()
+    # the exit record is written just before the shim exits and drops its lock
+    wait_for(lambda: not jd.shim_alive(), 5, what="the shim to exit")
 
 
 def test_a_passed_deadline_kills_the_whole_tree(host, tmp_path):
