@@ -17,7 +17,7 @@ $(BIN)/.installed: pyproject.toml
 venv: $(BIN)/.installed
 
 demo: venv
-	PATH="$(CURDIR)/$(BIN):$$PATH" PILOOP_HOME="$(DEMO_HOME)" sh bench/demo.sh
+	PATH="$(abspath $(BIN)):$$PATH" PILOOP_HOME="$(DEMO_HOME)" sh bench/demo.sh
 
 test: venv
 	$(BIN)/pytest -q
