@@ -18,6 +18,9 @@ log = logging.getLogger("piloop.daemon")
 # likelier culprit than every machine; workers fence themselves anyway, so holding is safe.
 DISRUPTION_MIN_WORKERS = 3
 DISRUPTION_SHARE = 0.5
+# The hold lasts this many toleration periods from when it began, so that jobs come back even when
+# the machines really are gone (every in-between state has a deadline).
+DISRUPTION_HOLD_TOLERATIONS = 2
 
 
 class Pass:
@@ -65,8 +68,7 @@ class Pass:
             if since == now:
                 rt.events.escalate("pool.disrupted", f"{silent} of {total} workers of pool {pool} went silent at "
                                    "once: their leases are held, not requeued, while it lasts", pool=pool)
-            # the hold has a deadline too: past another toleration period the leases expire as usual
-            if now - since < rt.executor.toleration_seconds:
+            if now - since < DISRUPTION_HOLD_TOLERATIONS * rt.executor.toleration_seconds:
                 held.append(pool)
         return tuple(held)
 
