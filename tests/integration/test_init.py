@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import cli_env, piloop, short_home
