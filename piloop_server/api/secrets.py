@@ -1,0 +1,43 @@
+"""Secrets: set, list, remove. For those who act only: a worker gets a job's secrets in its claim answer."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from piloop_server.api.deps import ActorDep, RuntimeDep
+
+router = APIRouter(prefix="/v1/secrets", tags=["secrets"])
+
+
+class SecretSet(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    value: str = Field(description="The value, as the job's environment gets it.")
+
+
+class SecretView(BaseModel):
+    name: str
+    created_ms: int
+    updated_ms: int
+    by: str
+    key_id: str = Field(description="Which key sealed it (a hash prefix of the key).")
+    readable: bool = Field(description="Whether this server's key opens it.")
+
+
+@router.get("", response_model=list[SecretView])
+def secret_list(rt: RuntimeDep, caller: ActorDep) -> list[SecretView]:
+    return [SecretView(**r) for r in rt.secrets.list()]
+
+
+@router.put("/{name}")
+def secret_set(name: str, body: SecretSet, rt: RuntimeDep, caller: ActorDep) -> dict:
+    info, replaced = rt.secrets.set(name, body.value, caller.signed)
+    rt.events.add("secret.set", caller.signed, name=name, replaced=replaced)
+    return {"name": info.name, "replaced": replaced, "updated_ms": info.updated_ms, "by": info.by}
+
+
+@router.delete("/{name}")
+def secret_remove(name: str, rt: RuntimeDep, caller: ActorDep) -> dict:
+    rt.secrets.remove(name)
+    rt.events.add("secret.removed", caller.signed, name=name)
+    return {"name": name}
