@@ -14,6 +14,7 @@ from piloop_common.cas import Store
 from piloop_common.config import ExecutorConfig, Settings
 from piloop_server.events import Events
 from piloop_server.limits import Limits
+from piloop_server.secrets import Secrets
 from piloop_server.state.keys import Keys
 from piloop_server.state.leases import Leases, Timings
 from piloop_server.tokens import TokenStore
@@ -31,6 +32,7 @@ class Runtime:
     tokens: TokenStore = field(init=False)
     limits: Limits = field(init=False)
     events: Events = field(init=False)
+    secrets: Secrets = field(init=False)
     user: str = field(default_factory=getpass.getuser)
     server_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     executor: ExecutorConfig = field(init=False)
@@ -43,6 +45,7 @@ class Runtime:
         self.tokens = TokenStore(self.redis, self.keys)
         self.limits = Limits(self.redis, self.keys)
         self.events = Events(self.redis, self.keys)
+        self.secrets = Secrets(self.redis, self.keys, self.home)  # refuses a key file others can read
         self.refresh_limits()
 
     def refresh_limits(self) -> list[str]:

@@ -38,6 +38,10 @@ class Keys:
     def job_log(self, job_id: str) -> str:
         return self._k("job", job_id, "log")
 
+    def job_progress(self, job_id: str) -> str:
+        """List of the job's own progress notes (JSON), sent through its worker's relay; capped."""
+        return self._k("job", job_id, "progress")
+
     def jobs(self) -> str:
         """Sorted set of every job id by creation time (listing)."""
         return self._k("jobs")
@@ -91,6 +95,10 @@ class Keys:
     def token_hashes(self) -> str:
         """Hash sha256(token) -> token name."""
         return self._k("tokens", "by_hash")
+
+    def secrets(self) -> str:
+        """Hash secret name -> its record: AES-GCM nonce and ciphertext, key id, who set it, when (never a value)."""
+        return self._k("secrets")
 
     def events(self) -> str:
         return self._k("events")
