@@ -1,4 +1,5 @@
-"""Who is calling: a human on the unix socket, or a worker with a token (or the socket's header)."""
+"""Who is calling: a human on the unix socket, a worker with a token (or the socket's header), or a caller
+named by the proxy's claims on the proxy network (`network/proxy.py`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from piloop_common.errors import Forbidden, Refused, Unauthorized
+from piloop_server.network.proxy import identify_proxy
 from piloop_server.tokens import TokenRecord
 
 SOCKET_SCOPE = "piloop.socket"
@@ -32,6 +34,11 @@ def identify(request: Request) -> Caller:
         if worker:
             return Caller("worker", worker, True)
         return Caller("human", rt.user, True)
+    net = rt.settings.plugins.network
+    if net.provider == "proxy":
+        # the proxy in front authenticated the caller and stamped its claims: they are the only check
+        who = identify_proxy(request.headers, net)
+        return Caller(who.kind, who.name, False)
     auth = request.headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
     if scheme.lower() != "bearer" or not token:
