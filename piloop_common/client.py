@@ -23,6 +23,16 @@ def ssl_context() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
 
 
+def _untrusted(e: BaseException) -> str:
+    """The verification error when `e` comes from a certificate that failed verification, else ''."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return seen.verify_message or str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return ""
+
+
 class ApiClient:
     def __init__(self, *, url: str | None = None, socket: Path | None = None, token: str | None = None,
                  worker: str | None = None, timeout: float = 10.0) -> None:
@@ -70,6 +80,11 @@ class ApiClient:
         except httpx.TransportError as e:
             if self.socket is not None and isinstance(e, httpx.ConnectError):
                 raise Unavailable(f"no daemon answers on {self.socket}: start one with `piloop serve --detach`") from e
+            untrusted = _untrusted(e)
+            if untrusted:
+                raise Unavailable(f"{self.where}: the server's certificate is not trusted ({untrusted}); for a "
+                                  "certificate your system does not trust, set SSL_CERT_FILE to the CA that signed it",
+                                  tls="untrusted") from e
             raise Unavailable(f"{self.where} cannot be reached: {type(e).__name__}: {e}") from e
         if resp.status_code >= 400:
             try:

@@ -11,6 +11,7 @@ from pathlib import Path
 from piloop_common.errors import ConfigError, PiloopError
 
 EXIT_OK, EXIT_USAGE, EXIT_REFUSED = 0, 2, 3
+CREDENTIAL_ENV = "PILOOP_WORKER_CREDENTIAL"
 log = logging.getLogger("piloop.worker")
 
 
@@ -25,8 +26,6 @@ def run_worker(*, server: str | None, socket: Path | None, pool: str, token: str
     # the shim host first, while this process has no thread: it forks every job's shim
     if not server and not socket:
         return _fail("give --server URL (or the daemon's --socket)")
-    if server and not token:
-        return _fail("no token: set PILOOP_HTTPS_TOKEN or --token-file (make one with `piloop token create`)")
     if not pool:
         return _fail("--pool: name the pool this worker serves")
     try:
@@ -35,6 +34,17 @@ def run_worker(*, server: str | None, socket: Path | None, pool: str, token: str
         settings = load_settings(home)
     except ConfigError as e:
         return _fail(f"config: {e.message}")
+    proxy = server is not None and settings.plugins.network.provider == "proxy"
+    if proxy:
+        # the proxy in front of the server checks the credential; the server never sees a piloop token
+        credential = os.environ.get(CREDENTIAL_ENV, "").strip()
+        if not credential:
+            return _fail(f"the proxy network: set {CREDENTIAL_ENV} to the credential the proxy accepts for workers")
+        if not name:
+            return _fail("--name: on the proxy network a worker names itself (x-piloop-worker); give --name")
+        token = credential
+    elif server and not token:
+        return _fail("no token: set PILOOP_HTTPS_TOKEN or --token-file (make one with `piloop token create`)")
     if socket is None:
         # nothing on a remote worker holds state credentials (the daemon's own worker shares its home)
         if os.environ.get("PILOOP_REDIS_URL"):
@@ -50,12 +60,12 @@ def run_worker(*, server: str | None, socket: Path | None, pool: str, token: str
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per call would drown the worker's own
     try:
         return _run(settings, host, server=server, socket=socket, pool=pool, token=token, name=name, image=image,
-                    dir=dir, home=home)
+                    dir=dir, home=home, proxy=proxy)
     finally:
         host.close()
 
 
-def _run(settings, host, *, server, socket, pool, token, name, image, dir, home) -> int:
+def _run(settings, host, *, server, socket, pool, token, name, image, dir, home, proxy=False) -> int:
     from piloop_common.cas import open_store
     from piloop_common.client import ApiClient
     from piloop_worker.agent import ShutdownRequested, Worker, WorkerRefused
@@ -67,12 +77,17 @@ def _run(settings, host, *, server, socket, pool, token, name, image, dir, home)
         return _fail(f"config: {e.message}")
     except PiloopError as e:
         return _fail(f"the CAS cannot be opened: {e.message}", 1)
-    worker_header = (name or "serve") if socket is not None else None
+    worker_header = (name or "serve") if socket is not None else (name if proxy else None)
     if socket is not None:
         name = worker_header
 
     def api_factory() -> ApiClient:
         return ApiClient(url=server, socket=socket, token=token, worker=worker_header)
+
+    if server:
+        trust = _check_trust(api_factory)
+        if trust:
+            return _fail(trust)
 
     where = server or f"unix:{socket}"
     w = Worker(api_factory=api_factory, where=where, pool=pool, image=image, name=name, workdir=dir, home=home,
@@ -97,3 +112,21 @@ def _run(settings, host, *, server, socket, pool, token, name, image, dir, home)
     finally:
         w.close()
     return EXIT_OK
+
+
+def _check_trust(api_factory) -> str:
+    """One call before starting: a server whose certificate this machine does not trust is a setup mistake that
+    retrying never fixes, so the worker exits saying so (2). Any other failure is left to the worker's retries."""
+    from piloop_common.errors import Unavailable
+
+    api = api_factory()
+    try:
+        api.call("GET", "/v1/health", timeout=10)
+    except Unavailable as e:
+        if e.details.get("tls") == "untrusted":
+            return e.message
+    except PiloopError:
+        pass
+    finally:
+        api.close()
+    return ""

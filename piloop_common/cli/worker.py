@@ -40,8 +40,7 @@ def worker(ctx, server, socket, pool, token_file, name, image, workdir) -> None:
             raise click.UsageError(f"--token-file {token_file}: the file is empty")
     else:
         token = os.environ.get("PILOOP_HTTPS_TOKEN") or None
-    if server and not token:
-        raise click.UsageError("no token: set PILOOP_HTTPS_TOKEN or --token-file (make one with `piloop token create`)")
+    # no token is checked here: on the proxy network a worker presents PILOOP_WORKER_CREDENTIAL (run_worker says)
     from piloop_worker.main import run_worker
 
     sys.exit(run_worker(server=server, socket=socket, pool=pool, token=token, token_file=token_file, name=name,
