@@ -1,0 +1,233 @@
+"""Real `piloop worker` processes against a real `piloop serve` over TCP, and what fault tests look at:
+job views, events, process groups, and a marker file each job appends its runs to (outside piloop)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+
+from piloop_common.client import ApiClient
+from tests.helpers.redis import free_port, wait_for
+from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
+
+# FAST_EXECUTOR: renew 0.5 s, grace 2 s, toleration 6 s, kill grace 0.5 s.
+RENEW, GRACE, TOLERATION, KILL_GRACE = 0.5, 2.0, 6.0, 0.5
+# a silent worker's jobs are stopped 6 − 2 × 0.5 = 5 s after it sent its last acknowledged heartbeat
+FENCE_AFTER = TOLERATION - 2 * RENEW
+GPU = "\n[plugins.executor.pools.gpu]\nagents = 1\nevaluations = 1\nmax_load = 1000\nmin_memory_gb = 0\n"
+ENDED = ("succeeded", "failed", "lost", "cancelled", "worker_lost")
+
+
+def tcp_server(redis_url: str, namespace: str, extra: str = GPU, config: str = FAST_EXECUTOR) -> Daemon:
+    """`piloop serve --listen 127.0.0.1:<port>` with a `gpu` pool for remote workers; `.url` is its address."""
+    d = Daemon(short_home(), config=config + extra, redis_url=redis_url, namespace=namespace)
+    port = free_port()
+    d.start(listen=f"127.0.0.1:{port}")
+    d.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    return d
+
+
+class RemoteWorker:
+    """`piloop worker --server ... --pool gpu` in a home of its own that shares only the server's CAS."""
+
+    def __init__(self, d: Daemon, token: str, pool: str = "gpu", same_cas: bool = True, env: dict | None = None,
+                 args: tuple[str, ...] = (), name: str = "") -> None:
+        self.d, self.token, self.pool, self.env, self.args, self.name = d, token, pool, env or {}, args, name
+        self.home = short_home("w")
+        if same_cas:
+            (self.home / "config.toml").write_text(f'[plugins.cas]\nprovider = "local"\npath = "{d.home}/cas"\n')
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "RemoteWorker":
+        env = cli_env(self.home, {"PILOOP_HTTPS_TOKEN": self.token, **self.env})
+        self.log = open(self.home / "worker.log", "ab")
+        # a session of its own: a test may stop the worker with its shim host as one group (the shims have theirs)
+        self.proc = subprocess.Popen([sys.executable, "-m", "piloop_common.cli", "worker", "--server", self.d.url,
+                                      "--pool", self.pool, *self.args], env=env, stdout=self.log, stderr=self.log,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def output(self) -> str:
+        return (self.home / "worker.log").read_text(errors="replace")
+
+    def wait(self, timeout: float = 20) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its shim host (the shims and jobs live on in their own sessions)."""
+        if self.proc is not None and self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+    def terminate(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            self.proc.wait(20)
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        _signal_group(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        _signal_group(self.proc.pid, signal.SIGCONT)
+
+    def spool(self, name: str) -> list[Path]:
+        return sorted((self.home / "spool" / name).glob("*.json"))
+
+    def cleanup(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGCONT)
+        self.kill()
+        kill_tree_of(str(self.home))
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def kill_tree_of(marker: str) -> None:
+    """Kill processes left behind on purpose (shims, jobs) whose command line or environment names `marker`."""
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if p.pid == os.getpid():
+                continue
+            if p.info["cmdline"] and any(marker in a for a in p.info["cmdline"]):
+                p.kill()
+                continue
+            if any(marker in v for v in p.environ().values()):
+                p.kill()
+        except (psutil.Error, OSError):
+            continue
+
+
+def token(d: Daemon, name: str, *args: str) -> str:
+    return d.cli("token", "create", name, *args, check=True).stdout.strip()
+
+
+def submit(d: Daemon, *argv: str, pool: str = "gpu", kind: str = "evaluation", opts: tuple[str, ...] = ()) -> str:
+    return d.cli("job", "submit", "--pool", pool, "--kind", kind, *opts, "--", *argv, check=True).stdout.strip()
+
+
+def view(d: Daemon, job: str) -> dict:
+    with d.api() as api:
+        return api.call("GET", f"/v1/jobs/{job}")
+
+
+def state(d: Daemon, job: str, *states: str, timeout: float = 30) -> dict:
+    states = states or ENDED
+    return wait_for(lambda: (v := view(d, job))["state"] in states and v, timeout, interval=0.1,
+                    what=f"job {job} to be {'|'.join(states)}")
+
+
+def events(d: Daemon, *types: str) -> list[dict]:
+    """Every event in the stream (of these types), oldest first."""
+    out: list[dict] = []
+    after = "0"
+    with d.api() as api:
+        while True:
+            batch = api.call("GET", "/v1/events", params={"after": after, "count": 10_000})
+            if not batch:
+                break
+            out += batch
+            after = batch[-1]["id"]
+    return [e for e in out if not types or e["type"] in types]
+
+
+def worker_api(d: Daemon, tok: str) -> ApiClient:
+    """The API as a worker holding `tok` sees it (for sending a report by hand)."""
+    return ApiClient(url=d.url, token=tok, timeout=10)  # type: ignore[attr-defined]
+
+
+def pgid_alive(pgid: int) -> bool:
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
+def job_pgids(*homes: Path) -> dict[str, int]:
+    """Each live job dir's job process group, from the shim's record: {job dir name: pgid}."""
+    out = {}
+    for home in homes:
+        for shim in home.glob("work/*/jobs/*/shim.json"):
+            try:
+                out[shim.parent.name] = int(json.loads(shim.read_text())["pgid"])
+            except (OSError, ValueError, KeyError):
+                continue
+    return out
+
+
+# A job that appends `<event> <job> <worker> <token> <pgid> <time>` lines to $MARKER (O_APPEND, one write a
+# line): `start`, a `tick` every 50 ms, then `end`. $RUN_SECONDS long; with $FIRST_FOREVER set, the job's first
+# run (no earlier line of its own in the marker) runs until it is killed and writes $PARTIAL into
+# outputs/result.txt first, so a fenced or killed run leaves partial output behind.
+MARKER_JOB = textwrap.dedent("""
+    import os, sys, time
+    m, job, token = os.environ["MARKER"], os.environ["PILOOP_JOB"], os.environ["PILOOP_LEASE_TOKEN"]
+    where = os.environ["PILOOP_JOB_DIR"].split("/work/")[1].split("/")[0]  # the worker's name
+    def line(ev):
+        fd = os.open(m, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(fd, f"{ev} {job} {where} {token} {os.getpgid(0)} {time.time():.3f}\\n".encode())
+        os.close(fd)
+    mine = os.path.exists(m) and f" {job} " in open(m).read()
+    forever = os.environ.get("FIRST_FOREVER") and not mine
+    os.makedirs("../outputs", exist_ok=True)
+    open("../outputs/result.txt", "w").write("partial\\n" if forever else "final\\n")
+    line("start")
+    end = time.time() + (10_000 if forever else float(os.environ.get("RUN_SECONDS", "1")))
+    while time.time() < end:
+        time.sleep(0.05)
+        line("tick")
+    line("end")
+""")
+
+
+def marker_runs(marker: Path) -> dict[str, list[dict]]:
+    """{job: [one dict per run (token): where, token, pgid, start, last (last line's time), ended]}."""
+    runs: dict[tuple[str, str], dict] = {}
+    if not marker.exists():
+        return {}
+    for raw in marker.read_text().splitlines():
+        ev, job, where, tok, pgid, t = raw.split(" ")
+        r = runs.setdefault((job, tok), {"job": job, "where": where, "token": tok, "pgid": int(pgid),
+                                          "start": float(t), "last": float(t), "ended": False})
+        r["start"], r["last"] = min(r["start"], float(t)), max(r["last"], float(t))
+        r["ended"] = r["ended"] or ev == "end"
+    out: dict[str, list[dict]] = {}
+    for r in sorted(runs.values(), key=lambda r: r["start"]):
+        out.setdefault(r["job"], []).append(r)
+    return out
+
+
+def overlapping(runs: list[dict]) -> bool:
+    """Whether any two runs of one job overlap in time."""
+    rs = sorted(runs, key=lambda r: r["start"])
+    return any(b["start"] < a["last"] for a, b in zip(rs, rs[1:]))
+
+
+def marker_job(d: Daemon, marker: Path, *, pool: str = "gpu", kind: str = "evaluation", seconds: float = 1.0,
+               first_forever: bool = False) -> str:
+    opts = ("--env", f"MARKER={marker}", "--env", f"RUN_SECONDS={seconds}")
+    if first_forever:
+        opts += ("--env", "FIRST_FOREVER=1")
+    return submit(d, sys.executable, "-c", MARKER_JOB, pool=pool, kind=kind, opts=opts)
