@@ -31,7 +31,7 @@ class _Model(BaseModel):
 
 
 class LocalCompute(_Model):
-    provider: Literal["local"] = "local"
+    provider: Literal["local"] = Field("local", description="Workers as processes on the server's machine.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for each started worker.")
     hang: bool = Field(False, description="Start a process that never registers (for testing the register deadline).")
     refuse: bool = Field(False, description="Refuse every start as a platform would on quota (for testing the backoff).")
@@ -43,7 +43,7 @@ class RegistryConfig(_Model):
 
 
 class ModalCompute(_Model):
-    provider: Literal["modal"] = "modal"
+    provider: Literal["modal"] = Field("modal", description="Workers as Modal sandboxes of `image`.")
     image: str = Field(description="The image with piloop in it, as a registry reference.")
     registry: RegistryConfig | None = Field(None, description="The pull secret of a private registry.")
     gpu: str | None = Field(None, description="The GPU of each sandbox, as Modal names it (`A100`, `H100:2`).")
@@ -162,9 +162,9 @@ class EmbeddedStateDefaults:
 
 
 class Plugins(_Model):
-    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
-    cas: CasConfig = Field(default_factory=LocalCasConfig)
-    network: NetworkConfig = Field(default_factory=NetworkConfig)
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig, description="How jobs run: workers, their pools and the timings of silence.")
+    cas: CasConfig = Field(default_factory=LocalCasConfig, description="The content-addressed store that holds every byte; a worker's must be the server's.")
+    network: NetworkConfig = Field(default_factory=NetworkConfig, description="Where the daemon listens beside its socket, and how callers authenticate.")
     state: StateConfig | None = Field(None, description="A Redis of your own; absent: the embedded one.")
 
 
@@ -173,7 +173,7 @@ class Settings(BaseSettings):
 
     home: Path = Field(description="`$PILOOP_HOME`: config, socket, spool, logs.")
     namespace: str = Field("piloop", pattern=r"^[a-z0-9_-]{1,32}$", description="The Redis hash tag of every key.")
-    plugins: Plugins = Field(default_factory=Plugins)
+    plugins: Plugins = Field(default_factory=Plugins, description="The `[plugins.*]` tables.")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,  # type: ignore[override]
