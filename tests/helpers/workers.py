@@ -194,6 +194,7 @@ MARKER_JOB = textwrap.dedent("""
     os.makedirs("../outputs", exist_ok=True)
     open("../outputs/result.txt", "w").write("partial\\n" if forever else "final\\n")
     line("start")
+    print(f"run {token} of {job}", flush=True)
     end = time.time() + (10_000 if forever else float(os.environ.get("RUN_SECONDS", "1")))
     while time.time() < end:
         time.sleep(0.05)
