@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 PROTOCOL = 1
 API = "/v1"
+# A job's relay (on its worker) names the job and its lease on every call it forwards.
+RELAY_JOB_HEADER = "x-piloop-job"
+RELAY_TOKEN_HEADER = "x-piloop-lease-token"
 
 Kind = Literal["agent", "evaluation"]
 Outcome = Literal["succeeded", "failed", "cancelled", "fenced", "lost"]
@@ -182,6 +185,13 @@ class JobView(Message):
     spec: dict[str, Any] = Field(default_factory=dict)
     result: dict[str, Any] = Field(default_factory=dict)
     log: list[str] = Field(default_factory=list)
+    progress: list[dict[str, Any]] = Field(default_factory=list, description="The job's own notes: note, by, at_ms.")
+
+
+class ProgressNote(Message):
+    """`piloop progress "note"` inside a job, through its worker's relay."""
+
+    note: str = Field(min_length=1, max_length=2000)
 
 
 class WorkerView(Message):

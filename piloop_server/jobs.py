@@ -44,7 +44,8 @@ def view(rt: Runtime, job_id: str) -> JobView:
     pipe = rt.redis.pipeline(transaction=False)
     pipe.hgetall(rt.keys.job(job_id))
     pipe.lrange(rt.keys.job_log(job_id), 0, -1)
-    h, log = pipe.execute()
+    pipe.lrange(rt.keys.job_progress(job_id), 0, -1)
+    h, log, notes = pipe.execute()
     if not h:
         raise NotFound(f"no job {job_id} (see `piloop job list`)")
     f = {_s(k): _s(v) for k, v in h.items()}
@@ -55,7 +56,8 @@ def view(rt: Runtime, job_id: str) -> JobView:
         state=f["state"], attempts=int(f.get("attempts") or 0), lost=int(f.get("lost") or 0),
         worker=f.get("worker", ""), token=f.get("token", ""), created_ms=int(f.get("created") or 0),
         updated_ms=int(f.get("updated") or 0), reason=f.get("reason", ""),
-        spec=json.loads(f.get("spec") or "{}"), result=result, log=chunks)
+        spec=json.loads(f.get("spec") or "{}"), result=result, log=chunks,
+        progress=[json.loads(n) for n in notes])
 
 
 def listing(rt: Runtime, state: str | None, pool: str | None, limit: int = 200) -> list[JobView]:

@@ -25,7 +25,7 @@ from piloop_common import __version__
 from piloop_common.cas import Store
 from piloop_common.client import ApiClient
 from piloop_common.errors import BadRequest, LeaseLost, NotFound, PiloopError, Refused, StoreError
-from piloop_common.hostinfo import Sampler
+from piloop_common.hostinfo import Sampler, memory_pressure
 from piloop_common.protocol import (
     PROTOCOL, Assignment, ClaimRequest, ClaimResponse, HeldJob, RegisterRequest, RegisterResponse, ReleaseRequest,
     ReportRequest, ReportResponse, Timing, Usage, WorkerHello, LogAppend,
@@ -35,6 +35,7 @@ from piloop_worker.cgroups import Cgroups
 from piloop_worker.heartbeat import Heartbeat, Reachability
 from piloop_worker.jobdir import JobDir, atomic_json, read_json, scan
 from piloop_worker.logs import LogShipper
+from piloop_worker.relay import Relay, socket_path
 from piloop_worker.shimhost import ShimHost
 from piloop_worker.spool import Spool
 
@@ -131,6 +132,8 @@ class Worker:
         self.timing: Timing | None = None  # type: ignore[assignment]
         self.spool: Spool | None = None
         self.sampler = Sampler(workdir or home)
+        self.psi_path = pressure.psi_path()
+        self.relay: Relay | None = None
         self.cas_id = store.identity()
         # found before registering, so `info` can say; job cgroups are named by their dir, so any base name will do
         self.cgroups = Cgroups(name or socket.gethostname())
@@ -145,8 +148,12 @@ class Worker:
         with self.lock:
             return list(self.held.values())
 
+    def host_sample(self):
+        """The cached host sample, with memory pressure read now (a small read that never blocks on /proc)."""
+        return self.sampler.get().model_copy(update={"memory_pressure": memory_pressure(self.psi_path)})
+
     def hello(self, held: list[Held]) -> WorkerHello:
-        sample = self.sampler.get()
+        sample = self.host_sample()
         adm = pressure.admission(sample, self.timing.memory_pressure_max) if self.timing else ""
         return WorkerHello(protocol=PROTOCOL, pool=self.pool, image=self.image, cas_id=self.cas_id, sample=sample,
                            jobs=[HeldJob(job=h.job, token=h.token) for h in held], admission=adm)
@@ -232,12 +239,16 @@ class Worker:
                 statuses = self._call_until_answered(
                     lambda: self.api.call("POST", "/v1/worker/heartbeat", self.hello(found),
                                           timeout=self.timing.request_timeout_seconds)["jobs"])
+        self.relay = Relay(self.api_factory, self.timing.request_timeout_seconds)
         with self.lock:
             for h in found:
                 self.held[h.job] = h
         self.apply(statuses, sent, found)
         for h in found:
-            log.info("event=job.reattached job=%s token=%s status=%s", h.job, h.token, statuses.get(h.job, "lost"))
+            st = statuses.get(h.job, "lost")
+            if st == "ok" and not h.jd.exit_json.exists():
+                self._relay_for(h.job, h.token, Path((h.jd.record() or {}).get("relay") or socket_path(h.jd.root)))
+            log.info("event=job.reattached job=%s token=%s status=%s", h.job, h.token, st)
         self.heartbeat = Heartbeat(self, self.api_factory())
         self.heartbeat.start()
 
@@ -351,6 +362,8 @@ class Worker:
             return
         with self.lock:
             self.held.pop(h.job, None)
+        if self.relay is not None:
+            self.relay.remove(h.job)
         shutil.rmtree(h.jd.root, ignore_errors=True)
         self.next_claim = 0.0  # a slot is free
 
@@ -391,7 +404,7 @@ class Worker:
     # -- claims and starts ------------------------------------------------------------------
     def claim(self) -> None:
         assert self.timing is not None
-        sample = self.sampler.get()
+        sample = self.host_sample()
         if pressure.admission(sample, self.timing.memory_pressure_max):
             self.next_claim = time.monotonic() + self.timing.renew_seconds
             return
@@ -422,17 +435,23 @@ class Worker:
                 self.api.call("POST", "/v1/worker/release",
                               ReleaseRequest(protocol=PROTOCOL, job=a.job, token=a.token, reason="image"),
                               timeout=self.timing.request_timeout_seconds)
+                # the server matched the job to an image we do not have: its record of ours is wrong, so
+                # register again (it filters claims by that record) rather than be handed the job again
+                self.register_with(self.api, self.snapshot())
             return
         jd = JobDir.for_lease(self.workdir, a.job, a.token)
         record = a.model_dump(mode="json", exclude={"secrets"})
         record["secret_names"] = sorted(a.secrets)
         record["claimed_at"] = time.time()
+        relay_at = socket_path(jd.root)
+        record["relay"] = str(relay_at)
         jd.create(record)
         # the claim renewed nothing yet: the lease's clock started at most when the claim was sent
         jd.write_deadline(fence_deadline(sent, self.timing))
         h = Held(a.job, a.token, a.kind, jd, LogShipper(jd))
         with self.lock:
             self.held[a.job] = h
+        self._relay_for(a.job, a.token, relay_at)
         log.info("event=job.started job=%s token=%s kind=%s worker=%s", a.job, a.token, a.kind, self.name)
         try:
             for name, addr in a.spec.inputs.items():
@@ -455,10 +474,17 @@ class Worker:
             except OSError as e:
                 log.warning("event=job.no_cgroup job=%s error=%s", a.job, e)
         env = {**os.environ, **a.spec.env, **a.secrets, "PILOOP_JOB": a.job, "PILOOP_LEASE_TOKEN": a.token,
-               "PILOOP_JOB_DIR": str(jd.root)}
+               "PILOOP_JOB_DIR": str(jd.root), "PILOOP_RELAY": str(relay_at), "PILOOP_HOME": str(self.home)}
         h.requested_at = time.monotonic()
         self.host.run_job({"dir": str(jd.root), "argv": a.spec.argv, "env": env, "timeout": a.spec.timeout_seconds,
                            "kill_grace": self.timing.kill_grace_seconds, "cgroup": cgroup, "metrics_seconds": 5})
+
+    def _relay_for(self, job: str, token: str, path: Path) -> None:
+        assert self.relay is not None
+        try:
+            self.relay.add(job, token, path)
+        except OSError as e:  # the job runs; its own `piloop` calls fail, saying the relay is not there
+            log.warning("event=relay.unavailable job=%s path=%s error=%s", job, path, e)
 
     # -- ends --------------------------------------------------------------------------------
     def detach(self, budget: float) -> None:
@@ -489,6 +515,8 @@ class Worker:
             time.sleep(0.05)
 
     def close(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
         self.api.close()
         self.host.close()
         with contextlib.suppress(Exception):

@@ -77,7 +77,9 @@ def _run(settings, host, *, server, socket, pool, token, name, image, dir, home,
         return _fail(f"config: {e.message}")
     except PiloopError as e:
         return _fail(f"the CAS cannot be opened: {e.message}", 1)
-    worker_header = (name or "serve") if socket is not None else (name if proxy else None)
+    # over TCP a token names the worker; `--name` asks for another, which the server allows only where the token
+    # says so (`piloop token create --rename`), else it refuses the worker (exit 3)
+    worker_header = (name or "serve") if socket is not None else name
     if socket is not None:
         name = worker_header
 

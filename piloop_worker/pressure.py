@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+from piloop_common.hostinfo import PSI_MEMORY
 from piloop_common.protocol import HostSample
+
+PSI_ENV = "PILOOP_PSI_MEMORY"
+
+
+def psi_path() -> Path:
+    """Where this worker reads memory pressure: `PILOOP_PSI_MEMORY` names a file in /proc/pressure/memory's
+    format (a cgroup's `memory.pressure`, or a file a test controls), else /proc/pressure/memory."""
+    return Path(os.environ.get(PSI_ENV) or PSI_MEMORY)
 
 
 def admission(sample: HostSample, memory_pressure_max: float) -> str:

@@ -13,6 +13,7 @@ from piloop_common.cli.cas import cas
 from piloop_common.cli.context import Cli
 from piloop_common.cli.daemon import init, serve, status, stop
 from piloop_common.cli.jobs import job
+from piloop_common.cli.relay import progress
 from piloop_common.cli.secret import secret
 from piloop_common.cli.worker import worker
 from piloop_common.errors import ConfigError, PiloopError
@@ -28,7 +29,7 @@ def root(ctx: click.Context, home: Path | None) -> None:
     ctx.obj = Cli(home)
 
 
-for command in (init, serve, stop, status, worker, limits, token, cas, job, events, inbox, secret):
+for command in (init, serve, stop, status, worker, limits, token, cas, job, events, inbox, secret, progress):
     root.add_command(command)
 
 

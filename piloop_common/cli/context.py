@@ -26,7 +26,11 @@ class Cli:
         return load_settings(self.home)
 
     def api(self, timeout: float = 30.0) -> "ApiClient":
-        """A client of the local daemon, over its unix socket."""
+        """A client of the local daemon, over its unix socket; inside a job, of the job's relay."""
+        from piloop_common.cli.relay import relay_client, relay_path
+
+        if (relay := relay_path()) is not None:
+            return relay_client(relay, timeout)
         from piloop_common.client import ApiClient
 
         return ApiClient.local(self.home, timeout=timeout)

@@ -98,6 +98,8 @@ def show(obj, job_id, as_json) -> None:
              ("reason", j["reason"] or "-"), ("log", ", ".join(j["log"]) or "-")]
     for name, addr in (r.get("outputs") or {}).items():
         lines.append((f"output {name}", addr))
+    for n in j.get("progress") or []:
+        lines.append(("progress", f"{when(n.get('at_ms'))}  {n.get('note', '')}"))
     width = max(len(k) for k, _ in lines)
     for k, v in lines:
         click.echo(f"{k.ljust(width)}  {v}")

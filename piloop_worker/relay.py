@@ -1,0 +1,206 @@
+"""Each job's relay: a unix socket in its directory (`PILOOP_RELAY`) where the job's own `piloop` calls arrive.
+
+The worker forwards each call to the server under the job's id and lease token, with the worker's own
+credentials; the server accepts it only while that lease is live (`/v1/relay/...`). The job never sees the
+worker's token through the relay, and cannot name another job: the socket it connects to says which job it is.
+
+One thread accepts on every job's socket (a selector); each connection is served on a short-lived thread with
+the relay's own HTTP client, so a slow server never holds the main loop or the heartbeat.
+Only `/v1/relay/...` is forwarded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import logging
+import os
+import queue
+import selectors
+import socket
+import tempfile
+import threading
+from pathlib import Path
+from typing import Callable
+
+from piloop_common.client import ApiClient
+from piloop_common.protocol import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
+
+log = logging.getLogger("piloop.worker")
+
+SOCKET_NAME = "relay.sock"
+MAX_UNIX_PATH = 100  # AF_UNIX allows 108 bytes with the NUL; keep a margin
+MAX_BODY = 1024 * 1024
+PREFIX = "/v1/relay/"
+
+
+def socket_path(job_root: Path) -> Path:
+    """Where a job's relay listens: in its directory, or (a path too long for AF_UNIX) a private temp dir."""
+    p = job_root / SOCKET_NAME
+    if len(os.fsencode(p)) <= MAX_UNIX_PATH:
+        return p
+    return Path(tempfile.mkdtemp(prefix="piloop-relay-")) / SOCKET_NAME
+
+
+class _Lease:
+    def __init__(self, job: str, token: str, path: Path, sock: socket.socket) -> None:
+        self.job, self.token, self.path, self.sock = job, token, path, sock
+
+
+class Relay:
+    """The relays of one worker's jobs. `add` when a job starts (or is re-attached), `remove` when it is reported."""
+
+    def __init__(self, api_factory: Callable[[], ApiClient], timeout: float) -> None:
+        self.api = api_factory()
+        self.timeout = timeout
+        self.sel = selectors.DefaultSelector()
+        self.leases: dict[str, _Lease] = {}
+        self.lock = threading.Lock()
+        self.todo: queue.SimpleQueue = queue.SimpleQueue()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, None)
+        self.closed = False
+        self.thread = threading.Thread(target=self._run, name="relay", daemon=True)
+        self.thread.start()
+
+    # -- the worker's side -------------------------------------------------------------
+    def add(self, job: str, token: str, path: Path) -> None:
+        """Listen for `job` at `path` (a stale socket file there, from an earlier worker, is replaced)."""
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(str(path))
+            os.chmod(path, 0o600)
+            s.listen(16)
+            s.setblocking(False)
+        except OSError:
+            s.close()
+            raise
+        self._ask(("add", _Lease(job, token, path, s)))
+
+    def remove(self, job: str) -> None:
+        self._ask(("remove", job))
+
+    def close(self) -> None:
+        """Stop listening (the socket files stay: a worker that re-attaches binds them again)."""
+        if self.closed:
+            return
+        self._ask(("close", None))
+        self.thread.join(5)
+        self.api.close()
+
+    def _ask(self, what: tuple) -> None:
+        self.todo.put(what)
+        with contextlib.suppress(OSError):
+            os.write(self.wake_w, b"x")
+
+    # -- the relay's thread ------------------------------------------------------------
+    def _apply(self) -> bool:
+        while True:
+            try:
+                op, arg = self.todo.get_nowait()
+            except queue.Empty:
+                return True
+            if op == "add":
+                old = self.leases.pop(arg.job, None)
+                if old is not None:
+                    self._drop(old)
+                self.leases[arg.job] = arg
+                self.sel.register(arg.sock, selectors.EVENT_READ, arg)
+            elif op == "remove":
+                old = self.leases.pop(arg, None)
+                if old is not None:
+                    self._drop(old)
+                    with contextlib.suppress(OSError):
+                        old.path.unlink()
+                        if old.path.parent.name.startswith("piloop-relay-"):
+                            old.path.parent.rmdir()
+            elif op == "close":
+                for le in self.leases.values():
+                    self._drop(le)
+                self.leases.clear()
+                self.closed = True
+                return False
+
+    def _drop(self, le: _Lease) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(le.sock)
+        le.sock.close()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                for key, _ in self.sel.select():
+                    if key.data is None:
+                        with contextlib.suppress(OSError):
+                            os.read(self.wake_r, 4096)
+                        continue
+                    le: _Lease = key.data
+                    try:
+                        conn, _ = le.sock.accept()
+                    except (BlockingIOError, OSError):
+                        continue
+                    conn.setblocking(True)
+                    threading.Thread(target=self._serve, args=(conn, le), name=f"relay-{le.job}",
+                                     daemon=True).start()
+                if not self._apply():
+                    return
+        finally:
+            self.sel.close()
+            for fd in (self.wake_r, self.wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _serve(self, conn: socket.socket, le: _Lease) -> None:
+        conn.settimeout(self.timeout * 3 + 5)
+        try:
+            _Handler(conn, ("relay", 0), (self, le))
+        except Exception as e:  # one bad call never ends the relay
+            log.warning("event=relay.error job=%s error=%s", le.job, e)
+        finally:
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def forward(self, le: _Lease, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        """Send one call to the server under the job's lease; the server's status and body."""
+        if not path.startswith(PREFIX):
+            return 404, _error("not_found", f"the relay forwards only {PREFIX}… calls, not {path}")
+        headers = {RELAY_JOB_HEADER: le.job, RELAY_TOKEN_HEADER: le.token}
+        if body:
+            headers["content-type"] = "application/json"
+        try:
+            resp = self.api.http.request(method, path, content=body or None, headers=headers, timeout=self.timeout)
+        except Exception as e:  # the server is away: the job's call fails now, as a direct call would
+            return 503, _error("unavailable", f"the worker's relay cannot reach the server: {type(e).__name__}: {e}")
+        log.info("event=relay.call job=%s path=%s status=%d", le.job, path, resp.status_code)
+        return resp.status_code, resp.content
+
+
+def _error(code: str, message: str) -> bytes:
+    return json.dumps({"error": code, "message": message}).encode()
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"  # one call per connection: the job's CLI makes one or two
+
+    def _relay(self) -> None:
+        relay, le = self.server  # type: ignore[misc]
+        n = int(self.headers.get("content-length") or 0)
+        if n > MAX_BODY:
+            status, body = 413, _error("too_large", f"a relayed call's body is at most {MAX_BODY} bytes")
+        else:
+            status, body = relay.forward(le, self.command, self.path.split("?", 1)[0], self.rfile.read(n) if n else b"")
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _relay
+
+    def log_message(self, format: str, *args: object) -> None:  # the relay logs its own events
+        return
