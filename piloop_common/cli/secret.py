@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from urllib.parse import quote
 
@@ -9,6 +10,17 @@ import click
 
 from piloop_common.cli.output import emit_json, table, when
 from piloop_common.errors import BadRequest
+
+
+# as the server checks it (piloop_server/secrets.py); here too, since a `/` in a name would change the route
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def _check_name(name: str) -> str:
+    if not NAME.match(name):
+        raise BadRequest(f"secret name {name[:80]!r}: use letters, digits and _, not starting with a digit "
+                         "(an environment variable's name), at most 128")
+    return name
 
 
 @click.group()
@@ -31,7 +43,7 @@ def _read_value(name: str) -> str:
 @click.pass_obj
 def secret_set(obj, name: str) -> None:
     """Set NAME to the value on stdin, as is: `printf %s "$V" | piloop secret set NAME`."""
-    value = _read_value(name)
+    value = _read_value(_check_name(name))
     if not value:
         raise BadRequest(f"secret {name}: the value is empty; give it on stdin: printf %s \"$V\" | piloop secret set {name}")
     with obj.api() as api:
@@ -62,6 +74,7 @@ def secret_list(obj, as_json: bool) -> None:
 @click.pass_obj
 def secret_rm(obj, name: str) -> None:
     """Remove NAME; jobs already submitted that name it start without it."""
+    _check_name(name)
     with obj.api() as api:
         api.call("DELETE", f"/v1/secrets/{quote(name, safe='')}")
     click.echo(f"{name}: removed")
