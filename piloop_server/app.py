@@ -45,19 +45,51 @@ def create_app(rt: Runtime, daemon_info: dict[str, Any] | None = None) -> FastAP
 
 
 class BodyLimit:
-    """Refuse a body over the limit by its Content-Length (plain ASGI: BaseHTTPMiddleware costs ~1 ms a call)."""
+    """Refuse a body over the limit by its Content-Length, or as it comes when there is none (a chunked body:
+    read whole, up to the limit, then handed on). Plain ASGI: BaseHTTPMiddleware costs ~1 ms a call."""
 
     def __init__(self, app: Any, max_body: int) -> None:
         self.app, self.max_body = app, max_body
 
+    async def _refuse(self, scope: dict, receive: Any, send: Any) -> None:
+        resp = JSONResponse({"error": "too_large", "message": f"the body is over {self.max_body} bytes"}, 413)
+        await resp(scope, receive, send)
+
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            for name, value in scope["headers"]:
-                if name == b"content-length" and (not value.isdigit() or int(value) > self.max_body):
-                    resp = JSONResponse({"error": "too_large", "message": f"the body is over {self.max_body} bytes"}, 413)
-                    await resp(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if not value.isdigit() or int(value) > self.max_body:
+                    await self._refuse(scope, receive, send)
                     return
-        await self.app(scope, receive, send)
+                await self.app(scope, receive, send)
+                return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                return  # the client went away
+            size += len(msg.get("body", b""))
+            if size > self.max_body:
+                await self._refuse(scope, receive, send)
+                return
+            chunks.append(msg.get("body", b""))
+            if not msg.get("more_body"):
+                break
+        first = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        given = False
+
+        async def replay() -> dict:
+            nonlocal given
+            if not given:
+                given = True
+                return first
+            return await receive()
+
+        await self.app(scope, replay, send)
 
 
 def via_socket(app: Any) -> Any:
