@@ -1,0 +1,118 @@
+"""Faults table: the server does not answer (SIGSTOP), the machine sleeps (the daemon, its worker and their jobs
+all stopped at once), and `piloop serve` restarts with jobs running on its `serve` worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from tests.helpers.redis import wait_for
+from tests.helpers.serve import cli_env
+from tests.helpers.workers import (
+    GRACE, TOLERATION, events, job_pgids, marker_job, marker_runs, overlapping, pgid_alive, state, token, view,
+)
+
+
+def test_the_server_does_not_answer_the_worker_fences_its_job_before_the_lease_ends(server, workers, tmp_path):
+    d, marker = server, tmp_path / "marker"
+    w = workers(d, token(d, "wa")).start()
+    job = marker_job(d, marker, first_forever=True)
+    first = wait_for(lambda: (r := marker_runs(marker).get(job)) and r[0], 20, interval=0.05, what="the job to start")
+    state(d, job, "running")
+    d.pause()
+    paused = time.monotonic()
+    # the last acknowledged heartbeat wrote the deadline = its send time + toleration − 2 × renew (CLOCK_MONOTONIC,
+    # the same clock for every process here); one in flight at the pause times out after request_timeout (1 s)
+    (jd,) = (w.home / "work" / "wa" / "jobs").iterdir()
+    wait_for(lambda: "event=worker.unreachable" in w.output(), 5, what="the worker to log worker.unreachable")
+    last_ack_sent = float((jd / "deadline").read_text()) - (TOLERATION - 1.0)
+    assert last_ack_sent <= paused
+    wait_for(lambda: not pgid_alive(first["pgid"]), TOLERATION + 2, interval=0.05, what="the job to be fenced")
+    gone = time.monotonic()
+    assert gone < last_ack_sent + TOLERATION, (gone - last_ack_sent)  # before its lease could expire
+    wait_for(lambda: time.monotonic() > paused + TOLERATION + 2, TOLERATION + 3)  # the lease's time is past
+    assert w.output().count("event=worker.unreachable") == 1  # at the first failure, then at most once a minute
+    d.resume()
+    v = state(d, job, timeout=40)
+    assert v["state"] == "succeeded", v
+    runs = marker_runs(marker)[job]
+    assert len(runs) == 2 and not overlapping(runs), runs
+    assert [e["job"] for e in events(d, "job.succeeded")].count(job) == 1
+    assert "event=worker.reachable" in w.output()
+    # the daemon itself was away longer than the grace period: its pass re-arms the lease instead of expiring it
+    # (the spec's "the machine sleeps" row), so the fenced run's report usually lands on a live lease and is
+    # accepted as fenced (queued again, not an attempt); if the worker's heartbeat beat the pass it heard `lost`
+    # and the report is stale. Either way the fenced run is never a result.
+    assert events(d, "daemon.rearmed")
+    mine = [e for e in events(d) if e.get("job") == job and e.get("token") == first["token"]]
+    ends = [(e["type"], e.get("outcome", "")) for e in mine if e["type"] in ("job.queued", "lease.stale_report")]
+    assert ends in ([("job.queued", "")], [("lease.stale_report", "fenced")]), mine
+    assert v["token"] != first["token"] and v["attempts"] == 1
+
+
+def _freeze(pids: list[int], pgids: list[int], sig: int) -> None:
+    for g in pgids:
+        try:
+            os.killpg(g, sig)
+        except ProcessLookupError:
+            pass
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
+
+
+def test_the_machine_sleeps_a_gap_longer_than_grace_is_the_daemons_absence_nothing_expires(server, tmp_path):
+    d, marker = server, tmp_path / "marker"
+    job = marker_job(d, marker, pool="serve", seconds=3)
+    run = wait_for(lambda: (r := marker_runs(marker).get(job)) and r[0], 20, interval=0.05, what="the job to start")
+    state(d, job, "running")
+    shims = [json.loads(p.read_text()) for p in (d.home / "work" / "serve" / "jobs").glob("*/shim.json")]
+    assert [s["pgid"] for s in shims] == [run["pgid"]]
+    # everything on the machine stops at once: the daemon and its worker and shim host (one process group), the
+    # job's shim and the job (Redis is elsewhere and runs on, its lease TTLs counting down)
+    everything = ([d.proc.pid], [s["pid"] for s in shims], [run["pgid"]])
+    _freeze(everything[1], [everything[0][0], everything[2][0]], signal.SIGSTOP)
+    asleep = time.monotonic()
+    # longer than the grace period; shorter than the fence (toleration − 2 × renew = 5 s): SIGSTOP, unlike a real
+    # suspend, lets CLOCK_MONOTONIC run on, so a longer freeze would have the job's own shim fence it on waking
+    wait_for(lambda: time.monotonic() > asleep + GRACE + 1.5, GRACE + 3)
+    _freeze(everything[1], [everything[2][0], everything[0][0]], signal.SIGCONT)
+    v = state(d, job, timeout=30)
+    assert v["state"] == "succeeded", v
+    assert not [e for e in events(d, "lease.expired") if e["job"] == job]
+    (rearmed,) = events(d, "daemon.rearmed")
+    assert int(rearmed["gap_ms"]) > GRACE * 1000 and int(rearmed["leases"]) >= 1
+    runs = marker_runs(marker)[job]
+    assert len(runs) == 1 and runs[0]["ended"], runs
+
+
+def test_piloop_serve_restarts_its_worker_reattaches_and_each_job_finishes_once(server, tmp_path):
+    d, marker = server, tmp_path / "marker"
+    jobs = [marker_job(d, marker, pool="serve", seconds=4) for _ in range(2)]
+    for j in jobs:
+        state(d, j, "running")
+    before = job_pgids(d.home)
+    assert len(before) == 2
+    # `piloop stop` waits for the daemon's pid to go; the test's Popen is its parent and must reap it (a detached
+    # daemon's parent is init)
+    stopper = subprocess.Popen([sys.executable, "-m", "piloop_common.cli", "stop"], env=cli_env(d.home, d.env),
+                               stdout=subprocess.PIPE, text=True)
+    d.proc.wait(40)
+    out = stopper.communicate(timeout=20)[0]
+    assert "its worker's jobs run on under their shims" in out, out
+    assert all(pgid_alive(g) for g in before.values())  # detached, not stopped
+    d.start(listen=d.listen)
+    for j in jobs:
+        v = state(d, j, timeout=30)
+        assert v["state"] == "succeeded" and v["attempts"] == 1, v
+        runs = marker_runs(marker)[j]
+        assert len(runs) == 1 and runs[0]["ended"], runs  # the same run, re-attached, never restarted
+        assert [e["job"] for e in events(d, "lease.granted")].count(j) == 1  # never requeued
+    log = (d.home / "logs" / "worker-serve.log").read_text()
+    assert log.count("event=job.reattached") == 2 and "status=ok" in log
