@@ -84,6 +84,7 @@ class HeartbeatResponse(Message):
 class ClaimRequest(Message):
     protocol: int
     want: dict[Kind, int] = Field(description="How many jobs of each kind the worker has room for now.")
+    wait_seconds: float = Field(0, ge=0, le=60, description="With nothing to lease, wait up to this long for a job.")
 
 
 class JobSpec(Message):

@@ -44,6 +44,7 @@ log = logging.getLogger("piloop.worker")
 REPORT_NS = uuid.UUID("5d1b7c3e-8f0a-4e4b-9c55-7a1f0c2d9e61")
 SHIM_START_SECONDS = 10.0  # a shim that has not taken its dir's lock by then never will
 TICK = 0.1
+LONG_POLL_MAX = 5.0  # the longest an idle worker's claim waits at the server
 
 
 class ShutdownRequested(BaseException):
@@ -409,10 +410,15 @@ class Worker:
             self.next_claim = time.monotonic() + self.timing.renew_seconds
             return
         sent = time.monotonic()
+        # idle, a claim waits at the server for a job (a long poll) instead of coming back a renew period later;
+        # a worker with jobs never waits there, so its main loop keeps tending them
+        with self.lock:
+            wait = 0.0 if self.held else min(self.timing.renew_seconds, LONG_POLL_MAX)
         try:
-            resp: ClaimResponse = self.api.call("POST", "/v1/worker/claim",
-                                                ClaimRequest(protocol=PROTOCOL, want={"agent": 1, "evaluation": 1}),
-                                                model=ClaimResponse, timeout=self.timing.request_timeout_seconds)
+            resp: ClaimResponse = self.api.call(
+                "POST", "/v1/worker/claim",
+                ClaimRequest(protocol=PROTOCOL, want={"agent": 1, "evaluation": 1}, wait_seconds=wait),
+                model=ClaimResponse, timeout=self.timing.request_timeout_seconds + wait)
         except Refused as e:
             self.refuse(e.message)
             return
@@ -425,7 +431,10 @@ class Worker:
             return
         for a in resp.leases:
             self.start_job(a, sent)
-        self.next_claim = sent + (0.05 if resp.leases else max(0.5, self.timing.renew_seconds))
+        if resp.leases or (wait and resp.reason == "nothing"):
+            self.next_claim = sent + 0.05 if resp.leases else 0.0  # a long poll that ended empty: poll again
+        else:
+            self.next_claim = sent + max(0.5, self.timing.renew_seconds)
 
     def start_job(self, a: Assignment, sent: float) -> None:
         assert self.timing is not None and self.workdir is not None

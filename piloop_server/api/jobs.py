@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from piloop_common.protocol import JobView, SubmitRequest, SubmitResponse
 from piloop_server import jobs
+from piloop_server.api import wakeup
 from piloop_server.api.deps import ActorDep, RuntimeDep
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
 @router.post("", response_model=SubmitResponse)
-def submit(body: SubmitRequest, rt: RuntimeDep, caller: ActorDep) -> SubmitResponse:
-    return SubmitResponse(job=jobs.submit(rt, body, caller.signed))
+def submit(body: SubmitRequest, rt: RuntimeDep, caller: ActorDep, request: Request) -> SubmitResponse:
+    job = jobs.submit(rt, body, caller.signed)
+    wakeup.notify(request.app)
+    return SubmitResponse(job=job)
 
 
 @router.get("", response_model=list[JobView])

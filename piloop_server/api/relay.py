@@ -17,6 +17,7 @@ from piloop_common.protocol import (
     RELAY_JOB_HEADER, RELAY_TOKEN_HEADER, JobView, ProgressNote, SubmitRequest, SubmitResponse,
 )
 from piloop_server import jobs
+from piloop_server.api import wakeup
 from piloop_server.api.deps import RuntimeDep, WorkerDep
 from piloop_server.runtime import Runtime
 from piloop_server.state.relay import Caller, RelayState
@@ -58,7 +59,7 @@ def progress(body: ProgressNote, state: StateDep, caller: CallerDep) -> dict:
 
 
 @router.post("/submit", response_model=SubmitResponse)
-def submit(body: SubmitRequest, rt: RuntimeDep, state: StateDep, caller: CallerDep) -> SubmitResponse:
+def submit(body: SubmitRequest, rt: RuntimeDep, state: StateDep, caller: CallerDep, request: Request) -> SubmitResponse:
     """An agent queues an evaluation in its own campaign, signed `worker:<name>/job:<id>`."""
     live = state.check(caller)
     if live.kind != "agent":
@@ -82,4 +83,5 @@ def submit(body: SubmitRequest, rt: RuntimeDep, state: StateDep, caller: CallerD
     job_id = jobs.new_id()
     state.submit(caller, job_id, body.kind, body.pool, body.spec.model_dump(mode="json"), campaign=campaign,
                  image=body.image)
+    wakeup.notify(request.app)
     return SubmitResponse(job=job_id)

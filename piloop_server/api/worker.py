@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
 
 from piloop_common.errors import LeaseLost, NotFound, Refused
 from piloop_common.protocol import (
@@ -13,6 +15,7 @@ from piloop_common.protocol import (
     RegisterResponse, ReleaseRequest, ReportRequest, ReportResponse, Timing, WorkerHello,
 )
 from piloop_server import pools
+from piloop_server.api import wakeup
 from piloop_server.api.deps import RuntimeDep, WorkerDep
 from piloop_server.auth import Caller
 from piloop_server.runtime import Runtime
@@ -66,8 +69,24 @@ def heartbeat(body: WorkerHello, rt: RuntimeDep, caller: WorkerDep) -> Heartbeat
 
 
 @router.post("/claim", response_model=ClaimResponse)
-def claim(body: ClaimRequest, rt: RuntimeDep, caller: WorkerDep) -> ClaimResponse:
+async def claim(body: ClaimRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> ClaimResponse:
+    """Lease jobs; with nothing queued and `wait_seconds`, wait for a submit (a long poll) and look again."""
     _check(rt, caller, body)
+    wake = wakeup.of(request.app)
+    end = time.monotonic() + body.wait_seconds
+    while True:
+        event = wake.current()  # before looking: a job queued meanwhile sets it
+        resp = await run_in_threadpool(_claim, body, rt, caller)
+        left = end - time.monotonic()
+        if resp.leases or resp.reason != "nothing" or left <= 0:
+            return resp
+        try:
+            await asyncio.wait_for(event.wait(), left)
+        except asyncio.TimeoutError:
+            return await run_in_threadpool(_claim, body, rt, caller)
+
+
+def _claim(body: ClaimRequest, rt: Runtime, caller: Caller) -> ClaimResponse:
     name = caller.name
     rec = rt.redis.hmget(rt.keys.worker(name), "pool", "image", "sample")
     if rec[0] is None:
@@ -105,14 +124,15 @@ def _assignment(rt: Runtime, lease: Lease) -> Assignment:
 
 
 @router.post("/release")
-def release(body: ReleaseRequest, rt: RuntimeDep, caller: WorkerDep) -> dict:
+def release(body: ReleaseRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> dict:
     _check(rt, caller, body)
     rt.leases.release(body.job, body.token, caller.name, body.reason)
+    wakeup.notify(request.app)
     return {}
 
 
 @router.post("/report", response_model=ReportResponse)
-def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep) -> ReportResponse:
+def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> ReportResponse:
     _check(rt, caller, body)
     name = caller.name
     named = [*body.log, *body.outputs.values(), *([body.metrics] if body.metrics else [])]
@@ -126,6 +146,8 @@ def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep) -> ReportResp
               "log": body.log, "outputs": body.outputs, "metrics": body.metrics,
               "duration_seconds": body.duration_seconds, "outcome": body.outcome, "at_ms": int(time.time() * 1000)}
     answer = rt.leases.report(body.report_id, body.job, body.token, name, outcome, result, reason)
+    if answer.get("state") == "queued":
+        wakeup.notify(request.app)
     return ReportResponse.model_validate(answer)
 
 

@@ -1,0 +1,47 @@
+"""Tasks for the rq and Celery sides of bench/jobs.py: a no-op, and a stamp of when a job started.
+
+The Celery app is built from `PILOOP_BENCH_BROKER` (a Redis URL) and `PILOOP_BENCH_QUEUE` when this module is
+imported by `celery -A bench.tasks worker`; it counts finished no-ops in `<queue>:done` (one INCR), since the
+bench runs Celery without a result backend.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+BROKER = os.environ.get("PILOOP_BENCH_BROKER", "redis://127.0.0.1:6379/0")
+QUEUE = os.environ.get("PILOOP_BENCH_QUEUE", "bench")
+
+
+def noop() -> None:
+    return None
+
+
+def stamp(path: str) -> None:
+    with open(path, "w") as f:
+        f.write(repr(time.time()))
+
+
+try:
+    from celery import Celery
+except ImportError:  # rq's side needs no Celery
+    app = None
+else:
+    app = Celery("bench", broker=BROKER)
+    app.conf.update(task_default_queue=QUEUE, task_ignore_result=True, worker_hijack_root_logger=False,
+                    broker_connection_retry_on_startup=True, worker_send_task_events=False)
+    _redis = None
+
+    @app.task(name="bench.noop")
+    def celery_noop() -> None:
+        global _redis
+        if _redis is None:
+            import redis
+
+            _redis = redis.Redis.from_url(BROKER)
+        _redis.incr(f"{QUEUE}:done")
+
+    @app.task(name="bench.stamp")
+    def celery_stamp(path: str) -> None:
+        stamp(path)
