@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import signal
@@ -20,7 +19,8 @@ import uvicorn
 from piloop_common.cas import open_store
 from piloop_common.client import SOCKET_NAME
 from piloop_common.config import Settings
-from piloop_common.errors import ConfigError, Unavailable
+from piloop_common.errors import Unavailable
+from piloop_common.listen import check_listen, uvicorn_tls
 from piloop_server import embedded
 from piloop_server.app import create_app, via_socket
 from piloop_server.daemon import Pass, run as run_pass
@@ -30,32 +30,6 @@ from piloop_server.state.generation import GenerationRecord
 
 log = logging.getLogger("piloop.serve")
 PID_FILE = "piloop.pid"
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ConfigError(f"--listen {listen}: give HOST:PORT, like 127.0.0.1:8443")
-    return host.strip("[]"), int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_listen(settings: Settings, listen: str) -> tuple[str, int]:
-    host, port = parse_listen(listen)
-    if not is_loopback(host) and settings.plugins.network.tls is None:
-        raise ConfigError(
-            f"--listen {listen}: {host} is not a loopback address, and [plugins.network] tls is not set. "
-            'Set tls = { cert = "<cert.pem>", key = "<key.pem>" }, or tls = "proxy" when a proxy or an SSH tunnel '
-            "ends TLS; or listen on 127.0.0.1")
-    return host, port
 
 
 class _Server(uvicorn.Server):
@@ -161,10 +135,9 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
         app = create_app(rt, info)
         servers = [_Server(uvicorn.Config(via_socket(app), lifespan="off", log_level="warning", access_log=False))]
         if tcp_addr:
-            tls = settings.plugins.network.tls
-            kw = {"ssl_certfile": tls.cert, "ssl_keyfile": tls.key} if tls is not None and tls != "proxy" else {}
             servers.append(_Server(uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
-                                                  proxy_headers=tls == "proxy", **kw)))
+                                                  proxy_headers=settings.plugins.network.tls == "proxy",
+                                                  **uvicorn_tls(settings))))
         (home / PID_FILE).write_text(str(os.getpid()))
         stop = threading.Event()
         pass_thread = threading.Thread(target=run_pass, args=(the_pass, stop), name="pass", daemon=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import sys
 from collections.abc import Iterator
@@ -78,18 +77,12 @@ def has(ctx: click.Context, addresses: tuple[str, ...], as_json: bool) -> None:
 @click.pass_context
 def serve(ctx: click.Context, listen: str) -> None:
     """Serve `[plugins.cas]` over HTTP to workers, until stopped."""
-    host, port = _host_port(listen)
+    from piloop_common.listen import check_listen, uvicorn_tls
+
     with _errors():
         settings = ctx.obj.settings
-        tls = settings.plugins.network.tls
-        if tls is None and not _loopback(host):
-            raise click.UsageError(
-                f"--listen {listen} is not a loopback address: set tls in [plugins.network] "
-                f'(a cert and key, or "proxy" when a proxy ends TLS), or listen on 127.0.0.1'
-            )
-        ssl: dict[str, Any] = {}
-        if tls is not None and tls != "proxy":
-            ssl = {"ssl_certfile": tls.cert, "ssl_keyfile": tls.key}
+        host, port = check_listen(settings, listen)
+        ssl = uvicorn_tls(settings)
         import uvicorn
 
         from piloop_common.cas.factory import open_store
@@ -106,22 +99,6 @@ def serve(ctx: click.Context, listen: str) -> None:
             store.close()
 
 
-def _host_port(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise click.BadParameter(f"{listen!r} is not HOST:PORT", param_hint="--listen")
-    return host.strip("[]"), int(port)
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 @contextmanager
 def _store(ctx: click.Context) -> Iterator[Store]:
     from piloop_common.cas.factory import open_store
@@ -136,9 +113,11 @@ def _store(ctx: click.Context) -> Iterator[Store]:
 @contextmanager
 def _errors() -> Iterator[None]:
     """piloop's errors as one line on stderr and exit 1, never a traceback."""
-    from piloop_common.errors import PiloopError
+    from piloop_common.errors import ConfigError, PiloopError
 
     try:
         yield
+    except ConfigError as e:
+        raise click.UsageError(e.message) from e
     except PiloopError as e:
         raise click.ClickException(e.message) from e

@@ -121,7 +121,8 @@ def init(obj) -> None:
 def serve(obj, detach: bool, listen: str | None) -> None:
     """Run the daemon: the API, the pass, and its own worker `serve`."""
     settings = obj.settings
-    from piloop_server.serve import check_listen, run
+    from piloop_common.listen import check_listen
+    from piloop_server.serve import run
 
     if listen or settings.plugins.network.listen:
         check_listen(settings, listen or settings.plugins.network.listen)

