@@ -152,7 +152,7 @@ def test_a_remote_worker_runs_an_evaluation(server, workers, tmp_path):
     assert b"".join(store.get_bytes(a) for a in r["log"]) == b"forty-two\nfrom=env\n"
     assert store.get_bytes(r["outputs"]["result.txt"]) == b"score=1\n"
     assert r["exit_code"] == 0 and r["usage"]["peak_rss_bytes"] > 0 and store.has(r["metrics"])
-    wait_for(lambda: not w.spool("gpu1") and not list((w.home / "work" / "gpu1" / "jobs").iterdir()), 5,
+    wait_for(lambda: not w.spool("gpu1") and not list((w.home / "work" / "gpu1" / "jobs").iterdir()), 20,
              what="the spool and job dir to be cleared")
     rows = d.cli("worker", "list").stdout
     assert any(line.split()[:2] == ["gpu1", "gpu"] for line in rows.splitlines()), rows
@@ -199,7 +199,7 @@ def test_a_report_spooled_before_a_kill_goes_out_when_the_worker_restarts(server
     w.start()
     v = state(d, job, "succeeded", "failed", "lost")
     assert v["state"] == "succeeded" and v["result"]["exit_code"] == 0
-    wait_for(lambda: not w.spool("w1"), 5, what="the spool to empty")
+    wait_for(lambda: not w.spool("w1"), 20, what="the spool to empty")
 
 
 def test_a_detached_worker_leaves_its_job_running_and_its_successor_reattaches(server, workers, tmp_path):
