@@ -33,7 +33,7 @@ from piloop_common.protocol import (
 from piloop_worker import pressure
 from piloop_worker.cgroups import Cgroups
 from piloop_worker.heartbeat import Heartbeat, Reachability
-from piloop_worker.jobdir import JobDir, atomic_json, read_json, scan
+from piloop_worker.jobdir import JobDir, read_json, scan
 from piloop_worker.logs import LogShipper
 from piloop_worker.relay import Relay, socket_path
 from piloop_worker.shimhost import ShimHost
@@ -75,6 +75,7 @@ class Held:
     report: ReportRequest | None = None
     next_try: float = 0.0
     tries: int = 0
+    disk_error: bool = False
 
 
 def outcome_of(rec: dict[str, Any]) -> tuple[str, str]:
@@ -198,6 +199,10 @@ class Worker:
                     h.jd.request_stop("lost")
             except FileNotFoundError:
                 pass  # reported and removed meanwhile
+            except OSError as e:
+                # a full disk: this job's deadline stays where it was (its shim fences it there, the safe side),
+                # and the other jobs still get theirs
+                log.warning("event=job.deadline_unwritten job=%s worker=%s error=%s", h.job, self.name, e)
 
     # -- start -------------------------------------------------------------------------------
     def _call_until_answered(self, fn: Callable[[], Any]) -> Any:
@@ -276,9 +281,9 @@ class Worker:
                 p = psutil.Process(pgid)
                 if abs(p.create_time() - float(info.get("started", 0))) < 5:
                     os.killpg(pgid, signal.SIGKILL)
-        atomic_json(jd.exit_json, {"exit_code": None, "signal": None, "oom": False, "stopped": "", "lost": True,
-                                   "reason": "the job's shim died before the job ended",
-                                   "usage": Usage().model_dump(), "duration_seconds": 0.0})
+        jd.write_exit({"exit_code": None, "signal": None, "oom": False, "stopped": "", "lost": True,
+                       "reason": "the job's shim died before the job ended", "usage": Usage().model_dump(),
+                       "duration_seconds": 0.0})
 
     # -- the loop ----------------------------------------------------------------------------
     def _check_stop(self) -> None:
@@ -302,6 +307,15 @@ class Worker:
             self.stopping.wait(TICK)
 
     def _tend(self, h: Held, now: float) -> None:
+        try:
+            self._tend_one(h, now)
+        except OSError as e:
+            # a full or broken --dir fails this job's step, not the worker: it is tried again next tick
+            if not h.disk_error:
+                log.warning("event=job.disk_error job=%s worker=%s error=%s", h.job, self.name, e)
+            h.disk_error = True
+
+    def _tend_one(self, h: Held, now: float) -> None:
         if h.report is None:
             if h.jd.exit_json.exists():
                 self._build_report(h)
@@ -454,9 +468,20 @@ class Worker:
         record["claimed_at"] = time.time()
         relay_at = socket_path(jd.root)
         record["relay"] = str(relay_at)
-        jd.create(record)
-        # the claim renewed nothing yet: the lease's clock started at most when the claim was sent
-        jd.write_deadline(fence_deadline(sent, self.timing))
+        try:
+            jd.create(record)
+            # the claim renewed nothing yet: the lease's clock started at most when the claim was sent
+            jd.write_deadline(fence_deadline(sent, self.timing))
+        except OSError as e:
+            # a full --dir: nothing ran, so give the job back (not an attempt) and claim nothing for a while
+            shutil.rmtree(jd.root, ignore_errors=True)
+            log.warning("event=job.released job=%s reason=dir worker=%s error=%s", a.job, self.name, e)
+            with contextlib.suppress(PiloopError, OSError):
+                self.api.call("POST", "/v1/worker/release",
+                              ReleaseRequest(protocol=PROTOCOL, job=a.job, token=a.token, reason=f"dir: {e.strerror}"),
+                              timeout=self.timing.request_timeout_seconds)
+            self.next_claim = time.monotonic() + 10 * self.timing.renew_seconds
+            return
         h = Held(a.job, a.token, a.kind, jd, LogShipper(jd))
         with self.lock:
             self.held[a.job] = h
@@ -471,9 +496,8 @@ class Worker:
                 self.store.get_file(addr, dest)
         except (PiloopError, OSError, ValueError) as e:
             msg = getattr(e, "message", None) or str(e)
-            atomic_json(jd.exit_json, {"exit_code": None, "signal": None, "oom": False, "stopped": "",
-                                       "reason": f"inputs: {msg}", "usage": Usage().model_dump(),
-                                       "duration_seconds": 0.0})
+            jd.write_exit({"exit_code": None, "signal": None, "oom": False, "stopped": "",
+                           "reason": f"inputs: {msg}", "usage": Usage().model_dump(), "duration_seconds": 0.0})
             return
         cgroup = None
         if a.spec.memory_mb and self.cgroups.available:

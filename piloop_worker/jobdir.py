@@ -23,6 +23,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,20 @@ class JobDir:
 
     def exit_record(self) -> dict[str, Any] | None:
         return read_json(self.exit_json)
+
+    def write_exit(self, record: dict[str, Any]) -> None:
+        """Write the exit record; on a full disk, first free the job's scratch `work/` (never reported, removed with
+        the dir once reported anyway), so a job that filled its worker's dir still ends with a record."""
+        try:
+            atomic_json(self.exit_json, record)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            shutil.rmtree(self.work, ignore_errors=True)
+            record = {**record, "disk_full": True}
+            if record.get("exit_code") != 0 and not record.get("reason"):
+                record["reason"] = f"the worker's dir is full ({e.strerror})"
+            atomic_json(self.exit_json, record)
 
 
 def scan(workdir: Path) -> list[JobDir]:

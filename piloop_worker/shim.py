@@ -56,7 +56,7 @@ def run(req: dict[str, Any]) -> int:
     except (OSError, subprocess.SubprocessError) as e:
         record.update(exit_code=127, reason=f"cannot start {req['argv'][0]!r}: {e}", ended=time.time(),
                       usage={"peak_rss_bytes": 0, "cpu_seconds": 0.0}, duration_seconds=0.0)
-        atomic_json(jd.exit_json, record)
+        jd.write_exit(record)
         return 0
     pid = proc.pid
     atomic_json(jd.shim_json, {"shim": os.getpid(), "pid": pid, "pgid": pid, "started": started_wall})
@@ -114,7 +114,7 @@ def run(req: dict[str, Any]) -> int:
         cg.remove()
     record["stopped"] = why
     record["usage"] = meter.usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024).model_dump()
-    atomic_json(jd.exit_json, record)
+    jd.write_exit(record)
     return 0
 
 
