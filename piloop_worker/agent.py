@@ -44,6 +44,7 @@ log = logging.getLogger("piloop.worker")
 REPORT_NS = uuid.UUID("5d1b7c3e-8f0a-4e4b-9c55-7a1f0c2d9e61")
 SHIM_START_SECONDS = 10.0  # a shim that has not taken its dir's lock by then never will
 TICK = 0.1
+EVALUATIONS_PER_CLAIM = 4  # the server gives at most the free slots; asking for more fills a big pool sooner
 LONG_POLL_MAX = 5.0  # the longest an idle worker's claim waits at the server
 
 
@@ -431,7 +432,8 @@ class Worker:
         try:
             resp: ClaimResponse = self.api.call(
                 "POST", "/v1/worker/claim",
-                ClaimRequest(protocol=PROTOCOL, want={"agent": 1, "evaluation": 1}, wait_seconds=wait),
+                ClaimRequest(protocol=PROTOCOL, want={"agent": 1, "evaluation": EVALUATIONS_PER_CLAIM},
+                             wait_seconds=wait),
                 model=ClaimResponse, timeout=self.timing.request_timeout_seconds + wait)
         except Refused as e:
             self.refuse(e.message)

@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import fcntl
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -60,6 +61,7 @@ def run(req: dict[str, Any]) -> int:
         return 0
     pid = proc.pid
     atomic_json(jd.shim_json, {"shim": os.getpid(), "pid": pid, "pgid": pid, "started": started_wall})
+    pidfd = _pidfd(pid)
     stop_metrics = threading.Event()
     threading.Thread(target=_metrics_loop, args=(jd, float(req.get("metrics_seconds", 5)), stop_metrics),
                      name="metrics", daemon=True).start()
@@ -96,7 +98,12 @@ def run(req: dict[str, Any]) -> int:
         if now >= next_sample:
             meter.sample()
             next_sample = now + SAMPLE_EVERY
-        time.sleep(TICK)
+        if pidfd is None:
+            time.sleep(TICK)
+        else:  # wake the moment the job exits, not up to a tick later
+            select.select([pidfd], [], [], TICK)
+    if pidfd is not None:
+        os.close(pidfd)
     # the job is its main process: whatever it left behind in its group (or cgroup) ends with it
     stop_metrics.set()
     _signal_tree(pid, meter, signal.SIGKILL)
@@ -116,6 +123,14 @@ def run(req: dict[str, Any]) -> int:
     record["usage"] = meter.usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024).model_dump()
     jd.write_exit(record)
     return 0
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that polls readable when `pid` exits (Linux 5.3+), or None to poll on a timer."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def _joiner(cg: JobCgroup):
