@@ -83,7 +83,7 @@ class Leases:
     def heartbeat(self, name: str, sample: dict[str, Any], held: list[Lease]) -> tuple[int, dict[str, str]]:
         """Renew the worker and each lease it names; the status of each job: ok, cancel or lost."""
         k = self.k
-        keys = [k.worker(name), k.worker_alive(name), k.deadlines()]
+        keys = [k.worker(name), k.worker_alive(name), k.deadlines(), k.daemon()]
         for lease in held:
             keys += [k.lease(lease.job), k.job(lease.job)]
         args: list[Any] = [self.t.grace_ms, self.t.toleration_ms, json.dumps(sample), len(held)]
@@ -129,9 +129,9 @@ class Leases:
         reply = self.scripts.run(
             "report",
             [k.report(report_id), k.lease(job_id), k.job(job_id), k.worker_leases(worker, kind),
-             k.deadlines(), k.active(pool, kind), k.campaign_live(), k.events(), k.queue(pool, kind)],
+             k.deadlines(), k.active(pool, kind), k.campaign_live(), k.events(), k.queue(pool, kind), k.daemon()],
             [job_id, token, worker, outcome, json.dumps(result), REPORT_TTL_SECONDS, self.t.max_lost,
-             reason])
+             reason, self.t.grace_ms, self.t.toleration_ms])
         return json.loads(_s(reply))
 
     # -- the pass ----------------------------------------------------------------------

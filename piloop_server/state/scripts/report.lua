@@ -1,11 +1,13 @@
 -- report: finish a lease under its token; idempotent by report id.
 -- KEYS[1] report answer  KEYS[2] lease  KEYS[3] job hash  KEYS[4] worker leases (kind)
 -- KEYS[5] deadlines  KEYS[6] active (pool, kind)  KEYS[7] campaign live  KEYS[8] events
--- KEYS[9] queue (pool, kind)
+-- KEYS[9] queue (pool, kind)  KEYS[10] daemon hash
 -- ARGV[1] job id  ARGV[2] token  ARGV[3] worker  ARGV[4] outcome: succeeded | failed |
 -- cancelled | fenced (the worker stopped it at its deadline) | lost (its blobs are missing)
 -- ARGV[5] result (JSON: exit, usage, log, outputs)  ARGV[6] answer TTL (s)  ARGV[7] max_lost
--- ARGV[8] reason
+-- ARGV[8] reason  ARGV[9] grace (ms)  ARGV[10] toleration (ms)
+-- After the daemon's own absence (its last pass older than grace) a lease that Redis expired meanwhile still
+-- holds while the job names this token, as the pass would re-arm it (see heartbeat.lua).
 -- Reply: the answer as JSON, the same for every copy of one report id:
 -- {"answer":"accepted","state":...} or {"answer":"stale"}.
 local prev = redis.call('GET', KEYS[1])
@@ -14,6 +16,13 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local id, token, worker, outcome = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local answer
+local last = tonumber(redis.call('HGET', KEYS[10], 'last_pass') or '0')
+if last > 0 and now - last > tonumber(ARGV[9]) and redis.call('EXISTS', KEYS[2]) == 0 then
+  local f = redis.call('HMGET', KEYS[3], 'token', 'state')
+  if f[1] == token and (f[2] == 'leased' or f[2] == 'running') then
+    redis.call('SET', KEYS[2], token, 'PX', ARGV[10])
+  end
+end
 if redis.call('GET', KEYS[2]) ~= token then
   answer = cjson.encode({answer = 'stale'})
   redis.call('XADD', KEYS[8], 'MAXLEN', '~', 100000, '*',
