@@ -27,7 +27,9 @@ def is_loopback(host: str) -> bool:
 def check_listen(settings: Any, listen: str) -> tuple[str, int]:
     """HOST and PORT, or a ConfigError when a non-loopback address has no `[plugins.network] tls`."""
     host, port = parse_listen(listen)
-    if not is_loopback(host) and settings.plugins.network.tls is None:
+    net = settings.plugins.network
+    # on the proxy network the proxy in front ends TLS (the spec's example sets no tls)
+    if not is_loopback(host) and net.tls is None and net.provider != "proxy":
         raise ConfigError(
             f"--listen {listen}: {host} is not a loopback address, and [plugins.network] tls is not set. "
             'Set tls = { cert = "<cert.pem>", key = "<key.pem>" }, or tls = "proxy" when a proxy or an SSH tunnel '

@@ -98,3 +98,16 @@ def test_the_cli_prints_one_line_and_exits_2(tmp_path):
     r = piloop(tmp_path, "serve")
     assert r.returncode == 2 and r.stderr.startswith("piloop: config: ") and r.stderr.count("\n") == 1
     assert "Traceback" not in r.stderr
+
+
+def test_only_loopback_goes_without_tls_except_behind_the_proxy(tmp_path):
+    from piloop_common.listen import check_listen
+
+    s = load_settings(_home(tmp_path), env={})
+    assert check_listen(s, "127.0.0.1:8443") == ("127.0.0.1", 8443)
+    with pytest.raises(ConfigError, match="not a loopback address"):
+        check_listen(s, "0.0.0.0:8443")
+    s = load_settings(tmp_path, env={"PILOOP_PLUGINS": '{"network": {"provider": "proxy"}}'})
+    assert check_listen(s, "0.0.0.0:8443") == ("0.0.0.0", 8443)
+    s = load_settings(tmp_path, env={"PILOOP_PLUGINS": '{"network": {"tls": "proxy"}}'})
+    assert check_listen(s, "0.0.0.0:8443") == ("0.0.0.0", 8443)
