@@ -66,20 +66,28 @@ def _code_lines(path: Path) -> list[str]:
 
 
 def _piloop_argvs(line: str) -> list[list[str]]:
-    """The argv of every `piloop` call on one shell line (after env assignments, `&&`, `|`, `$(`)."""
+    """The argv of every `piloop` call on one shell line (after env assignments, `&&`, `|`, `&`, `$(`)."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    try:
+        tokens = list(lexer)
+    except ValueError:
+        return []
+    segments: list[list[str]] = [[]]
+    for tok in tokens:
+        if tok and set(tok) <= set("();<>|&"):
+            segments.append([])
+        else:
+            segments[-1].append(tok)
     out = []
-    for part in re.split(r"&&|\|\||;|\||\$\(", line):
-        try:
-            words = shlex.split(part, comments=True)
-        except ValueError:
-            words = part.split()
+    for words in segments:
         while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):
             words = words[1:]
-        for lead in (["docker", "compose", "exec", "server"], ["docker", "compose", "exec", "-T", "server"]):
-            if words[:len(lead)] == lead:
-                words = words[len(lead):]
+        if words[:3] == ["docker", "compose", "exec"]:
+            words = [w for w in words[3:] if w != "-T"][1:]  # drop the service name
         if words and words[0] == "piloop":
-            out.append([w.rstrip(")") for w in words[1:]])
+            out.append(words[1:])
     return out
 
 
@@ -119,3 +127,22 @@ def test_doc_commands_are_real(doc: str) -> None:
                 pytest.fail(f"docs/{doc}: `piloop {' '.join(argv)}` does not parse: {e.format_message()}")
             seen += 1
     assert doc == "architecture.md" or seen, f"docs/{doc} shows no piloop command"
+
+
+def test_architecture_state_block_is_generated() -> None:
+    text = (DOCS / "architecture.md").read_text()
+    assert configref.STATE_BEGIN in text and configref.STATE_END in text
+    assert configref.splice_state(text) == text, (
+        "docs/architecture.md's Redis keys or Lua scripts differ from piloop_server/state/: run "
+        "`python -m piloop_common.configref --write` and commit it")
+
+
+def test_architecture_names_only_real_modules() -> None:
+    text = (DOCS / "architecture.md").read_text()
+    text = text[:text.index(configref.STATE_BEGIN)]
+    files = [str(p.relative_to(REPO)) for pkg in ("piloop_common", "piloop_server", "piloop_worker")
+             for p in (REPO / pkg).rglob("*") if "__pycache__" not in p.parts]
+    for name in sorted(set(re.findall(r"`([\w/]+(?:\.py|\.lua|/))`", text))):
+        name = name.replace("*", "")
+        hit = [f for f in files if f == name.rstrip("/") or f.endswith("/" + name.rstrip("/"))]
+        assert hit, f"docs/architecture.md names `{name}`, which is not in the tree"
