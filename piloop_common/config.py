@@ -154,11 +154,6 @@ class NetworkConfig(_Model):
 
 class StateConfig(_Model):
     url: SecretStr = Field(description="The Redis URL (`redis://`, `rediss://`, `unix://`).")
-    appendfsync: Literal["always", "everysec", "no"] = Field("everysec", description="AOF fsync policy of the embedded Redis.")
-
-
-class EmbeddedStateDefaults:
-    """The embedded Redis runs under `$PILOOP_HOME/redis` when `[plugins.state]` is absent."""
 
 
 class Plugins(_Model):

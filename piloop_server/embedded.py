@@ -49,7 +49,7 @@ def _answers(sock: Path) -> bool:
         return False
 
 
-def start(home: Path, appendfsync: str = "everysec", timeout: float = 15.0) -> subprocess.Popen | None:
+def start(home: Path, timeout: float = 15.0) -> subprocess.Popen | None:
     """Start the embedded Redis unless one already answers; None when it was already up."""
     d = home / "redis"
     d.mkdir(parents=True, exist_ok=True)
@@ -59,7 +59,7 @@ def start(home: Path, appendfsync: str = "everysec", timeout: float = 15.0) -> s
         return None
     sock.unlink(missing_ok=True)
     args = [binary(), "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700", "--dir", str(d),
-            "--appendonly", "yes", "--appendfsync", appendfsync, "--save", "", "--maxmemory-policy", "noeviction",
+            "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--maxmemory-policy", "noeviction",
             "--daemonize", "no", "--logfile", str(d / "redis.log"), "--pidfile", str(d / "redis.pid")]
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)

@@ -18,7 +18,7 @@ def state_url(settings: Settings, home: Path) -> str:
 
 def connect(settings: Settings, home: Path, *, start_embedded: bool = False) -> redis.Redis:
     if settings.plugins.state is None and start_embedded:
-        embedded.start(home, "everysec")
+        embedded.start(home)
     url = state_url(settings, home)
     client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
     try:

@@ -118,7 +118,7 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
     home.mkdir(parents=True, exist_ok=True)
     home.chmod(0o700)
     (home / "logs").mkdir(exist_ok=True)
-    redis_proc = embedded.start(home, "everysec") if settings.plugins.state is None else None
+    redis_proc = embedded.start(home) if settings.plugins.state is None else None
     try:
         client = connect(settings, home)
         check_policy(client)

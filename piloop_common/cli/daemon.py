@@ -45,13 +45,14 @@ def _pid(home: Path) -> int | None:
         pid = int((home / PID_FILE).read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
+    if pid == os.getpid():
+        return None  # a container restarted: the stale file names us
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    return pid
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None  # no such process
+    # a reused pid belongs to something else: only a piloop daemon counts
+    return pid if b"piloop" in cmdline and b"serve" in cmdline else None
 
 
 def _wait_up(ctx_obj, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> dict:

@@ -23,7 +23,7 @@ class StandIn:
     settings: Any = field(init=False)
 
     def __post_init__(self) -> None:
-        plugins = SimpleNamespace(cas=LocalCasConfig(), network=SimpleNamespace(tls=self.tls))
+        plugins = SimpleNamespace(cas=LocalCasConfig(), network=SimpleNamespace(tls=self.tls, provider="token"))
         self.settings = SimpleNamespace(plugins=plugins)
 
 
