@@ -75,6 +75,10 @@ async def claim(body: ClaimRequest, rt: RuntimeDep, caller: WorkerDep, request: 
     wake = wakeup.of(request.app)
     end = time.monotonic() + body.wait_seconds
     while True:
+        # a worker that gave up on this call (its timeout passed, or the server was paused with the call in its
+        # backlog) never hears of a lease taken for it: the job would wait for that lease to expire, counted lost
+        if await request.is_disconnected():
+            return ClaimResponse(reason="nothing")
         event = wake.current()  # before looking: a job queued meanwhile sets it
         resp = await run_in_threadpool(_claim, body, rt, caller)
         left = end - time.monotonic()
@@ -83,6 +87,8 @@ async def claim(body: ClaimRequest, rt: RuntimeDep, caller: WorkerDep, request: 
         try:
             await asyncio.wait_for(event.wait(), left)
         except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                return ClaimResponse(reason="nothing")
             return await run_in_threadpool(_claim, body, rt, caller)
 
 
