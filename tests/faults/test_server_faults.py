@@ -43,14 +43,12 @@ def test_the_server_does_not_answer_the_worker_fences_its_job_before_the_lease_e
     assert len(runs) == 2 and not overlapping(runs), runs
     assert [e["job"] for e in events(d, "job.succeeded")].count(job) == 1
     assert "event=worker.reachable" in w.output()
-    # the daemon itself was away longer than the grace period: its pass re-arms the lease instead of expiring it
-    # (the spec's "the machine sleeps" row), so the fenced run's report usually lands on a live lease and is
-    # accepted as fenced (queued again, not an attempt); if the worker's heartbeat beat the pass it heard `lost`
-    # and the report is stale. Either way the fenced run is never a result.
-    assert events(d, "daemon.rearmed")
+    # the daemon itself was away longer than the grace period: the spec's "the machine sleeps" row holds, nothing
+    # expires. The lease is re-armed (by the pass, or by the heartbeat or report that reaches the API first), so the
+    # fenced run's report lands on time: the evaluation is queued again (not an attempt), never a result
+    assert events(d, "daemon.rearmed") and not [e for e in events(d, "lease.expired") if e["job"] == job]
     mine = [e for e in events(d) if e.get("job") == job and e.get("token") == first["token"]]
-    ends = [(e["type"], e.get("outcome", "")) for e in mine if e["type"] in ("job.queued", "lease.stale_report")]
-    assert ends in ([("job.queued", "")], [("lease.stale_report", "fenced")]), mine
+    assert [e["type"] for e in mine if e["type"] in ("job.queued", "lease.stale_report")] == ["job.queued"], mine
     assert v["token"] != first["token"] and v["attempts"] == 1
 
 
