@@ -15,6 +15,8 @@ from piloop_common.errors import PiloopError, Unavailable, from_payload
 
 M = TypeVar("M", bound=BaseModel)
 SOCKET_NAME = "piloop.sock"
+SERVER_ENV = "PILOOP_SERVER"  # a remote API for the CLI's `attach` and the Python client
+TOKEN_ENV = "PILOOP_HTTPS_TOKEN"
 
 
 def ssl_context() -> ssl.SSLContext:
@@ -69,14 +71,36 @@ class ApiClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @classmethod
+    def from_env(cls, home: Path | None = None, **kw: Any) -> "ApiClient":
+        """`PILOOP_SERVER` (a URL, with `PILOOP_HTTPS_TOKEN` as its bearer token when set), else the local
+        daemon's socket under `home` (default `PILOOP_HOME`, else ~/.piloop)."""
+        url = os.environ.get(SERVER_ENV)
+        if url:
+            return cls(url=url.rstrip("/"), token=os.environ.get(TOKEN_ENV) or None, **kw)
+        if home is None:
+            home = Path(os.environ.get("PILOOP_HOME") or Path.home() / ".piloop").expanduser().absolute()
+        return cls.local(home, **kw)
+
     def call(self, method: str, path: str, body: BaseModel | dict[str, Any] | None = None,
              params: dict[str, Any] | None = None, model: type[M] | None = None, timeout: float | None = None) -> Any:
         payload = body.model_dump(mode="json") if isinstance(body, BaseModel) else body
-        kw: dict[str, Any] = {}
+        resp = self._send(method, path, timeout, json=payload, params=params)
+        if resp.status_code == 204 or not resp.content:
+            return None
+        data = resp.json()
+        return model.model_validate(data) if model is not None else data
+
+    def call_bytes(self, method: str, path: str, content: bytes | None = None, timeout: float | None = None,
+                   headers: dict[str, str] | None = None) -> httpx.Response:
+        """A call whose request or answer is raw bytes (CAS blobs, log chunks); errors map as in `call`."""
+        return self._send(method, path, timeout, content=content, headers=headers)
+
+    def _send(self, method: str, path: str, timeout: float | None, **kw: Any) -> httpx.Response:
         if timeout is not None:
             kw["timeout"] = timeout
         try:
-            resp = self.http.request(method, path, json=payload, params=params, **kw)
+            resp = self.http.request(method, path, **kw)
         except httpx.TransportError as e:
             if self.socket is not None and isinstance(e, httpx.ConnectError):
                 raise Unavailable(f"no daemon answers on {self.socket}: start one with `piloop serve --detach`") from e
@@ -94,10 +118,7 @@ class ApiClient:
             if not isinstance(data, dict) or "error" not in data:
                 data = {"error": "http", "message": f"{resp.status_code}: {data}"}
             raise from_payload(data, resp.status_code)
-        if resp.status_code == 204 or not resp.content:
-            return None
-        data = resp.json()
-        return model.model_validate(data) if model is not None else data
+        return resp
 
 
 __all__ = ["ApiClient", "PiloopError", "ssl_context"]
