@@ -143,6 +143,11 @@ def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep, request: Requ
     name = caller.name
     named = [*body.log, *body.outputs.values(), *([body.metrics] if body.metrics else [])]
     outcome, reason = body.outcome, body.reason
+    if outcome == "lost":
+        # the worker lost the run (its shim died, the server had said the lease was lost, it was refused): lost for
+        # its kind like a fenced run (an evaluation queued again, an agent worker_lost), never the job's end; only
+        # the server's own verdict below (its CAS lacks the blobs) ends a job `lost`
+        outcome = "fenced"
     if named:
         missing = sorted(set(named) - rt.store.has_many(named))
         if missing:

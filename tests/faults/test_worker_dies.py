@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
 
 from piloop_common.cas.local import LocalStore
@@ -63,3 +66,19 @@ def test_a_worker_dies_during_an_evaluation_it_is_queued_again_and_partial_outpu
     b.kill()
 
 
+
+
+def test_the_shim_dies_during_an_evaluation_it_is_queued_again_not_ended_lost(server, workers, tmp_path):
+    d, marker = server, tmp_path / "marker"
+    w = workers(d, token(d, "wa")).start()
+    job = marker_job(d, marker, first_forever=True)
+    first = _running_on(marker, job)
+    (shim,) = [json.loads(p.read_text()) for p in (w.home / "work" / "wa" / "jobs").glob("*/shim.json")]
+    os.kill(shim["shim"], signal.SIGKILL)  # the job's supervisor dies without a record; the worker lives
+    # the worker finds the shim gone, kills what it left and reports the run lost: for an evaluation that is a lost
+    # run (queued again under a new token, not an attempt), not the end of the job
+    v = state(d, job, timeout=40)
+    assert v["state"] == "succeeded" and v["attempts"] == 1 and v["token"] != first["token"], v
+    runs = marker_runs(marker)[job]
+    assert len(runs) == 2 and not overlapping(runs), runs
+    assert "event=job.ended" in w.output() and "shim died" in w.output()
