@@ -122,6 +122,13 @@ class Soak:
                 return
 
 
+def _story(d, job: str, evs: list[dict] | None = None) -> list[tuple]:
+    """One job's events, short: (type, token, worker, then/outcome/reason)."""
+    return [(e["type"], e.get("token", ""), e.get("worker") or e.get("by", ""),
+             e.get("then") or e.get("outcome") or e.get("reason") or "")
+            for e in (evs if evs is not None else events(d)) if e.get("job") == job]
+
+
 def test_soak(tmp_path, namespace):
     budget = float(os.environ.get("PILOOP_SOAK_SECONDS", "120"))
     seed = int(os.environ.get("PILOOP_SOAK_SEED") or random.SystemRandom().randrange(1 << 32))
@@ -159,8 +166,16 @@ def test_soak(tmp_path, namespace):
                 left = [j for j in soak.jobs if api.call("GET", f"/v1/jobs/{j}")["state"] not in ENDED]
             return not left
 
-        wait_for(drained, max(10.0, drain_deadline - time.monotonic()), interval=0.5,
-                 what=f"all {len(soak.jobs)} jobs to end (seed {seed})")
+        try:
+            wait_for(drained, max(10.0, drain_deadline - time.monotonic()), interval=0.5,
+                     what=f"all {len(soak.jobs)} jobs to end (seed {seed})")
+        except AssertionError:
+            with d.api() as api:
+                left = [v for j in soak.jobs if (v := api.call("GET", f"/v1/jobs/{j}"))["state"] not in ENDED]
+            for v in left[:5]:
+                print(f"soak: not ended: {v['id']} {v['state']} worker={v['worker']} token={v['token']} "
+                      f"lost={v['lost']} reason={v['reason']!r} events={_story(d, v['id'])}", flush=True)
+            raise
         with d.api() as api:
             views = {j: api.call("GET", f"/v1/jobs/{j}") for j in soak.jobs}
         evs = events(d)
@@ -189,6 +204,9 @@ def test_soak(tmp_path, namespace):
               f"serve_restarts={f['serve restarts']} redis_restarts={f['redis restarts']} "
               f"reruns={reruns} duplicates={len(doubled)} overlaps={len(overlaps)} lost_agents={len(lost_agents)} "
               f"lost_evaluations={len(bad_evals)} seconds={time.monotonic() - began:.0f}", flush=True)
+        for j in list(bad_evals)[:5]:
+            print(f"soak: {j} ended {views[j]['state']} lost={views[j]['lost']} reason={views[j]['reason']!r} "
+                  f"events={_story(d, j, evs)}", flush=True)
         assert not bad_evals, f"evaluations that did not succeed (seed {seed}): {bad_evals}"
         assert not doubled, f"jobs that succeeded twice (seed {seed}): {doubled}"
         assert not overlaps, f"jobs that ran twice at once (seed {seed}): {[runs[j] for j in overlaps]}"
