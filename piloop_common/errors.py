@@ -94,6 +94,21 @@ class Unavailable(PiloopError):
     status = 503
 
 
+
+class TaskFailed(PiloopError):
+    """A task (`piloop_common.tasks`) ended without a value: its error and traceback, or the job's state."""
+
+    code = "task_failed"
+    status = 500
+
+
+class WaitTimeout(PiloopError, TimeoutError):
+    """A job did not end within the time a caller waits for it."""
+
+    code = "timeout"
+    status = 504
+
+
 _BY_CODE: dict[str, type[PiloopError]] = {}
 
 

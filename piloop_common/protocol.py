@@ -88,7 +88,9 @@ class ClaimRequest(Message):
 
 
 class JobSpec(Message):
-    runner: Literal["process"] = "process"
+    runner: Literal["process", "task"] = Field("process", description=(
+        "process: exec argv; task: argv[0] is `module:function`, run in a process forked from the worker's warm "
+        "interpreter (`piloop_common.tasks`), its arguments the input args.json or args.pickle"))
     argv: list[str] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
     secrets: list[str] = Field(default_factory=list, description="Names of the secrets the job gets as env.")
