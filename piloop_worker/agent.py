@@ -512,7 +512,8 @@ class Worker:
                "PILOOP_JOB_DIR": str(jd.root), "PILOOP_RELAY": str(relay_at), "PILOOP_HOME": str(self.home)}
         h.requested_at = time.monotonic()
         self.host.run_job({"dir": str(jd.root), "argv": a.spec.argv, "env": env, "timeout": a.spec.timeout_seconds,
-                           "kill_grace": self.timing.kill_grace_seconds, "cgroup": cgroup, "metrics_seconds": 5})
+                           "kill_grace": self.timing.kill_grace_seconds, "cgroup": cgroup, "metrics_seconds": 5,
+                           "task": a.spec.argv[0] if a.spec.runner == "task" else None})
 
     def _relay_for(self, job: str, token: str, path: Path) -> None:
         assert self.relay is not None

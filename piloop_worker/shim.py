@@ -15,6 +15,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from piloop_worker import metrics
+from piloop_worker import metrics, tasks
 from piloop_worker.cgroups import JobCgroup
 from piloop_worker.jobdir import JobDir, atomic_json
 from piloop_worker.usage import Meter
@@ -49,17 +50,20 @@ def run(req: dict[str, Any]) -> int:
     record: dict[str, Any] = {"exit_code": None, "signal": None, "oom": False, "stopped": "", "reason": "",
                               "started": started_wall}
     try:
-        log = open(jd.output_log, "ab")
-        proc = subprocess.Popen(req["argv"], cwd=jd.work, env=req["env"], stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, process_group=0,
-                                preexec_fn=_joiner(cg) if cg is not None else None)
-        log.close()
+        if req.get("task"):
+            pid = _fork_task(req, jd, cg)
+        else:
+            log = open(jd.output_log, "ab")
+            proc = subprocess.Popen(req["argv"], cwd=jd.work, env=req["env"], stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, process_group=0,
+                                    preexec_fn=_joiner(cg) if cg is not None else None)
+            log.close()
+            pid = proc.pid
     except (OSError, subprocess.SubprocessError) as e:
         record.update(exit_code=127, reason=f"cannot start {req['argv'][0]!r}: {e}", ended=time.time(),
                       usage={"peak_rss_bytes": 0, "cpu_seconds": 0.0}, duration_seconds=0.0)
         jd.write_exit(record)
         return 0
-    pid = proc.pid
     atomic_json(jd.shim_json, {"shim": os.getpid(), "pid": pid, "pgid": pid, "started": started_wall})
     pidfd = _pidfd(pid)
     stop_metrics = threading.Event()
@@ -123,6 +127,18 @@ def run(req: dict[str, Any]) -> int:
     record["usage"] = meter.usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024).model_dump()
     jd.write_exit(record)
     return 0
+
+
+def _fork_task(req: dict[str, Any], jd: JobDir, cg: JobCgroup | None) -> int:
+    """A task's process: forked from this shim, itself forked from the warm shim host, never a new interpreter."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # nothing of the shim's own output is copied into the task's log
+    pid = os.fork()
+    if pid == 0:
+        tasks.child(req, jd, cg.join_path() if cg is not None else None)  # never returns
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)  # as the child does: whichever runs first, the group exists before any signal
+    return pid
 
 
 def _pidfd(pid: int) -> int | None:

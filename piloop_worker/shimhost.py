@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import Any
 
-from piloop_worker import shim  # imported here, once, so every forked shim starts warm
+from piloop_worker import shim, tasks  # imported here, once, so every forked shim starts warm
 
 
 def serve(stdin: Any) -> None:
@@ -26,6 +26,8 @@ def serve(stdin: Any) -> None:
             req = json.loads(raw)
         except ValueError:
             continue
+        if req.get("task"):
+            tasks.preload(req["task"])  # here, once: every later fork of this task starts with it imported
         pid = os.fork()
         if pid == 0:
             code = 0
@@ -64,7 +66,10 @@ class ShimHost:
         return self.proc is not None and self.proc.poll() is None
 
     def run_job(self, req: dict[str, Any]) -> None:
-        """Ask for a shim for `req`: {dir, argv, env, timeout, kill_grace, cgroup, metrics_seconds}.
+        """Ask for a shim for `req`: {dir, argv, env, timeout, kill_grace, cgroup, metrics_seconds, task}.
+
+        With `task` (`module:function`), the host imports the module first, and the shim forks the task's
+        process from itself (`piloop_worker.tasks`) instead of exec'ing `argv`.
 
         `env` carries the job's secret values: they cross this pipe and are never written to disk.
         """

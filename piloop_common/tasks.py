@@ -1,0 +1,187 @@
+"""A Celery-shaped Python API: submit jobs, wait for them, and run Python functions on workers.
+
+    from piloop_common.tasks import Client, task
+
+    client = Client.from_env()           # PILOOP_SERVER (+ PILOOP_HTTPS_TOKEN), else $PILOOP_HOME's socket
+    job = client.submit(argv=["make", "eval"], pool="serve")
+    view = client.wait(job, timeout=600)   # the JobView once it has ended
+
+    @task(pool="gpu", serializer="json")
+    def add(a, b):
+        return a + b
+
+    add.delay(2, 3).get(timeout=60)      # 5, computed on a worker of the pool gpu
+
+A task's arguments and its value travel through the CAS, by the API's `/v1/cas` routes; its job's spec names
+`module:function` (runner `task`) and the argument blob as the input `args.<serializer>`. The worker runs it in a
+process forked from its warm interpreter (`piloop_worker.tasks`), and writes `result.<serializer>` as an output.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from pathlib import Path
+from typing import Any, Callable, Generic, TypeVar
+
+from piloop_common.cas.address import hash_bytes
+from piloop_common.client import ApiClient
+from piloop_common.errors import Corrupt, TaskFailed, WaitTimeout
+from piloop_common.protocol import TERMINAL_STATES, JobView
+
+R = TypeVar("R")
+SERIALIZERS = ("json", "pickle")
+POLL_FIRST, POLL_MAX = 0.05, 0.5
+
+
+class Client:
+    """The operator's side of the API, for programs: blobs, submit, wait."""
+
+    def __init__(self, api: ApiClient) -> None:
+        self.api = api
+
+    @classmethod
+    def from_env(cls, home: Path | None = None, timeout: float = 30.0) -> "Client":
+        """`PILOOP_SERVER` (a URL; `PILOOP_HTTPS_TOKEN` its bearer token, where its network takes one), else the
+        local daemon's socket under `home`, `PILOOP_HOME` or ~/.piloop."""
+        return cls(ApiClient.from_env(home, timeout=timeout))
+
+    def close(self) -> None:
+        self.api.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the server's CAS --------------------------------------------------------------------
+    def put_blob(self, data: bytes) -> str:
+        """Put `data` in the server's CAS; its address."""
+        address = hash_bytes(data)
+        self.api.call_bytes("PUT", f"/v1/cas/blobs/{address}", content=data)
+        return address
+
+    def get_blob(self, address: str) -> bytes:
+        """A blob of the server's CAS, checked against its address."""
+        data = self.api.call_bytes("GET", f"/v1/cas/blobs/{address}").content
+        if hash_bytes(data) != address:
+            raise Corrupt(f"the server sent bytes that do not hash to {address}", address=address)
+        return data
+
+    # -- jobs --------------------------------------------------------------------------------
+    def submit(self, argv: list[str], *, pool: str = "serve", kind: str = "evaluation", env: dict[str, str] | None = None,
+               inputs: dict[str, str] | None = None, secrets: list[str] | None = None, timeout: float | None = None,
+               memory_mb: int | None = None, image: str = "", campaign: str = "", runner: str = "process") -> str:
+        """Queue a job; its id. `inputs` maps a file name in the job's `inputs/` to a CAS address (`put_blob`)."""
+        spec = {"runner": runner, "argv": list(argv), "env": dict(env or {}), "secrets": list(secrets or []),
+                "inputs": dict(inputs or {}), "timeout_seconds": timeout, "memory_mb": memory_mb}
+        body = {"kind": kind, "pool": pool, "campaign": campaign, "image": image, "spec": spec}
+        return self.api.call("POST", "/v1/jobs", body)["job"]
+
+    def show(self, job_id: str) -> JobView:
+        return self.api.call("GET", f"/v1/jobs/{job_id}", model=JobView)
+
+    def wait(self, job_id: str, timeout: float | None = None) -> JobView:
+        """The job's view once it has ended (any end: succeeded, failed, lost, …); `WaitTimeout` after `timeout` s."""
+        end = None if timeout is None else time.monotonic() + timeout
+        pause = POLL_FIRST
+        while True:
+            view = self.show(job_id)
+            if view.state in TERMINAL_STATES:
+                return view
+            if end is not None and time.monotonic() + pause > end:
+                raise WaitTimeout(f"{job_id} is still {view.state} after {timeout:g}s", job=job_id, state=view.state)
+            time.sleep(pause)
+            pause = min(pause * 2, POLL_MAX)
+
+    def log(self, job_id: str) -> bytes:
+        """The job's log as uploaded so far."""
+        n = len(self.show(job_id).log)
+        return b"".join(self.api.call_bytes("GET", f"/v1/jobs/{job_id}/log/{i}").content for i in range(n))
+
+
+class AsyncResult(Generic[R]):
+    """A submitted task: `.get()` waits for it and gives its value, or raises `TaskFailed` with its traceback."""
+
+    def __init__(self, job_id: str, client: Client, serializer: str) -> None:
+        self.id, self.client, self.serializer = job_id, client, serializer
+
+    def __repr__(self) -> str:
+        return f"<AsyncResult {self.id}>"
+
+    @property
+    def state(self) -> str:
+        return self.client.show(self.id).state
+
+    def ready(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    def get(self, timeout: float | None = None) -> R:
+        view = self.client.wait(self.id, timeout)
+        outputs = view.result.get("outputs") or {}
+        if view.state == "succeeded":
+            raw = self.client.get_blob(outputs[f"result.{self.serializer}"])
+            return json.loads(raw)["value"] if self.serializer == "json" else pickle.loads(raw)
+        error: dict[str, Any] = {}
+        if "error.json" in outputs:
+            error = json.loads(self.client.get_blob(outputs["error.json"]))
+        tb = error.get("traceback") or self.client.log(self.id).decode(errors="replace")
+        what = f"{error['type']}: {error['message']}" if error else (view.reason or view.state)
+        raise TaskFailed(f"task {self.id} {view.state}: {what}\n{tb}".rstrip(), job=self.id, state=view.state,
+                         reason=view.reason, error_type=error.get("type", ""), traceback=tb)
+
+
+class Task(Generic[R]):
+    """A function that runs on a worker: `.delay(*args, **kw)` queues it; calling it runs it here."""
+
+    def __init__(self, fn: Callable[..., R], *, pool: str, kind: str, serializer: str, timeout: float | None,
+                 client: Client | None) -> None:
+        if serializer not in SERIALIZERS:
+            raise ValueError(f"serializer={serializer!r}: use one of {', '.join(SERIALIZERS)}")
+        if "<locals>" in fn.__qualname__:
+            raise ValueError(f"{fn.__qualname__}: a task must be defined at a module's top level, for a worker to "
+                             "import it")
+        self.fn, self.pool, self.kind, self.serializer, self.timeout = fn, pool, kind, serializer, timeout
+        self._client = client
+        self.name = f"{fn.__module__}:{fn.__qualname__}"
+        self.__doc__, self.__name__, self.__module__ = fn.__doc__, fn.__name__, fn.__module__
+        self.__qualname__ = fn.__qualname__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R:
+        return self.fn(*args, **kwargs)
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = Client.from_env()
+        return self._client
+
+    def delay(self, *args: Any, **kwargs: Any) -> AsyncResult[R]:
+        return self.apply_async(args, kwargs)
+
+    def apply_async(self, args: tuple | list = (), kwargs: dict[str, Any] | None = None, *, pool: str | None = None,
+                    timeout: float | None = None, client: Client | None = None) -> AsyncResult[R]:
+        if self.fn.__module__ == "__main__":
+            raise ValueError(f"{self.fn.__qualname__} is defined in __main__: a worker cannot import it; define "
+                             "the task in a module")
+        payload = {"args": list(args), "kwargs": dict(kwargs or {})}
+        data = json.dumps(payload).encode() if self.serializer == "json" else pickle.dumps(payload)
+        c = client or self.client
+        address = c.put_blob(data)
+        job = c.submit([self.name], pool=pool or self.pool, kind=self.kind, runner="task",
+                       inputs={f"args.{self.serializer}": address}, timeout=timeout or self.timeout)
+        return AsyncResult(job, c, self.serializer)
+
+
+def task(fn: Callable[..., R] | None = None, *, pool: str = "serve", kind: str = "evaluation",
+         serializer: str = "json", timeout: float | None = None, client: Client | None = None) -> Any:
+    """Make a module-level function a task: `@task` or `@task(pool="gpu", serializer="pickle")`."""
+    def wrap(f: Callable[..., R]) -> Task[R]:
+        return Task(f, pool=pool, kind=kind, serializer=serializer, timeout=timeout, client=client)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+__all__ = ["AsyncResult", "Client", "Task", "task"]

@@ -1,0 +1,37 @@
+"""The server's CAS on its own API, for callers that act: a remote Python client (`piloop_common.tasks`) puts a
+task's arguments and reads its result without a CAS of its own. Workers use their `[plugins.cas]`, not these.
+
+Only what a client needs: put a blob (refused unless the body hashes to its address) and get one (the client
+verifies it, as every read does). `piloop cas serve` is the whole CAS, for workers.
+"""
+
+from __future__ import annotations
+
+import anyio.to_thread
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from piloop_common.cas.address import parse_address
+from piloop_common.errors import BadRequest, Corrupt
+from piloop_server.api.cas import _Body, _relay
+from piloop_server.api.deps import ActorDep, RuntimeDep
+
+router = APIRouter(prefix="/v1/cas", tags=["cas"])
+
+
+@router.get("/blobs/{address}")
+def get_blob(address: str, rt: RuntimeDep, caller: ActorDep) -> StreamingResponse:
+    opened = rt.store.open(parse_address(address))
+    blob = opened.__enter__()  # BlobMissing here, before the response starts
+    return StreamingResponse(_relay(opened, blob), media_type="application/octet-stream",
+                             headers={"content-length": str(blob.size)})
+
+
+@router.put("/blobs/{address}", status_code=201)
+async def put_blob(address: str, request: Request, rt: RuntimeDep, caller: ActorDep) -> dict[str, str]:
+    address = parse_address(address)
+    try:
+        await anyio.to_thread.run_sync(rt.store.put_stream, _Body(request.stream()), address)
+    except Corrupt as e:
+        raise BadRequest(f"the body does not hash to {address}: {e.message}", address=address) from e
+    return {"address": address}

@@ -1,0 +1,118 @@
+"""The task runner: a Python function run in a process forked from the worker's warm interpreter.
+
+A task job's spec has `runner = "task"`, `argv = ["module:function"]`, and one input, `args.json` or
+`args.pickle` (`{"args": [...], "kwargs": {...}}`). The shim forks (never execs) a child that calls `run`:
+it imports the module (the shim host has usually imported it already, so this costs nothing), calls the
+function, and writes its value to `outputs/result.json` (`{"value": ...}`) or `outputs/result.pickle`.
+An exception prints its traceback to the job's log, writes `outputs/error.json`, and exits 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import pickle
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from piloop_worker.jobdir import JobDir
+
+SERIALIZERS = ("json", "pickle")
+FAILED = 1
+CRASHED = 70  # the runner itself could not start (EX_SOFTWARE)
+
+
+def module_of(target: str) -> str:
+    return target.partition(":")[0]
+
+
+def preload(target: str) -> None:
+    """Import a task's module in the shim host, so every task forked after it starts warm. Where the import
+    fails, the task's own process imports it again and its log shows why."""
+    name = module_of(target)
+    if name and name not in sys.modules:
+        with contextlib.suppress(BaseException):
+            importlib.import_module(name)
+
+
+def resolve(target: str) -> Any:
+    module, sep, qualname = target.partition(":")
+    if not sep or not module or not qualname:
+        raise ValueError(f"task {target!r}: write module:function")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def load_arguments(jd: JobDir) -> tuple[str, list[Any], dict[str, Any]]:
+    for ser in SERIALIZERS:
+        path = jd.inputs / f"args.{ser}"
+        if path.exists():
+            raw = path.read_bytes()
+            data = json.loads(raw) if ser == "json" else pickle.loads(raw)
+            return ser, list(data.get("args") or []), dict(data.get("kwargs") or {})
+    raise FileNotFoundError(f"a task needs the input args.json or args.pickle; {jd.inputs} has neither")
+
+
+def dump_result(ser: str, value: Any) -> bytes:
+    return json.dumps({"value": value}).encode() if ser == "json" else pickle.dumps(value)
+
+
+def run(target: str, jd: JobDir) -> int:
+    """Call the task and write its result; the exit status of the task's process."""
+    try:
+        ser, args, kwargs = load_arguments(jd)
+        value = resolve(target)(*args, **kwargs)
+        data = dump_result(ser, value)
+    except BaseException as e:
+        tb = traceback.format_exc()
+        sys.stderr.write(tb)
+        with contextlib.suppress(Exception):
+            (jd.outputs / "error.json").write_text(json.dumps(
+                {"type": type(e).__name__, "message": str(e), "traceback": tb}))
+        return FAILED
+    (jd.outputs / f"result.{ser}").write_bytes(data)
+    return 0
+
+
+def child(req: dict[str, Any], jd: JobDir, cgroup_join: Path | None) -> None:
+    """The forked task process, up to its `os._exit`: its own process group, the job's log as stdout and stderr,
+    the job's env and cwd, default signals, none of the shim's descriptors (its lock above all)."""
+    code = CRASHED
+    try:
+        os.setpgid(0, 0)
+        if cgroup_join is not None:
+            cgroup_join.write_text(str(os.getpid()))
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        out = os.open(jd.output_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(devnull, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        os.chdir(jd.work)
+        env = req["env"]
+        os.environ.clear()
+        os.environ.update(env)
+        for p in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
+            if p not in sys.path:
+                sys.path.insert(0, p)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.reconfigure(line_buffering=True)  # lines reach the log (and `piloop attach`) as printed
+        code = run(req["task"], jd)
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+        os._exit(code)
