@@ -1,0 +1,86 @@
+"""The Python API on a real `piloop serve`: Client.submit/wait, and @task functions run on the serve worker in
+processes forked from its warm shim host (never a new interpreter), their values and errors back through the CAS."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from piloop_common.errors import TaskFailed, WaitTimeout
+from piloop_common.tasks import Client
+from tests.helpers import tasks_mod
+from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
+
+REPO = str(Path(__file__).resolve().parents[2])
+
+
+@pytest.fixture(scope="module")
+def server(redis_server):
+    d = Daemon(short_home(), config=FAST_EXECUTOR, redis_url=redis_server.url,
+               namespace="t" + uuid.uuid4().hex[:10], env={"PYTHONPATH": REPO})  # the worker imports tests.helpers
+    d.start()
+    yield d
+    d.cleanup()
+
+
+@pytest.fixture
+def client(server):
+    with Client.from_env(server.home) as c:
+        yield c
+
+
+def test_submit_and_wait(client):
+    job = client.submit([sys.executable, "-c", "print('hi')"], pool="serve")
+    view = client.wait(job, timeout=60)
+    assert view.state == "succeeded" and view.result["exit_code"] == 0
+    assert client.log(job) == b"hi\n"
+    slow = client.submit([sys.executable, "-c", "import time; time.sleep(30)"])
+    with pytest.raises(WaitTimeout, match="still"):
+        client.wait(slow, timeout=0.3)
+    client.api.call("POST", f"/v1/jobs/{slow}/cancel")
+
+
+def test_a_task_returns_its_value(server, client, monkeypatch):
+    monkeypatch.setenv("PILOOP_HOME", str(server.home))
+    monkeypatch.delenv("PILOOP_SERVER", raising=False)
+    monkeypatch.setattr(tasks_mod.add, "_client", None)  # .delay's own client, from the environment
+    r = tasks_mod.add.delay(2, 40)
+    assert r.get(timeout=60) == 42
+    view = client.show(r.id)
+    assert view.spec["runner"] == "task" and view.spec["argv"] == ["tests.helpers.tasks_mod:add"]
+    assert list(view.spec["inputs"]) == ["args.json"] and "result.json" in view.result["outputs"]
+    assert tasks_mod.pair.apply_async((7,), client=client).get(timeout=60) == (7, {7})
+
+
+def test_a_task_that_raises_is_a_failed_job_with_its_traceback(client):
+    r = tasks_mod.boom.apply_async(("no good",), client=client)
+    with pytest.raises(TaskFailed) as e:
+        r.get(timeout=60)
+    assert "ValueError: no good" in e.value.message and "raise ValueError(message)" in e.value.message
+    view = client.show(r.id)
+    assert view.state == "failed" and view.result["exit_code"] == 1
+    log = client.log(r.id).decode()
+    assert "Traceback (most recent call last)" in log and "ValueError: no good" in log
+
+
+def test_a_task_is_forked_from_the_warm_shim_host_not_a_new_interpreter(client):
+    first = tasks_mod.whoami.apply_async(client=client)
+    second = tasks_mod.whoami.apply_async(client=client)
+    a, b = first.get(timeout=60), second.get(timeout=60)
+    for got in (a, b):
+        # a new interpreter has its own command line (python -m …, -c …); a fork keeps the shim host's
+        assert got["cmdline"][1:] == ["-m", "piloop_worker.shimhost"], got
+        # and the module was imported before the fork, by the host, not by the task's process
+        assert got["imported_by"] != got["pid"], got
+        assert got["job"] in (first.id, second.id) and got["cwd"].endswith("/work")
+    assert a["imported_by"] == b["imported_by"]  # imported once, in the host, for every task after
+    assert a["pid"] != b["pid"]
+
+
+def test_a_tasks_prints_reach_its_log_in_order(client):
+    r = tasks_mod.chatty.apply_async((5,), client=client)
+    assert r.get(timeout=60) == 5
+    assert client.log(r.id).decode().splitlines() == [f"step {i}" for i in range(5)]
