@@ -1,10 +1,11 @@
-"""The daemon's pass, every `pass_seconds`: the generation, limits, and lease expiry."""
+"""The daemon's pass, every `pass_seconds`: the generation, limits, lease expiry, and provisioned pools."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from typing import Any
 
 import redis
 
@@ -30,6 +31,7 @@ class Pass:
         self.held_since: dict[str, float] = {}
         self.bad_limits: set[str] = set()
         self.count = 0
+        self.provisioner: Any = None  # piloop_server.provisioner.Provisioner, when serve gives one
 
     def check_generation(self) -> None:
         rt = self.rt
@@ -84,6 +86,9 @@ class Pass:
             log.warning("event=daemon.rearmed leases=%d (the daemon was away longer than grace_seconds)", res.count)
         for job in res.lost:
             rt.events.escalate("job.lost", f"evaluation {job} was lost {rt.executor.max_lost} times in a row", job=job)
+        if self.provisioner is not None:
+            # decides from Redis only: its platform calls run on its own thread, never on the pass
+            self.provisioner.run_once()
         self.count += 1
 
 

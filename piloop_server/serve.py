@@ -110,6 +110,18 @@ class WorkerChild:
         self.log.close()
 
 
+def _worker_url(settings: Settings, tcp_addr: tuple[str, int] | None) -> str | None:
+    """What started workers dial: `[plugins.network] url`, else the address of `--listen`."""
+    net = settings.plugins.network
+    if net.url:
+        return net.url
+    if tcp_addr is None:
+        return None
+    host, port = tcp_addr
+    host = f"[{host}]" if ":" in host else ("127.0.0.1" if host in ("0.0.0.0", "") else host)
+    return f"{'https' if net.tls and net.tls != 'proxy' else 'http'}://{host}:{port}"
+
+
 def run(settings: Settings, home: Path, listen: str | None) -> int:
     """Run the daemon in the foreground until SIGTERM or SIGINT."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -124,6 +136,9 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
         check_policy(client)
         store = open_store(settings.plugins.cas, home)
         rt = Runtime(settings=settings, home=home, redis=client, store=store, cas_id=store.identity())
+        # the server's id tags the workers it starts: kept in Redis, so a restarted daemon knows its own
+        client.hsetnx(rt.keys.daemon(), "server_id", rt.server_id)
+        rt.server_id = (client.hget(rt.keys.daemon(), "server_id") or rt.server_id.encode()).decode()
         record = GenerationRecord(home / "state" / "generation.json")
         the_pass = Pass(rt, record)
         the_pass.check_generation()
@@ -140,6 +155,9 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
                                                   **uvicorn_tls(settings))))
         (home / PID_FILE).write_text(str(os.getpid()))
         stop = threading.Event()
+        from piloop_server.provisioner import Provisioner
+
+        the_pass.provisioner = Provisioner(rt, url=_worker_url(settings, tcp_addr), home=home)
         pass_thread = threading.Thread(target=run_pass, args=(the_pass, stop), name="pass", daemon=True)
         pass_thread.start()
         child = WorkerChild(home, sock_path) if "serve" in rt.executor.pools else None
@@ -161,6 +179,7 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
             if child:
                 child.stop()
             pass_thread.join(10)
+            the_pass.provisioner.close()
             with contextlib.suppress(FileNotFoundError):
                 sock_path.unlink()
             with contextlib.suppress(FileNotFoundError):

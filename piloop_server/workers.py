@@ -7,6 +7,7 @@ from typing import Any
 
 from piloop_common.protocol import HostSample, WorkerView
 from piloop_server import pools
+from piloop_server.provisioner.manager import records as provisioned_records
 from piloop_server.runtime import Runtime
 from piloop_server.state.leases import KINDS
 
@@ -55,7 +56,12 @@ def views(rt: Runtime) -> list[WorkerView]:
         out.append(WorkerView(name=n, pool=f.get("pool", ""), image=f.get("image", ""),
                               seen_seconds=max(0.0, (now - seen) / 1000) if seen else None, reachable=bool(alive),
                               draining=draining, sample=sample, agents=agents, evaluations=evals, no_lease=reason))
-    return out
+    # a worker the server started shows from its start, before it registers
+    for n, rec in provisioned_records(rt).items():
+        if n not in names and rec.get("state") in ("starting", "stopping"):
+            out.append(WorkerView(name=n, pool=rec.get("pool", ""), image="", seen_seconds=None, reachable=False,
+                                  draining=False, sample=None, agents=0, evaluations=0, no_lease=rec["state"]))
+    return sorted(out, key=lambda w: w.name)
 
 
 def pool_summary(rt: Runtime, workers: list[WorkerView]) -> list[dict[str, Any]]:

@@ -3,11 +3,16 @@
 Each acknowledged heartbeat moves every held job's fencing deadline to
 `send time + toleration − 2 × renew` (the send time, taken before the call, is the safe side).
 One failed call gives nothing up: only the deadline, enforced by each job's shim, fences a job.
+
+A worker that a server started (`PILOOP_ORPHAN_EXIT_SECONDS` in its environment) exits by itself once it has not
+reached its server for that long and holds no job, so it never outlives a stopped server; `0` means as soon as
+the server counts it unreachable (`grace_seconds`). Without the variable a worker never exits on its own.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -21,6 +26,19 @@ if TYPE_CHECKING:
     from piloop_worker.agent import Worker
 
 log = logging.getLogger("piloop.worker")
+ORPHAN_ENV = "PILOOP_ORPHAN_EXIT_SECONDS"
+
+
+def orphan_after(grace_seconds: float) -> float | None:
+    """How long this worker outlives an unreachable server, or None: forever."""
+    raw = os.environ.get(ORPHAN_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        return float(raw) or grace_seconds
+    except ValueError:
+        log.warning("event=worker.bad_env %s=%r (a number of seconds): ignored", ORPHAN_ENV, raw)
+        return None
 
 
 class Reachability:
@@ -70,7 +88,18 @@ class Heartbeat(threading.Thread):
                 log.exception("event=worker.heartbeat_error error=%s", e)
                 ok = False
             wait = self._period() if ok else min(self._period(), self._backoff())
+            self._check_orphan()
         self.api.close()
+
+    def _check_orphan(self) -> None:
+        w = self.worker
+        after = orphan_after(w.timing.grace_seconds)
+        down = w.reach.down_since
+        if after is None or down is None or time.monotonic() - down < after or w.snapshot():
+            return
+        log.warning("event=worker.orphaned worker=%s after_seconds=%g (the server is unreachable and this worker "
+                    "holds no job: it exits)", w.name, after)
+        w.stopping.set()
 
     def _period(self) -> float:
         renew = self.worker.timing.renew_seconds

@@ -162,6 +162,14 @@ def stop(obj, timeout: float) -> None:
     raise click.ClickException(f"the daemon (pid {pid}) did not stop within {timeout:g}s")
 
 
+def _backoff(p: dict) -> str:
+    if p.get("halted"):
+        return f"halted: {p['halted']}"
+    if p.get("backoff_left_seconds"):
+        return f"{p['backoff_left_seconds']:.0f}s left of {p['backoff_seconds']:g}s: {p['last_failure']}"
+    return "-"
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
@@ -194,6 +202,12 @@ def status(obj, as_json: bool) -> None:
             for p in st["pools"]]
     click.echo(table(["pool", "workers", "agents free", "evaluations free", "agents queued/running",
                       "evaluations queued/running"], rows))
+    if st.get("provisioners"):
+        click.echo("")
+        rows = [[p["pool"], p["provider"], p["max"], p["starting"], p["running"], p["draining"], p["stopping"],
+                 _backoff(p)] for p in st["provisioners"]]
+        click.echo(table(["provisioned", "provider", "max", "starting", "running", "draining", "stopping",
+                          "backoff"], rows))
     if st["limits"]:
         click.echo("")
         click.echo("limits")

@@ -11,6 +11,7 @@ from piloop_common.errors import NotFound
 from piloop_common.protocol import LimitRequest, LimitView, TokenCreate, TokenCreated, TokenView, WorkerView
 from piloop_server import workers
 from piloop_server.api.deps import ActorDep, RuntimeDep
+from piloop_server.provisioner.manager import summary as provisioned_pools
 
 router = APIRouter(prefix="/v1", tags=["admin"])
 
@@ -38,6 +39,7 @@ def status(request: Request, rt: RuntimeDep, caller: ActorDep) -> dict:
         "cas": {"provider": rt.settings.plugins.cas.provider, "id": rt.cas_id},
         "pools": workers.pool_summary(rt, ws),
         "limits": [LimitView(key=k, **v).model_dump() for k, v in sorted(rt.limits.all().items())],
+        "provisioners": provisioned_pools(rt),
         "escalations": rt.events.inbox()[-10:],
     }
 

@@ -79,6 +79,23 @@ class Keys:
     def worker_leases(self, name: str, kind: str) -> str:
         return self._k("worker", name, "leases", kind)
 
+    # the provisioner: workers the server starts
+    def provisioned_names(self) -> str:
+        """Set of the names of the workers this server started and has not yet forgotten."""
+        return self._k("provisioned")
+
+    def provisioned(self, name: str) -> str:
+        """Hash: one started worker's pool, state, handle, and when each state began (Redis ms)."""
+        return self._k("provisioned", name)
+
+    def provisioned_seq(self) -> str:
+        """Counter that names started workers (`<pool>-<n>`)."""
+        return self._k("seq", "provisioned")
+
+    def provisioner(self, pool: str) -> str:
+        """Hash: a pool's start backoff (delay, until) and its refusals in a row."""
+        return self._k("provisioner", pool)
+
     # campaigns
     def campaign_live(self) -> str:
         """Hash campaign -> live agents (leased or running)."""

@@ -1,0 +1,62 @@
+"""The interface every platform implements: start, stop, list by tag."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from piloop_common.config import LocalCompute, ModalCompute
+from piloop_common.errors import PiloopError
+
+# The environment a started worker gets beside its token: the server's id (so that two servers never stop each
+# other's workers), its own name, and how long it outlives an unreachable server (see piloop_worker.heartbeat).
+TAG_ENV = "PILOOP_PROVISIONER_TAG"
+NAME_ENV = "PILOOP_PROVISIONED_NAME"
+ORPHAN_ENV = "PILOOP_ORPHAN_EXIT_SECONDS"
+
+
+class StartRefused(PiloopError):
+    """The platform refused a start (a quota, no GPU): the pool backs off."""
+
+    code = "start_refused"
+    status = 503
+
+
+class PlatformAuthError(PiloopError):
+    """The platform refused our credentials: retrying never helps, so the pool stops and escalates."""
+
+    code = "platform_auth"
+    status = 503
+
+
+@dataclass(frozen=True)
+class Handle:
+    """One started worker on its platform: the worker's name, its pool, and the platform's id for it."""
+
+    name: str
+    pool: str
+    id: str
+
+
+class Provider(Protocol):
+    def start(self, name: str, token: str, env: dict[str, str]) -> Handle:
+        """Start worker `name` with `token`; StartRefused when the platform says no."""
+
+    def stop(self, handle: Handle) -> None:
+        """Stop it; one that is already gone is stopped."""
+
+    def list(self, tag: str) -> list[Handle]:
+        """Every worker on the platform tagged with `tag` (this server's id), whoever started it."""
+
+
+def open_provider(pool: str, compute: LocalCompute | ModalCompute, *, url: str, home: Path, tag: str,
+                  cas_plugins: dict) -> Provider:
+    """The provider of a pool's `compute`; modal is imported only when a pool uses it."""
+    if isinstance(compute, LocalCompute):
+        from piloop_server.provisioner.local import LocalProvider
+
+        return LocalProvider(pool, compute, url=url, home=home, tag=tag, cas_plugins=cas_plugins)
+    from piloop_server.provisioner.modal import ModalProvider
+
+    return ModalProvider(pool, compute, url=url, tag=tag)

@@ -1,0 +1,122 @@
+"""The `local` provider: workers as `piloop worker` processes on the server's own machine.
+
+Each gets a home of its own (`$PILOOP_HOME/provisioned/<name>`), the server's CAS as `PILOOP_PLUGINS` (the
+compute's `env` may override it), its token, and the tag: the server's id in its environment, read back from
+`/proc/<pid>/environ` when listing, so two servers on one machine never stop each other's workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from piloop_common.config import LocalCompute
+from piloop_server.provisioner.base import NAME_ENV, TAG_ENV, Handle, StartRefused
+
+POOL_ENV = "PILOOP_PROVISIONED_POOL"
+STOP_GRACE_SECONDS = 5.0  # SIGTERM (the worker detaches), then SIGKILL
+HANG = "import time\nwhile True: time.sleep(60)"
+
+
+class LocalProvider:
+    def __init__(self, pool: str, compute: LocalCompute, *, url: str, home: Path, tag: str, cas_plugins: dict) -> None:
+        self.pool, self.compute, self.url, self.home, self.tag = pool, compute, url, home, tag
+        self.cas_plugins = cas_plugins
+        self.children: dict[str, subprocess.Popen] = {}
+
+    def _home(self, name: str) -> Path:
+        return self.home / "provisioned" / name
+
+    def start(self, name: str, token: str, env: dict[str, str]) -> Handle:
+        if self.compute.refuse:
+            raise StartRefused(f"local: pool {self.pool} refuses every start (refuse = true)")
+        home = self._home(name)
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        penv = {k: v for k, v in os.environ.items() if not k.startswith("PILOOP_")}
+        penv.update({"PILOOP_HOME": str(home), "PILOOP_PLUGINS": json.dumps({"cas": self.cas_plugins})})
+        penv.update(self.compute.env)
+        penv.update(env)
+        penv.update({"PILOOP_HTTPS_TOKEN": token, TAG_ENV: self.tag, NAME_ENV: name, POOL_ENV: self.pool})
+        if self.compute.hang:
+            # the home in argv lets an operator (and the tests' cleanup) find it like a real worker
+            argv = [sys.executable, "-c", HANG, str(home)]
+        else:
+            argv = [sys.executable, "-m", "piloop_common.cli", "--home", str(home), "worker", "--server", self.url,
+                    "--pool", self.pool]
+        with open(home / "worker.log", "ab") as out:
+            proc = subprocess.Popen(argv, env=penv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                    start_new_session=True)
+        self.children[name] = proc
+        return Handle(name, self.pool, _id(proc.pid))
+
+    def stop(self, handle: Handle) -> None:
+        pid = int(handle.id.split(":")[0])
+        proc = _same(handle.id)
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                # its own session: the worker and its shim host (jobs' shims have sessions of their own)
+                os.killpg(pid, signal.SIGTERM) if os.getpgid(pid) == pid else proc.terminate()
+            try:
+                proc.wait(STOP_GRACE_SECONDS)
+            except psutil.TimeoutExpired:
+                with contextlib.suppress(OSError, psutil.Error):
+                    proc.kill()
+                    proc.wait(STOP_GRACE_SECONDS)
+            except psutil.Error:
+                pass
+        child = self.children.get(handle.name)
+        if child is not None and child.pid == pid:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(1)
+            self.children.pop(handle.name, None)
+            shutil.rmtree(self._home(handle.name), ignore_errors=True)
+
+    def list(self, tag: str) -> list[Handle]:
+        for child in list(self.children.values()):
+            child.poll()  # reap: a dead child must not linger as a zombie that looks alive
+        me = os.getuid()
+        found: dict[int, tuple[str, str, int]] = {}
+        for p in psutil.process_iter(["pid", "ppid", "uids"]):
+            uids = p.info.get("uids")
+            if uids is None or uids.real != me:
+                continue
+            try:
+                env = p.environ()
+                if p.status() == psutil.STATUS_ZOMBIE:
+                    continue
+            except (psutil.Error, OSError):
+                continue
+            if env.get(TAG_ENV) == tag and env.get(NAME_ENV):
+                found[p.pid] = (env[NAME_ENV], env.get(POOL_ENV, ""), p.info.get("ppid") or 0)
+        out = []
+        for pid, (name, pool, ppid) in found.items():
+            # a worker's shim host and jobs inherit its environment: only the top of each tree is the worker
+            if ppid in found and found[ppid][0] == name:
+                continue
+            with contextlib.suppress(psutil.Error):
+                out.append(Handle(name, pool, _id(pid)))
+        return out
+
+
+def _id(pid: int) -> str:
+    return f"{pid}:{psutil.Process(pid).create_time():.2f}"
+
+
+def _same(hid: str) -> psutil.Process | None:
+    """The process a handle names, unless it ended (and its pid was reused)."""
+    pid, _, created = hid.partition(":")
+    try:
+        p = psutil.Process(int(pid))
+        if f"{p.create_time():.2f}" != created or p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return p
+    except (psutil.Error, ValueError):
+        return None

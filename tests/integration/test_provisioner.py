@@ -1,0 +1,209 @@
+"""The `local` provisioner against a real `piloop serve` and real `piloop worker` processes it starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from tests.helpers.redis import free_port, wait_for
+from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
+
+BACKOFF = "PILOOP_PROVISIONER_BACKOFF_SECONDS"
+
+
+def _daemon(redis_server, namespace, provisioner: str, compute: str = "", backoff: float = 30) -> Daemon:
+    config = (FAST_EXECUTOR + "\n[plugins.executor.pools.gpu]\nagents = 0\nevaluations = 1\nmax_load = 1000\n"
+              "min_memory_gb = 0\n\n[plugins.executor.pools.gpu.provisioner]\n" + provisioner
+              + "\n[plugins.executor.pools.gpu.provisioner.compute]\nprovider = \"local\"\n" + compute)
+    d = Daemon(short_home(), config=config, redis_url=redis_server.url, namespace=namespace,
+               env={BACKOFF: str(backoff)})
+    d.start(listen=f"127.0.0.1:{free_port()}")
+    return d
+
+
+@pytest.fixture
+def started(redis_server, namespace):
+    made: list[Daemon] = []
+
+    def make(*a, **kw) -> Daemon:
+        made.append(_daemon(redis_server, namespace, *a, **kw))
+        return made[-1]
+
+    yield make
+    for d in made:
+        d.cleanup()
+
+
+def _submit(d: Daemon, *argv: str) -> str:
+    with d.api() as api:
+        return api.call("POST", "/v1/jobs", {"kind": "evaluation", "pool": "gpu", "spec": {"argv": list(argv)}})["job"]
+
+
+def _job(d: Daemon, job: str) -> dict:
+    with d.api() as api:
+        return api.call("GET", f"/v1/jobs/{job}")
+
+
+def _gpu_workers(d: Daemon) -> list[dict]:
+    with d.api() as api:
+        return [w for w in api.call("GET", "/v1/workers") if w["pool"] == "gpu"]
+
+
+def _prov(d: Daemon) -> dict:
+    with d.api() as api:
+        return api.call("GET", "/v1/status")["provisioners"][0]
+
+
+def _events(d: Daemon, type_: str) -> list[dict]:
+    with d.api() as api:
+        return [e for e in api.call("GET", "/v1/events", params={"count": 10_000}) if e["type"] == type_]
+
+
+def _server_id(d: Daemon) -> str:
+    with d.api() as api:
+        return api.call("GET", "/v1/health")["server_id"]
+
+
+def test_waiting_jobs_start_workers_up_to_max_and_idle_ones_drain_and_stop(started):
+    d = started("max = 2\nidle_seconds = 1\n")
+    jobs = [_submit(d, "sleep", "1") for _ in range(3)]
+    most = 0
+
+    def all_done() -> bool:
+        nonlocal most
+        p = _prov(d)
+        most = max(most, p["starting"] + p["running"] + p["draining"] + p["stopping"])
+        return all(_job(d, j)["state"] == "succeeded" for j in jobs)
+
+    wait_for(all_done, 90, interval=0.2, what="three jobs run on started workers")
+    assert most == 2
+    assert {_job(d, j)["worker"] for j in jobs} <= {e["worker"] for e in _events(d, "provisioner.starting")}
+    wait_for(lambda: not _gpu_workers(d), 60, interval=0.2, what="the idle workers drain and stop")
+    drained = _events(d, "provisioner.draining")
+    assert len(drained) == 2 and all(e["reason"] == "no lease for 1s" for e in drained)
+    assert len(_events(d, "provisioner.stopped")) == 2
+    st = json.loads(d.cli("status", "--json", check=True).stdout)["provisioners"][0]
+    assert (st["max"], st["starting"], st["running"], st["draining"]) == (2, 0, 0, 0)
+
+
+def test_max_0_drains_the_pool_and_stops_a_worker_only_once_it_holds_no_lease(started):
+    d = started("max = 1\nidle_seconds = 600\n")
+    job = _submit(d, "sleep", "3")
+    wait_for(lambda: _job(d, job)["state"] == "running", 60, interval=0.1, what="the job runs on a started worker")
+    worker = _job(d, job)["worker"]
+    d.cli("limits", "set", "executor.pools.gpu.provisioner.max=0", "--reason", "the GPU budget is spent", check=True)
+    wait_for(lambda: [w["no_lease"] for w in _gpu_workers(d)] == ["draining"], 10, interval=0.1,
+             what="the worker drains")
+    later = _submit(d, "true")
+    wait_for(lambda: _job(d, job)["state"] == "succeeded", 30, interval=0.1, what="the held job runs to its end")
+    wait_for(lambda: not _gpu_workers(d), 30, interval=0.1, what="the drained worker stops")
+    assert [e["worker"] for e in _events(d, "provisioner.stopped")] == [worker]
+    assert _job(d, later)["state"] == "queued" and _prov(d)["starting"] == 0
+
+
+def test_a_worker_that_never_registers_is_stopped_and_the_backoff_doubles(started):
+    d = started("max = 1\nregister_seconds = 1\n", "hang = true\n", backoff=1)
+    _submit(d, "true")
+    wait_for(lambda: [w["no_lease"] for w in _gpu_workers(d)] == ["starting"], 30, interval=0.1,
+             what="a starting row in worker list")
+    wait_for(lambda: _prov(d)["backoff_seconds"] == 1, 30, interval=0.1, what="the first backoff")
+    wait_for(lambda: _prov(d)["backoff_seconds"] == 2, 30, interval=0.1, what="the backoff doubles")
+    st = json.loads(d.cli("status", "--json", check=True).stdout)["provisioners"][0]
+    assert st["backoff_seconds"] >= 2 and "did not register within 1s" in st["last_failure"]
+    assert len(_events(d, "provisioner.stopped")) >= 2
+    # the hung processes were stopped: none of this server's is left but the newest
+    tag = _server_id(d)
+    wait_for(lambda: len(_tagged(tag)) <= 1, 15, interval=0.2, what="the hung workers are stopped")
+
+
+def _tagged(tag: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("PILOOP_PROVISIONER_TAG") == tag and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def test_three_refusals_in_a_row_are_one_escalation(started):
+    d = started("max = 1\n", "refuse = true\n", backoff=0.1)
+    _submit(d, "true")
+    wait_for(lambda: _prov(d)["refusals"] >= 5, 60, interval=0.1, what="five refusals")
+    with d.api() as api:
+        esc = [e for e in api.call("GET", "/v1/inbox") if e["what"] == "provisioner.refused"]
+    assert len(esc) == 1 and "refused 3 starts in a row for pool gpu" in esc[0]["message"]
+    assert "provisioner.refused: the platform refused 3 starts" in d.cli("status", check=True).stdout
+    listed = json.loads(d.cli("inbox", "--json", check=True).stdout)
+    assert [e["id"] for e in listed if e["what"] == "provisioner.refused"] == [esc[0]["id"]]
+    d.cli("inbox", "ack", esc[0]["id"], check=True)
+    assert "provisioner.refused" not in d.cli("status", check=True).stdout
+
+
+def test_an_unknown_process_tagged_as_ours_is_stopped_and_another_servers_is_not(started, tmp_path):
+    d = started("max = 1\n")
+    code = "import time\nwhile True: time.sleep(60)"
+    procs = []
+    for tag in (_server_id(d), "another-server"):
+        env = {**os.environ, "PILOOP_PROVISIONER_TAG": tag, "PILOOP_PROVISIONED_NAME": "gpu-999",
+               "PILOOP_PROVISIONED_POOL": "gpu"}
+        procs.append(subprocess.Popen([sys.executable, "-c", code, str(d.home)], env=env, start_new_session=True))
+    try:
+        wait_for(lambda: procs[0].poll() is not None, 20, interval=0.1, what="the unknown tagged process stops")
+        assert procs[1].poll() is None
+        assert [e["worker"] for e in _events(d, "provisioner.unknown_stopped")] == ["gpu-999"]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(5)
+
+
+def test_a_killed_started_worker_is_stopped_and_its_job_comes_back_on_another(started):
+    d = started("max = 1\nidle_seconds = 600\n")
+    job = _submit(d, "sleep", "2")
+    wait_for(lambda: _job(d, job)["state"] == "running", 60, interval=0.1, what="the job runs on a started worker")
+    first = _job(d, job)["worker"]
+    pid = _worker_pid(d, first)
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: _job(d, job)["state"] == "succeeded" and _job(d, job)["worker"] != first, 90, interval=0.2,
+             what="the job runs again on a new worker")
+    reasons = [e["reason"] for e in _events(d, "provisioner.stopping") if e["worker"] == first]
+    assert reasons and reasons[0] in ("the platform lost it", "it went silent")
+
+
+def _worker_pid(d: Daemon, name: str) -> int:
+    for p in psutil.process_iter():
+        try:
+            env = p.environ()
+        except psutil.Error:
+            continue
+        if env.get("PILOOP_PROVISIONED_NAME") == name and "worker" in p.cmdline() and p.ppid() != 1:
+            if env.get("PILOOP_PROVISIONER_TAG") == _server_id(d):
+                parent = psutil.Process(p.ppid())
+                if parent.environ().get("PILOOP_PROVISIONED_NAME") != name:
+                    return p.pid
+    raise AssertionError(f"no process for worker {name}")
+
+
+def test_a_started_worker_exits_by_itself_once_its_server_is_gone(started):
+    d = started("max = 1\nidle_seconds = 600\norphan_exit_seconds = 1\n")
+    job = _submit(d, "true")
+    wait_for(lambda: _job(d, job)["state"] == "succeeded", 60, interval=0.1, what="the job runs on a started worker")
+    proc = psutil.Process(_worker_pid(d, _job(d, job)["worker"]))
+    d.kill()
+
+    def gone() -> bool:
+        try:
+            return proc.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_for(gone, 30, interval=0.2, what="the orphaned worker exits")
