@@ -205,7 +205,7 @@ class Provisioner:
                 self._forget(name, force_record=True)
             elif now - int(rec.get("stop_tried") or 0) > STOP_RETRY_SECONDS * 1000:
                 self._set(name, stop_tried=now)
-                self._submit("stop", name)
+                self._submit("stop", name, pool)
         elif rec.get("state") == "stopped":
             self._forget(name)
 
@@ -359,6 +359,8 @@ class Provisioner:
                 continue
             try:
                 getattr(self, f"_do_{op}")(key, pool)
+            except PlatformAuthError as e:
+                self._auth_failed(pool or key, e)
             except Exception as e:  # the side thread outlives any one platform call
                 log.warning("event=provisioner.call_failed op=%s key=%s error=%s", op, key, e)
             finally:
@@ -374,10 +376,7 @@ class Provisioner:
                 raise StartRefused(f"pool {pool} has no provisioner now")
             h = prov.start(name, token, self._env(pool, name))
         except PlatformAuthError as e:
-            self.rt.redis.hset(self.rt.keys.provisioner(pool), "halted", e.message)
-            self.rt.events.escalate("provisioner.auth", f"the platform refused the server's credentials for pool "
-                                    f"{pool}: {e.message}; the pool starts no worker until the server restarts",
-                                    pool=pool)
+            self._auth_failed(pool, e)
             self._set(name, state="stopped", since=self._now(), why="the platform refused our credentials")
             return
         except Exception as e:  # a quota, no GPU, or any other failed start: the pool backs off
@@ -386,6 +385,15 @@ class Provisioner:
             self._fail(pool, msg, refused=True)
             return
         self._set(name, handle=json.dumps(asdict(h)))
+
+    def _auth_failed(self, pool: str, e: PlatformAuthError) -> None:
+        """Bad credentials never heal by retrying: the pool starts nothing more, and one escalation says why."""
+        if backoff(self.rt, pool)["halted"]:
+            return
+        self.rt.redis.hset(self.rt.keys.provisioner(pool), "halted", e.message)
+        self.rt.events.escalate("provisioner.auth", f"the platform refused the server's credentials for pool "
+                                f"{pool}: {e.message}; the pool starts no worker until the server restarts",
+                                pool=pool)
 
     def _handles_of(self, name: str, rec: dict[str, str]) -> list[Handle]:
         if rec.get("handle"):

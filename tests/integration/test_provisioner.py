@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -15,14 +16,16 @@ from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
 
 BACKOFF = "PILOOP_PROVISIONER_BACKOFF_SECONDS"
+FAKE_MODAL = Path(__file__).resolve().parents[1] / "helpers" / "fake_modal"
 
 
-def _daemon(redis_server, namespace, provisioner: str, compute: str = "", backoff: float = 30) -> Daemon:
+def _daemon(redis_server, namespace, provisioner: str, compute: str = "", backoff: float = 30,
+            provider: str = "local", env: dict | None = None) -> Daemon:
     config = (FAST_EXECUTOR + "\n[plugins.executor.pools.gpu]\nagents = 0\nevaluations = 1\nmax_load = 1000\n"
               "min_memory_gb = 0\n\n[plugins.executor.pools.gpu.provisioner]\n" + provisioner
-              + "\n[plugins.executor.pools.gpu.provisioner.compute]\nprovider = \"local\"\n" + compute)
+              + f"\n[plugins.executor.pools.gpu.provisioner.compute]\nprovider = \"{provider}\"\n" + compute)
     d = Daemon(short_home(), config=config, redis_url=redis_server.url, namespace=namespace,
-               env={BACKOFF: str(backoff)})
+               env={BACKOFF: str(backoff), **(env or {})})
     d.start(listen=f"127.0.0.1:{free_port()}")
     return d
 
@@ -207,3 +210,24 @@ def test_a_started_worker_exits_by_itself_once_its_server_is_gone(started):
             return True
 
     wait_for(gone, 30, interval=0.2, what="the orphaned worker exits")
+
+
+@pytest.mark.parametrize("mode, what, says", [
+    ("quota", "provisioner.refused", "refused 3 starts in a row for pool gpu: modal: no A100 is free"),
+    ("auth", "provisioner.auth", "refused the server's credentials for pool gpu: modal: token is invalid"),
+])
+def test_modal_a_quota_backs_off_and_bad_credentials_stop_the_pool(started, mode, what, says):
+    # the daemon imports the fake SDK (tests/helpers/fake_modal) as `modal`
+    d = started("max = 1\n", 'image = "ghcr.io/acme/piloop-worker:0.3"\ngpu = "A100"\n', backoff=0.1,
+                provider="modal", env={"PYTHONPATH": str(FAKE_MODAL), "FAKE_MODAL_MODE": mode})
+    _submit(d, "true")
+
+    def escalated() -> list:
+        with d.api() as api:
+            return [e for e in api.call("GET", "/v1/inbox") if e["what"] == what]
+
+    esc = wait_for(escalated, 30, interval=0.1, what=f"the {what} escalation")
+    assert len(esc) == 1 and says in esc[0]["message"]
+    if mode == "auth":
+        assert "token is invalid" in _prov(d)["halted"]
+        assert _prov(d)["refusals"] == 0
