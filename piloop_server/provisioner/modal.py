@@ -27,7 +27,8 @@ class ModalProvider:
     def _errors(self, e: Exception) -> Exception:
         """Modal's errors in piloop's words: a quota is a refusal (backoff), bad credentials stop the pool."""
         msg = f"modal: {e}"
-        if isinstance(e, getattr(self.exc, "AuthError", ())):
+        auth = tuple(getattr(self.exc, n) for n in ("AuthError", "PermissionDeniedError") if hasattr(self.exc, n))
+        if isinstance(e, auth):
             return PlatformAuthError(msg)
         if isinstance(e, getattr(self.exc, "ResourceExhaustedError", ())):
             return StartRefused(msg)
