@@ -132,6 +132,8 @@ class Provisioner:
         rt, k = self.rt, self.rt.keys
         pools = self._pools()
         recs = self.records()
+        if not pools and not recs:
+            return  # the common case: one SMEMBERS per pass
         now = self._now()
         pipe = rt.redis.pipeline(transaction=False)
         for n in recs:
