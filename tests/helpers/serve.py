@@ -8,11 +8,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from piloop_common.client import ApiClient
 from piloop_common.errors import Unavailable
-from tests.helpers.redis import wait_for
 
 # Short timings for tests; the config validates toleration > grace + 2·renew + request timeout + kill grace.
 FAST_EXECUTOR = """
@@ -76,7 +76,11 @@ class Daemon:
         self.log = open(self.home / "logs" / "test-daemon.log", "ab")
         self.proc = subprocess.Popen(args, env=cli_env(self.home, self.env), stdout=self.log, stderr=self.log,
                                      start_new_session=True)
-        wait_for(self.healthy, timeout, interval=0.05, what=f"piloop serve on {self.home}")
+        deadline = time.monotonic() + timeout
+        while not self.healthy():  # raises at once when the daemon exits (a refused start)
+            if time.monotonic() > deadline:
+                raise AssertionError(f"piloop serve on {self.home} did not answer within {timeout}s")
+            time.sleep(0.05)
         return self
 
     def healthy(self) -> bool:
