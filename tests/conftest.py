@@ -40,3 +40,31 @@ def daemon(redis_server, namespace):
     d.start()
     yield d
     d.cleanup()
+
+
+@pytest.fixture
+def server(redis_server, namespace):
+    """`piloop serve --listen 127.0.0.1:<port>` with a `gpu` pool for remote workers; `.url` is its address."""
+    from tests.helpers.workers import kill_tree_of, tcp_server
+
+    d = tcp_server(redis_server.url, namespace)
+    yield d
+    d.cleanup()
+    kill_tree_of(str(d.home))
+
+
+@pytest.fixture
+def workers():
+    """Make `piloop worker` processes (tests.helpers.workers.RemoteWorker); all are cleaned up after the test."""
+    from tests.helpers.workers import RemoteWorker
+
+    made = []
+
+    def make(*a, **kw):
+        w = RemoteWorker(*a, **kw)
+        made.append(w)
+        return w
+
+    yield make
+    for w in made:
+        w.cleanup()

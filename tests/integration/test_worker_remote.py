@@ -4,117 +4,19 @@ through every fault the spec names (SIGKILL mid-job, a kill between a job's end 
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from piloop_common.cas.local import LocalStore
-from tests.helpers.redis import free_port, wait_for
-from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
+from tests.helpers.redis import wait_for
+from tests.helpers.workers import FENCE_AFTER, pgid_alive, state, submit, token, view
 
-# FAST_EXECUTOR: renew 0.5 s, toleration 6 s: a silent worker's jobs die 6 − 2 × 0.5 = 5 s after its last renewal
-FENCE_AFTER = 5.0
-GPU = "\n[plugins.executor.pools.gpu]\nagents = 1\nevaluations = 1\nmax_load = 1000\nmin_memory_gb = 0\n"
-
-
-@pytest.fixture
-def server(redis_server, namespace):
-    d = Daemon(short_home(), config=FAST_EXECUTOR + GPU, redis_url=redis_server.url, namespace=namespace)
-    port = free_port()
-    d.start(listen=f"127.0.0.1:{port}")
-    d.url = f"http://127.0.0.1:{port}"
-    yield d
-    d.cleanup()
-
-
-class RemoteWorker:
-    """`piloop worker --server ... --pool gpu` in a home of its own that shares only the server's CAS."""
-
-    def __init__(self, d: Daemon, token: str, pool: str = "gpu", same_cas: bool = True, env: dict | None = None,
-                 args: tuple[str, ...] = ()) -> None:
-        self.d, self.token, self.pool, self.env, self.args = d, token, pool, env or {}, args
-        self.home = short_home("w")
-        if same_cas:
-            (self.home / "config.toml").write_text(f'[plugins.cas]\nprovider = "local"\npath = "{d.home}/cas"\n')
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> "RemoteWorker":
-        env = cli_env(self.home, {"PILOOP_HTTPS_TOKEN": self.token, **self.env})
-        self.log = open(self.home / "worker.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "piloop_common.cli", "worker", "--server", self.d.url,
-                                      "--pool", self.pool, *self.args], env=env, stdout=self.log, stderr=self.log,
-                                     stdin=subprocess.DEVNULL)
-        return self
-
-    def output(self) -> str:
-        return (self.home / "worker.log").read_text(errors="replace")
-
-    def wait(self, timeout: float = 20) -> int:
-        assert self.proc is not None
-        return self.proc.wait(timeout)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
-
-    def spool(self, name: str) -> list[Path]:
-        return sorted((self.home / "spool" / name).glob("*.json"))
-
-    def cleanup(self) -> None:
-        self.kill()
-        for p in psutil.process_iter(["cmdline"]):  # shims left behind on purpose by a test
-            if p.info["cmdline"] and any(str(self.home) in a for a in p.info["cmdline"]):
-                p.kill()
-
-
-@pytest.fixture
-def workers():
-    made: list[RemoteWorker] = []
-
-    def make(*a, **kw) -> RemoteWorker:
-        w = RemoteWorker(*a, **kw)
-        made.append(w)
-        return w
-
-    yield make
-    for w in made:
-        w.cleanup()
-
-
-def token(d: Daemon, name: str, *args: str) -> str:
-    return d.cli("token", "create", name, *args, check=True).stdout.strip()
-
-
-def submit(d: Daemon, *argv: str, opts: tuple[str, ...] = ()) -> str:
-    return d.cli("job", "submit", "--pool", "gpu", *opts, "--", *argv, check=True).stdout.strip()
-
-
-def view(d: Daemon, job: str) -> dict:
-    with d.api() as api:
-        return api.call("GET", f"/v1/jobs/{job}")
-
-
-def state(d: Daemon, job: str, *states: str, timeout: float = 30) -> dict:
-    return wait_for(lambda: (v := view(d, job))["state"] in states and v, timeout, interval=0.1,
-                    what=f"job {job} to be {'|'.join(states)}")
-
-
-def pgid_alive(pgid: int) -> bool:
-    for p in psutil.process_iter(["status"]):
-        try:
-            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                return True
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return False
+# The `server` (a TCP `piloop serve` with a `gpu` pool) and `workers` fixtures are in tests/conftest.py.
 
 
 # Appends "<pgid> <time> <job dir>" every 50 ms; runs until killed on the first try, for 1 s on the next.
