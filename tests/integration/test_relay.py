@@ -17,7 +17,7 @@ from piloop_common.errors import LeaseLost
 from piloop_common.protocol import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import Daemon, short_home
-from tests.integration.test_worker_remote import state, token, view, workers  # noqa: F401 (a fixture)
+from tests.helpers.workers import state, token, view
 
 # A kill grace long enough for a SIGTERMed job to run one more `piloop` (an interpreter start on a busy box):
 # toleration 10 > grace 2 + 2 × renew 0.5 + timeout 1 + kill grace 5; the shim fences 10 − 5.2 = 4.8 s after a renewal.

@@ -10,7 +10,7 @@ import redis
 
 from piloop_server.state.keys import Keys
 from tests.helpers.redis import wait_for
-from tests.integration.test_worker_remote import server, state, submit, token, view, workers  # noqa: F401
+from tests.helpers.workers import state, submit, token, view
 
 PSI = "some avg10={:.2f} avg60=1.00 avg300=0.50 total=123456\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
 
