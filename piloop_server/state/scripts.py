@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -28,9 +29,21 @@ class GenerationMissing(PiloopError):
 _ERRORS["PILOOP_NO_GENERATION"] = GenerationMissing
 
 
+_INCLUDE = re.compile(r"^-- @include ([a-z_]+)$", re.MULTILINE)
+
+
 @cache
 def source(name: str) -> str:
-    return resources.files("piloop_server.state").joinpath("scripts", f"{name}.lua").read_text()
+    """A script's text, with each `-- @include <fragment>` line replaced by `scripts/include/<fragment>.lua`."""
+    scripts = resources.files("piloop_server.state").joinpath("scripts")
+
+    def fragment(m: re.Match[str]) -> str:
+        path = scripts.joinpath("include", f"{m.group(1)}.lua")
+        if not path.is_file():
+            raise FileNotFoundError(f"{name}.lua includes {m.group(1)}, which is not in scripts/include/")
+        return path.read_text()
+
+    return _INCLUDE.sub(fragment, scripts.joinpath(f"{name}.lua").read_text())
 
 
 class Scripts:

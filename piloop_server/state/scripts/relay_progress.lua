@@ -3,16 +3,7 @@
 -- KEYS[1] lease  KEYS[2] job hash  KEYS[3] job progress (list)
 -- ARGV[1] job id  ARGV[2] token  ARGV[3] worker  ARGV[4] note (JSON, without its time)  ARGV[5] keep
 -- Reply: the number of notes kept. Error PILOOP_LEASE_LOST when refused (nothing changed).
-if redis.call('GET', KEYS[1]) ~= ARGV[2] then
-  return redis.error_reply('PILOOP_LEASE_LOST job ' .. ARGV[1] .. ': its lease under this token has ended')
-end
-local f = redis.call('HMGET', KEYS[2], 'worker', 'cancel')
-if f[1] ~= ARGV[3] then
-  return redis.error_reply('PILOOP_LEASE_LOST job ' .. ARGV[1] .. ' is not leased to worker ' .. ARGV[3])
-end
-if f[2] == '1' then
-  return redis.error_reply('PILOOP_LEASE_LOST job ' .. ARGV[1] .. ' was cancelled: its lease is ending')
-end
+-- @include relay_guard
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local note = cjson.decode(ARGV[4])

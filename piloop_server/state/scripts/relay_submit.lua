@@ -7,16 +7,7 @@
 -- ARGV[7] campaign  ARGV[8] image  ARGV[9] spec (JSON)  ARGV[10] by
 -- Reply: the queue score (ms). Errors: PILOOP_LEASE_LOST when refused (nothing changed),
 -- PILOOP_CONFLICT when the new id exists.
-if redis.call('GET', KEYS[1]) ~= ARGV[2] then
-  return redis.error_reply('PILOOP_LEASE_LOST job ' .. ARGV[1] .. ': its lease under this token has ended')
-end
-local f = redis.call('HMGET', KEYS[2], 'worker', 'cancel')
-if f[1] ~= ARGV[3] then
-  return redis.error_reply('PILOOP_LEASE_LOST job ' .. ARGV[1] .. ' is not leased to worker ' .. ARGV[3])
-end
-if f[2] == '1' then
-  return redis.error_reply('PILOOP_LEASE_LOST job ' .. ARGV[1] .. ' was cancelled: its lease is ending')
-end
+-- @include relay_guard
 if redis.call('EXISTS', KEYS[3]) == 1 then
   return redis.error_reply('PILOOP_CONFLICT job ' .. ARGV[4] .. ' exists')
 end
