@@ -6,6 +6,8 @@
 -- cancelled | fenced (the worker stopped it at its deadline) | lost (its blobs are missing)
 -- ARGV[5] result (JSON: exit, usage, log, outputs)  ARGV[6] answer TTL (s)  ARGV[7] max_lost
 -- ARGV[8] reason  ARGV[9] grace (ms)  ARGV[10] toleration (ms)
+-- A job whose cancel was asked for ends `cancelled` whatever the run's outcome (it may have exited on its
+-- own once its relayed calls were refused, before its worker heard of the cancel); the result is kept.
 -- After the daemon's own absence (its last pass older than grace) a lease that Redis expired meanwhile still
 -- holds while the job names this token, as the pass would re-arm it (see heartbeat.lua).
 -- Reply: the answer as JSON, the same for every copy of one report id:
@@ -29,7 +31,7 @@ if redis.call('GET', KEYS[2]) ~= token then
     'type', 'lease.stale_report', 'by', 'worker:' .. worker, 'job', id, 'token', token,
     'outcome', outcome, 'result', ARGV[5])
 else
-  local f = redis.call('HMGET', KEYS[3], 'kind', 'campaign', 'score', 'lost')
+  local f = redis.call('HMGET', KEYS[3], 'kind', 'campaign', 'score', 'lost', 'cancel')
   local kind = f[1]
   redis.call('DEL', KEYS[2])
   redis.call('ZREM', KEYS[5], id)
@@ -52,6 +54,10 @@ else
         state = 'queued'
       end
     end
+  end
+  if f[5] == '1' and outcome ~= 'lost' then
+    state = 'cancelled'
+    reason = 'cancelled'
   end
   if state == 'queued' then
     redis.call('ZADD', KEYS[9], f[3], id)
