@@ -101,6 +101,34 @@ class Keys:
         """Hash campaign -> live agents (leased or running)."""
         return self._k("campaign", "live")
 
+    def campaign_names(self) -> str:
+        """Set of every campaign's name."""
+        return self._k("campaigns")
+
+    def campaign(self, name: str) -> str:
+        """Hash: a campaign's repo, specs, target, state, bundle, base commit and workspace manifest."""
+        return self._k("campaign", name, "record")
+
+    def campaign_agents(self, name: str) -> str:
+        """Set of the campaign's agent jobs not yet ended (queued, leased, running): what counts toward its target."""
+        return self._k("campaign", name, "agents")
+
+    def campaign_runs(self, name: str) -> str:
+        """Sorted set of every agent job (a run) the campaign launched, by launch time (ms)."""
+        return self._k("campaign", name, "runs")
+
+    def campaign_scores(self, name: str) -> str:
+        """Sorted set run (agent job id) -> the score its evaluation printed."""
+        return self._k("campaign", name, "scores")
+
+    def campaign_pending(self) -> str:
+        """Set of campaign jobs that succeeded and whose campaign side (commits, score) is not yet recorded."""
+        return self._k("campaign", "pending")
+
+    def campaign_bundle(self, name: str, have: str) -> str:
+        """String: the CAS address of an incremental bundle of the campaign's repo from `have`; expires."""
+        return self._k("campaign", name, "bundle", have)
+
     # control
     def limits(self) -> str:
         return self._k("limits")

@@ -129,7 +129,8 @@ class Leases:
         reply = self.scripts.run(
             "report",
             [k.report(report_id), k.lease(job_id), k.job(job_id), k.worker_leases(worker, kind),
-             k.deadlines(), k.active(pool, kind), k.campaign_live(), k.events(), k.queue(pool, kind), k.daemon()],
+             k.deadlines(), k.active(pool, kind), k.campaign_live(), k.events(), k.queue(pool, kind), k.daemon(),
+             k.campaign_pending()],
             [job_id, token, worker, outcome, json.dumps(result), REPORT_TTL_SECONDS, self.t.max_lost,
              reason, self.t.grace_ms, self.t.toleration_ms])
         return json.loads(_s(reply))

@@ -8,17 +8,12 @@
 -- Reply: the queue score (ms). Errors: PILOOP_LEASE_LOST when refused (nothing changed),
 -- PILOOP_CONFLICT when the new id exists.
 -- @include relay_guard
+-- @include new_job
 if redis.call('EXISTS', KEYS[3]) == 1 then
   return redis.error_reply('PILOOP_CONFLICT job ' .. ARGV[4] .. ' exists')
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', KEYS[3],
-  'id', ARGV[4], 'kind', ARGV[5], 'pool', ARGV[6], 'campaign', ARGV[7], 'image', ARGV[8],
-  'spec', ARGV[9], 'state', 'queued', 'attempts', 0, 'lost', 0, 'score', now,
-  'created', now, 'updated', now, 'by', ARGV[10], 'worker', '', 'token', '', 'parent', ARGV[1])
-redis.call('ZADD', KEYS[4], now, ARGV[4])
-redis.call('ZADD', KEYS[5], now, ARGV[4])
-redis.call('XADD', KEYS[6], 'MAXLEN', '~', 100000, '*',
-  'type', 'job.queued', 'by', ARGV[10], 'job', ARGV[4], 'pool', ARGV[6], 'kind', ARGV[5], 'parent', ARGV[1])
+new_job(KEYS[3], KEYS[4], KEYS[5], KEYS[6], now, {id = ARGV[4], kind = ARGV[5], pool = ARGV[6],
+  campaign = ARGV[7], image = ARGV[8], spec = ARGV[9], by = ARGV[10], parent = ARGV[1]})
 return now

@@ -1,7 +1,7 @@
 -- report: finish a lease under its token; idempotent by report id.
 -- KEYS[1] report answer  KEYS[2] lease  KEYS[3] job hash  KEYS[4] worker leases (kind)
 -- KEYS[5] deadlines  KEYS[6] active (pool, kind)  KEYS[7] campaign live  KEYS[8] events
--- KEYS[9] queue (pool, kind)  KEYS[10] daemon hash
+-- KEYS[9] queue (pool, kind)  KEYS[10] daemon hash  KEYS[11] campaign jobs to integrate
 -- ARGV[1] job id  ARGV[2] token  ARGV[3] worker  ARGV[4] outcome: succeeded | failed |
 -- cancelled | fenced (the worker stopped it at its deadline) | lost (its blobs are missing)
 -- ARGV[5] result (JSON: exit, usage, log, outputs)  ARGV[6] answer TTL (s)  ARGV[7] max_lost
@@ -69,6 +69,10 @@ else
       redis.call('HINCRBY', KEYS[3], 'attempts', 1)
       redis.call('HSET', KEYS[3], 'lost', 0)
     end
+  end
+  if state == 'succeeded' and (f[2] or '') ~= '' then
+    -- the campaign's side of it (an agent's commits, an evaluation's score) is done off the pass, by id
+    redis.call('SADD', KEYS[11], id)
   end
   answer = cjson.encode({answer = 'accepted', state = state})
   redis.call('XADD', KEYS[8], 'MAXLEN', '~', 100000, '*',
