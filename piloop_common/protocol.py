@@ -97,6 +97,25 @@ class JobSpec(Message):
     inputs: dict[str, str] = Field(default_factory=dict, description="File name -> CAS address, put in the job's dir.")
     timeout_seconds: float | None = Field(None, gt=0)
     memory_mb: int | None = Field(None, gt=0, description="The job's memory grant (a cgroup limit where possible).")
+    campaign: CampaignJob | None = Field(None, description="Set by the server for a campaign's agents and evaluations.")
+
+
+class RepoSpec(Message):
+    """A campaign job's repo: the worker's clone starts from the campaign's bundle, then fetches what is newer."""
+
+    campaign: str
+    bundle: str = Field(description="CAS address of the campaign's whole-repo bundle, built once.")
+    commit: str = Field(pattern=r"^[0-9a-f]{40}$", description="The commit the job starts at (checked out).")
+    branch: str = Field("", description="Agents: the branch their commits go on, `runs/<job>`.")
+
+
+class CampaignJob(Message):
+    """What a campaign job brings and takes back, beside its process spec."""
+
+    repo: RepoSpec
+    workspace: str | None = Field(None, description="Agents: CAS address of the workspace manifest they get a copy of.")
+    collect: bool = Field(False, description="Agents: bring back new commits (a bundle from `commit`) and workspace writes.")
+    score: bool = Field(False, description="Evaluations: take the score from the last line of the output.")
 
 
 class Assignment(Message):
@@ -142,6 +161,11 @@ class ReportRequest(Message):
     outputs: dict[str, str] = Field(default_factory=dict, description="Output name -> CAS address.")
     metrics: str | None = Field(None, description="CAS address of metrics.jsonl.")
     duration_seconds: float = 0.0
+    head: str = Field("", description="Agents of a campaign: the commit their clone ended at.")
+    bundle: str | None = Field(None, description="Agents: CAS address of a bundle of their new commits.")
+    workspace: str | None = Field(None, description="Agents: CAS address of their workspace writes (path -> address or null).")
+    score: float | None = Field(None, description="Evaluations of a campaign: the score the eval command printed.")
+    fetched_bytes: int = Field(0, ge=0, description="Bytes of repo bundles the worker fetched for this job.")
 
 
 class ReportResponse(Message):
@@ -244,3 +268,74 @@ class TokenView(Message):
 class TokenCreated(Message):
     name: str
     token: str
+
+
+# --- campaigns -----------------------------------------------------------------------------
+
+CAMPAIGN_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+
+
+class CampaignCreate(Message):
+    name: str = Field(pattern=CAMPAIGN_NAME)
+    repo: str = Field(min_length=1, description="A git repo: a path on the server's host or a URL git can clone.")
+    agent_cmd: str = Field(min_length=1)
+    eval_cmd: str = Field(min_length=1)
+    agents: int = Field(1, ge=0, le=1000)
+    agent_pool: str = "serve"
+    eval_pool: str = "serve"
+    workspace: str | None = Field(None, description="A directory on the server's host: the shared workspace's first copy.")
+    agent_timeout_seconds: float | None = Field(None, gt=0)
+    eval_timeout_seconds: float | None = Field(None, gt=0)
+    secrets: list[str] = Field(default_factory=list, description="Secrets the campaign's agents get.")
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class RunView(Message):
+    """One agent run of a campaign: its branch, its head, its evaluation and score."""
+
+    job: str
+    state: str
+    branch: str
+    base: str = ""
+    head: str = ""
+    evaluation: str = ""
+    evaluation_state: str = ""
+    score: float | None = None
+    reason: str = ""
+    created_ms: int = 0
+
+
+class CampaignView(Message):
+    name: str
+    state: Literal["active", "paused"]
+    repo: str
+    base: str
+    bundle: str
+    bundle_bytes: int = 0
+    agent_cmd: str
+    eval_cmd: str
+    agents: int
+    agent_pool: str
+    eval_pool: str
+    workspace: str = Field("", description="CAS address of the workspace manifest now.")
+    workspace_files: int = 0
+    live: int = Field(0, description="Agents leased or running now.")
+    queued: int = Field(0, description="Agents launched and waiting for a lease.")
+    created_ms: int = 0
+    by: str = ""
+    runs: list[RunView] = Field(default_factory=list, description="Every run, the scored ones first by score.")
+    best: float | None = None
+
+
+class BundleRequest(Message):
+    """A worker asks for what is newer in a campaign's repo than the commits it holds."""
+
+    protocol: int
+    job: str
+    token: str
+    have: list[str] = Field(default_factory=list, max_length=1000)
+
+
+class BundleResponse(Message):
+    address: str | None = Field(None, description="CAS address of a bundle of what is newer; none when nothing is.")
+    size: int = 0

@@ -10,6 +10,7 @@ from typing import Any
 import redis
 
 from piloop_common.errors import PiloopError
+from piloop_server import campaigns
 from piloop_server.runtime import Runtime
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 
@@ -89,6 +90,8 @@ class Pass:
         if self.provisioner is not None:
             # decides from Redis only: its platform calls run on its own thread, never on the pass
             self.provisioner.run_once()
+        # campaigns last: agents go into the slots this pass's expiries freed; git work is handed to rq
+        campaigns.tend(rt)
         self.count += 1
 
 

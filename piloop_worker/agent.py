@@ -26,8 +26,10 @@ from piloop_common.cas import Store
 from piloop_common.client import ApiClient
 from piloop_common.errors import BadRequest, LeaseLost, NotFound, PiloopError, Refused, StoreError
 from piloop_common.hostinfo import Sampler, memory_pressure
+from piloop_common.gitrepo import GitError
 from piloop_common.protocol import (
-    PROTOCOL, Assignment, ClaimRequest, ClaimResponse, HeldJob, RegisterRequest, RegisterResponse, ReleaseRequest,
+    PROTOCOL, Assignment, BundleRequest, BundleResponse, CampaignJob, ClaimRequest, ClaimResponse, HeldJob,
+    RegisterRequest, RegisterResponse, ReleaseRequest,
     ReportRequest, ReportResponse, Timing, Usage, WorkerHello, LogAppend,
 )
 from piloop_worker import pressure
@@ -36,6 +38,7 @@ from piloop_worker.heartbeat import Heartbeat, Reachability
 from piloop_worker.jobdir import JobDir, read_json, scan
 from piloop_worker.logs import LogShipper
 from piloop_worker.relay import Relay, socket_path
+from piloop_worker.repos import Repos, parse_score
 from piloop_worker.shimhost import ShimHost
 from piloop_worker.spool import Spool
 
@@ -128,6 +131,7 @@ class Worker:
         self.workdir_arg = workdir
         self.workdir: Path | None = workdir or (home / "work" / name if name else None)
         self.store, self.host = store, host
+        self.repos = Repos(home / "repos", store)
         self.api = api_factory()
         self.reach = Reachability(where)
         self.lock = threading.RLock()
@@ -347,6 +351,7 @@ class Worker:
         rec = h.jd.exit_record() or {}
         outcome, reason = outcome_of(rec)
         try:
+            outcome, reason, campaign = self._campaign_results(h, outcome, reason)
             h.shipper.upload(self.store)
             outputs = {}
             if h.jd.outputs.is_dir():
@@ -362,7 +367,7 @@ class Worker:
             protocol=PROTOCOL, report_id=report_id_for(h.job, h.token), job=h.job, token=h.token, outcome=outcome,
             exit_code=rec.get("exit_code"), signal=rec.get("signal"), oom=bool(rec.get("oom")), reason=reason,
             usage=Usage.model_validate(rec.get("usage") or {}), log=list(h.shipper.chunks), outputs=outputs,
-            metrics=metrics, duration_seconds=float(rec.get("duration_seconds") or 0.0))
+            metrics=metrics, duration_seconds=float(rec.get("duration_seconds") or 0.0), **campaign)
         assert self.spool is not None
         self.spool.write(report)  # before it is sent: a worker that dies now sends it at its next start
         h.report = report
@@ -489,6 +494,7 @@ class Worker:
             self.held[a.job] = h
         self._relay_for(a.job, a.token, relay_at)
         log.info("event=job.started job=%s token=%s kind=%s worker=%s", a.job, a.token, a.kind, self.name)
+        stage = "inputs"
         try:
             for name, addr in a.spec.inputs.items():
                 if not _safe_name(name):
@@ -496,10 +502,12 @@ class Worker:
                 dest = jd.inputs / name
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 self.store.get_file(addr, dest)
+            stage = "repo"
+            camp_env = self._prepare_campaign(a, jd) if a.spec.campaign is not None else {}
         except (PiloopError, OSError, ValueError) as e:
             msg = getattr(e, "message", None) or str(e)
             jd.write_exit({"exit_code": None, "signal": None, "oom": False, "stopped": "",
-                           "reason": f"inputs: {msg}", "usage": Usage().model_dump(), "duration_seconds": 0.0})
+                           "reason": f"{stage}: {msg}", "usage": Usage().model_dump(), "duration_seconds": 0.0})
             return
         cgroup = None
         if a.spec.memory_mb and self.cgroups.available:
@@ -509,11 +517,53 @@ class Worker:
             except OSError as e:
                 log.warning("event=job.no_cgroup job=%s error=%s", a.job, e)
         env = {**os.environ, **a.spec.env, **a.secrets, "PILOOP_JOB": a.job, "PILOOP_LEASE_TOKEN": a.token,
-               "PILOOP_JOB_DIR": str(jd.root), "PILOOP_RELAY": str(relay_at), "PILOOP_HOME": str(self.home)}
+               "PILOOP_JOB_DIR": str(jd.root), "PILOOP_RELAY": str(relay_at), "PILOOP_HOME": str(self.home), **camp_env}
         h.requested_at = time.monotonic()
         self.host.run_job({"dir": str(jd.root), "argv": a.spec.argv, "env": env, "timeout": a.spec.timeout_seconds,
                            "kill_grace": self.timing.kill_grace_seconds, "cgroup": cgroup, "metrics_seconds": 5,
                            "task": a.spec.argv[0] if a.spec.runner == "task" else None})
+
+    def _prepare_campaign(self, a: Assignment, jd: JobDir) -> dict[str, str]:
+        """A campaign job's clone (its cwd) and, for an agent, its workspace copy; the env that says where."""
+        camp = a.spec.campaign
+        assert camp is not None and self.timing is not None
+
+        def newer(have: list[str]) -> BundleResponse:
+            return self.api.call("POST", "/v1/worker/bundle",
+                                 BundleRequest(protocol=PROTOCOL, job=a.job, token=a.token, have=have),
+                                 model=BundleResponse, timeout=self.timing.request_timeout_seconds * 3)
+
+        fetched = self.repos.checkout(camp, jd.work, newer)
+        jd.write_fetched(fetched)
+        env = {"PILOOP_CAMPAIGN": camp.repo.campaign, "PILOOP_BASE_COMMIT": camp.repo.commit}
+        if camp.collect:
+            self.repos.give_workspace(camp, jd.workspace)
+            env |= {"PILOOP_WORKSPACE": str(jd.workspace), "PILOOP_RUN_BRANCH": camp.repo.branch}
+        log.info("event=job.repo job=%s campaign=%s commit=%s fetched_bytes=%d", a.job, camp.repo.campaign,
+                 camp.repo.commit[:12], fetched)
+        return env
+
+    def _campaign_results(self, h: Held, outcome: str, reason: str) -> tuple[str, str, dict[str, Any]]:
+        """An agent's commits and workspace writes, an evaluation's score; the outcome and reason they leave.
+        Only a run that succeeded is taken back or scored: partial output never is."""
+        spec = ((h.jd.record() or {}).get("spec") or {}).get("campaign")
+        if not spec:
+            return outcome, reason, {}
+        camp = CampaignJob.model_validate(spec)
+        out: dict[str, Any] = {"fetched_bytes": h.jd.read_fetched()}
+        if outcome != "succeeded":
+            return outcome, reason, out
+        if camp.collect:
+            try:
+                out["head"], out["bundle"], out["workspace"] = self.repos.collect(camp, h.jd.work, h.jd.workspace)
+            except GitError as e:
+                return "failed", f"the run's commits cannot be read: {e.message}", out
+        if camp.score:
+            out["score"] = parse_score(h.jd.output_log)
+            if out["score"] is None:
+                return "failed", ("no score: the eval command's last line must be `score=<number>` or a JSON "
+                                  "object with a numeric \"score\""), out
+        return outcome, reason, out
 
     def _relay_for(self, job: str, token: str, path: Path) -> None:
         assert self.relay is not None

@@ -83,6 +83,8 @@ class JobDir:
     inputs = property(lambda self: self.root / "inputs")
     outputs = property(lambda self: self.root / "outputs")
     work = property(lambda self: self.root / "work")
+    workspace = property(lambda self: self.root / "workspace")  # a campaign agent's copy of the shared workspace
+    fetched_file = property(lambda self: self.root / "fetched_bytes")
 
     def create(self, job_record: dict[str, Any]) -> None:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -92,6 +94,15 @@ class JobDir:
 
     def record(self) -> dict[str, Any] | None:
         return read_json(self.job_json)
+
+    def write_fetched(self, n: int) -> None:
+        atomic_write(self.fetched_file, str(int(n)))
+
+    def read_fetched(self) -> int:
+        try:
+            return int(self.fetched_file.read_text())
+        except (OSError, ValueError):
+            return 0
 
     # -- the deadline ---------------------------------------------------------------------
     def write_deadline(self, monotonic_deadline: float) -> None:

@@ -10,6 +10,7 @@ import click
 from piloop_common import __version__
 from piloop_common.cli.admin import events, inbox, limits, token
 from piloop_common.cli.attach import attach
+from piloop_common.cli.campaign import campaign
 from piloop_common.cli.cas import cas
 from piloop_common.cli.context import Cli
 from piloop_common.cli.daemon import init, serve, status, stop
@@ -30,7 +31,8 @@ def root(ctx: click.Context, home: Path | None) -> None:
     ctx.obj = Cli(home)
 
 
-for command in (init, serve, stop, status, worker, limits, token, cas, job, events, inbox, secret, progress, attach):
+for command in (init, serve, stop, status, worker, limits, token, cas, job, events, inbox, secret, progress, attach,
+                campaign):
     root.add_command(command)
 
 

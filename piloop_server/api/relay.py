@@ -25,7 +25,7 @@ from piloop_server.state.relay import Caller, RelayState
 router = APIRouter(prefix="/v1/relay", tags=["relay"])
 
 
-def _state(request: Request) -> RelayState:
+def relay_state(request: Request) -> RelayState:
     app = request.app
     state = getattr(app.state, "relay_state", None)
     if state is None:  # one per app, so the scripts' SHAs are loaded once
@@ -41,7 +41,7 @@ def _caller(request: Request, worker: WorkerDep) -> Caller:
     return Caller(job, token, worker.name)
 
 
-StateDep = Annotated[RelayState, Depends(_state)]
+StateDep = Annotated[RelayState, Depends(relay_state)]
 CallerDep = Annotated[Caller, Depends(_caller)]
 
 

@@ -141,7 +141,7 @@ def release(body: ReleaseRequest, rt: RuntimeDep, caller: WorkerDep, request: Re
 def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> ReportResponse:
     _check(rt, caller, body)
     name = caller.name
-    named = [*body.log, *body.outputs.values(), *([body.metrics] if body.metrics else [])]
+    named = [*body.log, *body.outputs.values(), *(a for a in (body.metrics, body.bundle, body.workspace) if a)]
     outcome, reason = body.outcome, body.reason
     if outcome == "lost":
         # the worker lost the run (its shim died, the server had said the lease was lost, it was refused): lost for
@@ -155,7 +155,12 @@ def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep, request: Requ
             outcome, reason = "lost", f"the CAS lacks {len(missing)} blob(s) the report names: {', '.join(missing[:5])}"
     result = {"exit_code": body.exit_code, "signal": body.signal, "oom": body.oom, "usage": body.usage.model_dump(),
               "log": body.log, "outputs": body.outputs, "metrics": body.metrics,
-              "duration_seconds": body.duration_seconds, "outcome": body.outcome, "at_ms": int(time.time() * 1000)}
+              "duration_seconds": body.duration_seconds, "outcome": body.outcome, "at_ms": int(time.time() * 1000),
+              "fetched_bytes": body.fetched_bytes}
+    if body.head:
+        result |= {"head": body.head, "bundle": body.bundle, "workspace": body.workspace}
+    if body.score is not None:
+        result["score"] = body.score
     answer = rt.leases.report(body.report_id, body.job, body.token, name, outcome, result, reason)
     if answer.get("state") == "queued":
         wakeup.notify(request.app)

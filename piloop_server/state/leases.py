@@ -70,6 +70,15 @@ class Leases:
             "enqueue", [k.job(job_id), k.queue(pool, kind), k.jobs(), k.events()],
             [job_id, kind, pool, campaign, image, json.dumps(spec), by]))
 
+    def launch(self, campaign: str, job_id: str, pool: str, spec: dict[str, Any] | None, *, by: str) -> tuple[int, bool]:
+        """Forget a campaign's ended agents; with a spec, queue one more while it is under its target."""
+        k = self.k
+        reply = self.scripts.run(
+            "launch", [k.campaign(campaign), k.campaign_agents(campaign), k.campaign_runs(campaign), k.job(job_id),
+                       k.queue(pool, "agent"), k.jobs(), k.events()],
+            [k.prefix(), job_id, pool, campaign, json.dumps(spec or {}), by, 1 if spec is not None else 0])
+        return int(reply[0]), bool(int(reply[1]))
+
     # -- workers -----------------------------------------------------------------------
 
     def register(self, name: str, pool: str, image: str, cas_id: str, sample: dict[str, Any], *,

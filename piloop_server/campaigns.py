@@ -1,0 +1,413 @@
+"""Campaigns: a git repo, a shared workspace, an agent and an evaluation command, and a target of live agents.
+
+The server keeps each campaign's bare repo under `$PILOOP_HOME/campaigns/<name>/repo.git` and builds its bundle
+once, into the CAS. Each pass (`tend`) keeps every active campaign at its target, launching agents only into free
+slots of the agent pool and each to the campaign with the fewest agents. A run that succeeded is taken in off the
+pass (`integrate`, an rq task): its commits become the branch `runs/<job>`, its workspace writes are folded into
+the workspace, and an evaluation of its head is queued; an evaluation that succeeded records the run's score.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from piloop_common import gitrepo, workspace
+from piloop_common.errors import BadRequest, Conflict, NotFound
+from piloop_common.protocol import (
+    TERMINAL_STATES, BundleResponse, CampaignCreate, CampaignJob, CampaignView, JobSpec, RepoSpec, RunView,
+)
+from piloop_server.jobs import new_id
+from piloop_server.runtime import Runtime
+
+log = logging.getLogger("piloop.campaigns")
+
+BUNDLE_CACHE_SECONDS = 3600
+INTEGRATE_BATCH = 100
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
+
+
+def repo_dir(rt: Runtime, name: str) -> Path:
+    return rt.home / "campaigns" / name / "repo.git"
+
+
+def eval_id(run: str) -> str:
+    """The evaluation of a run has an id made from the run's, so queueing it twice is one job."""
+    return "j" + hashlib.sha256(f"evaluation:{run}".encode()).hexdigest()[:12]
+
+
+def record(rt: Runtime, name: str) -> dict[str, str]:
+    rec = {_s(k): _s(v) for k, v in rt.redis.hgetall(rt.keys.campaign(name)).items()}
+    if not rec:
+        raise NotFound(f"no campaign named {name} (`piloop campaign list`)")
+    return rec
+
+
+# -- create -------------------------------------------------------------------------------------
+
+
+def _check(rt: Runtime, req: CampaignCreate) -> None:
+    pools = rt.executor.pools
+    for flag, pool in (("--agent-pool", req.agent_pool), ("--eval-pool", req.eval_pool)):
+        if pool not in pools:
+            raise BadRequest(f"{flag} {pool}: no such pool (pools: {', '.join(sorted(pools))})")
+    if req.secrets:
+        missing = sorted(set(req.secrets) - rt.secrets.names())
+        if missing:
+            raise BadRequest(f"--secret: no secret named {', '.join(missing)} (`piloop secret list`)")
+    if req.workspace is not None and not Path(req.workspace).is_dir():
+        raise BadRequest(f"--workspace {req.workspace}: not a directory on the server's host")
+    if rt.redis.sismember(rt.keys.campaign_names(), req.name):
+        raise Conflict(f"campaign {req.name} exists (`piloop campaign rm {req.name}` first)")
+
+
+def create(rt: Runtime, req: CampaignCreate, by: str) -> CampaignView:
+    """Clone, bundle and record a campaign; on any bad input nothing is created (blobs aside, by address)."""
+    _check(rt, req)
+    src = req.repo
+    if "://" not in src and not src.startswith("git@") and not Path(src).exists():
+        raise BadRequest(f"--repo {src}: no such path on the server's host")
+    final = repo_dir(rt, req.name)
+    final.parent.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = final.parent.parent / f".{req.name}.{uuid.uuid4().hex[:8]}"
+    try:
+        try:
+            gitrepo.git("clone", "-q", "--bare", src, str(tmp / "repo.git"))
+        except gitrepo.GitError as e:
+            raise BadRequest(f"--repo {src}: not a git repo git can clone ({e.message})") from None
+        repo = tmp / "repo.git"
+        try:
+            base = gitrepo.git("rev-parse", "--verify", "HEAD^{commit}", cwd=repo).strip()
+        except gitrepo.GitError:
+            raise BadRequest(f"--repo {src}: the repo has no commit on its HEAD branch") from None
+        head_branch = gitrepo.git("symbolic-ref", "--short", "HEAD", cwd=repo, check=False).strip() or "HEAD"
+        bundle_path = tmp / "all.bundle"
+        gitrepo.bundle(repo, bundle_path, ["--branches", "HEAD"])
+        bundle = rt.store.put_file(bundle_path)
+        size = bundle_path.stat().st_size
+        bundle_path.unlink()
+        manifest = workspace.snapshot(Path(req.workspace), rt.store) if req.workspace else {}
+        ws = workspace.save(manifest, rt.store)
+        if rt.redis.sadd(rt.keys.campaign_names(), req.name) == 0:
+            raise Conflict(f"campaign {req.name} exists (`piloop campaign rm {req.name}` first)")
+        if final.parent.exists():
+            shutil.rmtree(final.parent)  # what a removed campaign of this name left
+        tmp.rename(final.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    now = int(time.time() * 1000)
+    rt.redis.hset(rt.keys.campaign(req.name), mapping={
+        "name": req.name, "state": "active", "repo": src, "base": base, "branch": head_branch, "bundle": bundle,
+        "bundle_bytes": size, "agent_cmd": req.agent_cmd, "eval_cmd": req.eval_cmd, "agents": req.agents,
+        "agent_pool": req.agent_pool, "eval_pool": req.eval_pool, "workspace": ws,
+        "workspace_files": len(manifest), "agent_spec": _spec(req.agent_cmd, req.agent_timeout_seconds, req),
+        "eval_spec": _spec(req.eval_cmd, req.eval_timeout_seconds, None), "created": now, "by": by})
+    rt.events.add("campaign.created", by, campaign=req.name, repo=src, base=base, bundle=bundle,
+                  bundle_bytes=str(size), agents=str(req.agents))
+    return view(rt, req.name)
+
+
+def _spec(cmd: str, timeout: float | None, req: CampaignCreate | None) -> str:
+    """The JobSpec every agent (or evaluation) of the campaign starts from, as JSON."""
+    spec = JobSpec(argv=["sh", "-c", cmd], timeout_seconds=timeout,
+                   env=dict(req.env) if req else {}, secrets=list(req.secrets) if req else [])
+    return spec.model_dump_json(exclude_none=True)
+
+
+# -- the pass: keep each campaign at its target -------------------------------------------------
+
+
+def _free_agent_slots(rt: Runtime) -> dict[str, int]:
+    """Per pool, the agent slots no agent holds or waits for: reachable, undrained workers (a provisioned pool:
+    its `max` workers, which it starts for waiting agents)."""
+    k = rt.keys
+    names = [_s(n) for n in rt.redis.smembers(k.workers())]
+    pipe = rt.redis.pipeline(transaction=False)
+    for n in names:
+        pipe.hmget(k.worker(n), "pool", "draining")
+        pipe.exists(k.worker_alive(n))
+    got = pipe.execute()
+    cap: dict[str, int] = {}
+    for i in range(len(names)):
+        pool, draining = (_s(x) for x in got[2 * i])
+        cfg = rt.executor.pools.get(pool)
+        if cfg is not None and got[2 * i + 1] and draining != "1":
+            cap[pool] = cap.get(pool, 0) + cfg.agents
+    free = {}
+    for pool, cfg in rt.executor.pools.items():
+        total = cfg.provisioner.max * cfg.agents if cfg.provisioner is not None else cap.get(pool, 0)
+        busy = rt.redis.scard(k.active(pool, "agent")) + rt.redis.zcard(k.queue(pool, "agent"))
+        free[pool] = max(0, total - busy)
+    return free
+
+
+def _start_commit(rt: Runtime, name: str, rec: dict[str, str]) -> str:
+    """A new agent starts from the best-scored run so far, else from the campaign's base."""
+    best = rt.redis.zrevrange(rt.keys.campaign_scores(name), 0, 0)
+    if best:
+        head = _run_head(rt, _s(best[0]))
+        if head:
+            return head
+    return rec["base"]
+
+
+def _run_head(rt: Runtime, run: str) -> str:
+    result = _s(rt.redis.hget(rt.keys.job(run), "result"))
+    return (json.loads(result).get("head") or "") if result else ""
+
+
+def tend(rt: Runtime) -> int:
+    """Launch agents where campaigns are under target and slots are free; hand finished runs to the background.
+    Returns how many agents it launched."""
+    names = sorted(_s(n) for n in rt.redis.smembers(rt.keys.campaign_names()))
+    recs = {}
+    count = {}
+    for name in names:
+        rec = {_s(k): _s(v) for k, v in rt.redis.hgetall(rt.keys.campaign(name)).items()}
+        if not rec:
+            continue
+        n, _ = rt.leases.launch(name, "-", rec["agent_pool"], None, by="service:daemon")
+        count[name] = n
+        if rec.get("state") == "active" and n < int(rec.get("agents") or 0):
+            recs[name] = rec
+    launched = 0
+    if recs:
+        free = _free_agent_slots(rt)
+        while recs:
+            # the campaign with the fewest agents first (ties by name), into a free slot of its pool
+            name = min(recs, key=lambda c: (count[c], c))
+            rec = recs[name]
+            pool = rec["agent_pool"]
+            if free.get(pool, 0) <= 0:
+                recs.pop(name)
+                continue
+            job = new_id()
+            spec = JobSpec.model_validate_json(rec["agent_spec"])
+            spec.campaign = CampaignJob(
+                repo=RepoSpec(campaign=name, bundle=rec["bundle"], commit=_start_commit(rt, name, rec),
+                              branch=f"runs/{job}"),
+                workspace=rec["workspace"] or None, collect=True)
+            n, did = rt.leases.launch(name, job, pool, spec.model_dump(mode="json", exclude_none=True),
+                                      by="service:daemon")
+            count[name] = n
+            if not did:
+                recs.pop(name)
+                continue
+            launched += 1
+            free[pool] -= 1
+            if n >= int(rec["agents"]):
+                recs.pop(name)
+    _hand_off(rt)
+    return launched
+
+
+def _hand_off(rt: Runtime) -> None:
+    try:
+        from piloop_server import tasks  # the rq side; imported here so that the pass's module stays light
+    except ImportError:  # TEMPORARY until piloop_server.tasks lands: integrate inline
+        tasks = None
+    for job in rt.redis.srandmember(rt.keys.campaign_pending(), INTEGRATE_BATCH) or []:
+        job = _s(job)
+        if tasks is None:
+            integrate(rt, job)
+        else:
+            tasks.submit(rt, "piloop_server.campaigns:integrate", job, key=f"campaign.integrate:{job}")
+
+
+# -- integrating a finished run or evaluation (a background task: idempotent) ------------------
+
+
+def integrate(rt: Runtime, job_id: str) -> str:
+    """Take in one succeeded campaign job: a run's commits, workspace writes and evaluation, or an evaluation's
+    score. Safe to run again: every step is keyed by the job."""
+    k = rt.keys
+    h = {_s(a): _s(b) for a, b in rt.redis.hgetall(k.job(job_id)).items()}
+    name = h.get("campaign", "")
+    if not h or not name or not rt.redis.exists(k.campaign(name)):
+        rt.redis.srem(k.campaign_pending(), job_id)
+        return "gone"
+    rec = record(rt, name)
+    result = json.loads(h.get("result") or "{}")
+    spec = JobSpec.model_validate_json(h["spec"])
+    what = "nothing"
+    if h["kind"] == "agent":
+        what = _take_run(rt, name, rec, job_id, spec, result)
+    elif spec.campaign is not None and spec.campaign.score and result.get("score") is not None:
+        run = spec.campaign.repo.branch.removeprefix("runs/")
+        rt.redis.zadd(k.campaign_scores(name), {run: float(result["score"])})
+        rt.events.add("campaign.scored", "service:daemon", campaign=name, run=run, job=job_id,
+                      score=repr(float(result["score"])))
+        what = "scored"
+    rt.redis.srem(k.campaign_pending(), job_id)
+    return what
+
+
+def _take_run(rt: Runtime, name: str, rec: dict[str, str], job_id: str, spec: JobSpec,
+              result: dict[str, Any]) -> str:
+    repo = repo_dir(rt, name)
+    head, bundle = result.get("head") or "", result.get("bundle")
+    base = spec.campaign.repo.commit if spec.campaign else rec["base"]
+    if bundle and head and not gitrepo.has_commit(repo, head):
+        with tempfile.TemporaryDirectory(dir=repo.parent) as d:
+            path = Path(d) / "run.bundle"
+            rt.store.get_file(bundle, path)
+            gitrepo.fetch_bundle(repo, path, f"HEAD:refs/heads/runs/{job_id}")
+    if head and gitrepo.has_commit(repo, head):
+        gitrepo.git("update-ref", f"refs/heads/runs/{job_id}", head, cwd=repo)
+    if result.get("workspace"):
+        _fold_workspace(rt, name, result["workspace"])
+    if not head or head == base:
+        rt.events.add("campaign.run_empty", "service:daemon", campaign=name, run=job_id)
+        return "no commits"
+    ev = JobSpec.model_validate_json(rec["eval_spec"])
+    ev.campaign = CampaignJob(repo=RepoSpec(campaign=name, bundle=rec["bundle"], commit=head,
+                                            branch=f"runs/{job_id}"), score=True)
+    try:
+        rt.leases.enqueue(eval_id(job_id), "evaluation", rec["eval_pool"], ev.model_dump(mode="json", exclude_none=True),
+                          by="service:daemon", campaign=name)
+    except Conflict:
+        pass  # queued by an earlier try of this task
+    return "evaluation queued"
+
+
+def _fold_workspace(rt: Runtime, name: str, writes_addr: str) -> None:
+    writes = workspace.load(writes_addr, rt.store)
+    key = rt.keys.campaign(name)
+    for _ in range(20):  # runs of one campaign may end together: fold each in over the latest manifest
+        with rt.redis.pipeline() as pipe:
+            try:
+                pipe.watch(key)
+                old = _s(pipe.hget(key, "workspace"))
+                merged = workspace.merge(workspace.load(old, rt.store), writes)
+                new = workspace.save(merged, rt.store)
+                pipe.multi()
+                pipe.hset(key, mapping={"workspace": new, "workspace_files": len(merged)})
+                pipe.execute()
+                return
+            except redis.WatchError:
+                continue
+    raise Conflict(f"campaign {name}: the workspace kept changing while a run's writes were folded in")
+
+
+# -- reading, pausing, removing -----------------------------------------------------------------
+
+
+def names(rt: Runtime) -> list[str]:
+    return sorted(_s(n) for n in rt.redis.smembers(rt.keys.campaign_names()))
+
+
+def view(rt: Runtime, name: str, runs: bool = True) -> CampaignView:
+    k = rt.keys
+    rec = record(rt, name)
+    agents = [_s(j) for j in rt.redis.smembers(k.campaign_agents(name))]
+    states = [_s(s) for s in (rt.redis.hmget(k.job(j), "state") [0] for j in agents)] if agents else []
+    scores = {_s(r): float(s) for r, s in rt.redis.zrange(k.campaign_scores(name), 0, -1, withscores=True)}
+    out = CampaignView(
+        name=name, state=rec["state"], repo=rec["repo"], base=rec["base"], bundle=rec["bundle"],
+        bundle_bytes=int(rec.get("bundle_bytes") or 0), agent_cmd=rec["agent_cmd"], eval_cmd=rec["eval_cmd"],
+        agents=int(rec["agents"]), agent_pool=rec["agent_pool"], eval_pool=rec["eval_pool"],
+        workspace=rec.get("workspace", ""), workspace_files=int(rec.get("workspace_files") or 0),
+        live=sum(1 for s in states if s in ("leased", "running")), queued=sum(1 for s in states if s == "queued"),
+        created_ms=int(rec.get("created") or 0), by=rec.get("by", ""),
+        best=max(scores.values()) if scores else None)
+    if runs:
+        out.runs = _runs(rt, name, scores)
+    return out
+
+
+def _runs(rt: Runtime, name: str, scores: dict[str, float]) -> list[RunView]:
+    k = rt.keys
+    ids = [_s(j) for j in rt.redis.zrange(k.campaign_runs(name), 0, -1)]
+    pipe = rt.redis.pipeline(transaction=False)
+    for j in ids:
+        pipe.hmget(k.job(j), "state", "result", "spec", "reason", "created")
+        pipe.hmget(k.job(eval_id(j)), "state", "reason")
+    got = pipe.execute()
+    out = []
+    for i, j in enumerate(ids):
+        state, result, spec, reason, created = (_s(x) for x in got[2 * i])
+        ev_state, ev_reason = (_s(x) for x in got[2 * i + 1])
+        res = json.loads(result) if result else {}
+        camp = (json.loads(spec).get("campaign") or {}) if spec else {}
+        out.append(RunView(
+            job=j, state=state, branch=f"runs/{j}", base=(camp.get("repo") or {}).get("commit", ""),
+            head=res.get("head") or "", evaluation=eval_id(j) if ev_state else "", evaluation_state=ev_state,
+            score=scores.get(j), reason=ev_reason if ev_state == "failed" else reason,
+            created_ms=int(created or 0)))
+    # scored runs first, best first; then the rest, newest first
+    out.sort(key=lambda r: (r.score is None, -(r.score or 0.0), -r.created_ms))
+    return out
+
+
+def set_state(rt: Runtime, name: str, state: str, by: str) -> CampaignView:
+    record(rt, name)
+    rt.redis.hset(rt.keys.campaign(name), "state", state)
+    rt.events.add(f"campaign.{'paused' if state == 'paused' else 'resumed'}", by, campaign=name)
+    return view(rt, name, runs=False)
+
+
+def remove(rt: Runtime, name: str, by: str, force: bool) -> list[str]:
+    """Forget a campaign; its jobs stay listed, its blobs stay in the CAS. Refused while it has agents that have
+    not ended, unless `force`, which cancels them."""
+    k = rt.keys
+    record(rt, name)
+    n, _ = rt.leases.launch(name, "-", "-", None, by=by)
+    cancelled = []
+    if n:
+        if not force:
+            raise Conflict(f"campaign {name} has {n} agent(s) not ended: `piloop campaign pause {name}` and wait, "
+                           "or `--force` to cancel them")
+        rt.redis.hset(k.campaign(name), "state", "paused")
+        for j in rt.redis.smembers(k.campaign_agents(name)):
+            j = _s(j)
+            if _s(rt.redis.hget(k.job(j), "state")) not in TERMINAL_STATES:
+                rt.leases.cancel(j, by)
+                cancelled.append(j)
+    pipe = rt.redis.pipeline()
+    pipe.srem(k.campaign_names(), name)
+    pipe.delete(k.campaign(name), k.campaign_agents(name), k.campaign_runs(name), k.campaign_scores(name))
+    pipe.hdel(k.campaign_live(), name)
+    pipe.execute()
+    shutil.rmtree(repo_dir(rt, name).parent, ignore_errors=True)
+    rt.events.add("campaign.removed", by, campaign=name, cancelled=",".join(cancelled))
+    return cancelled
+
+
+# -- a worker's fetch of what is newer ---------------------------------------------------------
+
+
+def newer_bundle(rt: Runtime, name: str, have: list[str]) -> BundleResponse:
+    """A bundle of the campaign's branches leaving out what `have` reaches (cached in the CAS by what it
+    leaves out), or nothing when nothing is newer."""
+    repo = repo_dir(rt, name)
+    known = sorted({h for h in have if gitrepo.SHA.match(h) and gitrepo.has_commit(repo, h)})
+    tips = gitrepo.tips(repo)
+    key = rt.keys.campaign_bundle(name, hashlib.sha256(" ".join(known + ["|"] + tips).encode()).hexdigest()[:32])
+    cached = _s(rt.redis.get(key))
+    if cached:
+        addr, _, size = cached.partition(" ")
+        if addr == "-":
+            return BundleResponse()
+        if rt.store.has(addr):
+            return BundleResponse(address=addr, size=int(size))
+    with tempfile.TemporaryDirectory(dir=repo.parent) as d:
+        path = Path(d) / "newer.bundle"
+        if not gitrepo.bundle(repo, path, ["--branches", *(f"^{h}" for h in known)]):
+            rt.redis.set(key, "- 0", ex=BUNDLE_CACHE_SECONDS)
+            return BundleResponse()
+        size = path.stat().st_size
+        addr = rt.store.put_file(path)
+    rt.redis.set(key, f"{addr} {size}", ex=BUNDLE_CACHE_SECONDS)
+    return BundleResponse(address=addr, size=size)
