@@ -1,24 +1,43 @@
 #!/bin/sh
-# piloop's main job end to end on the embedded defaults: the embedded Redis, the local CAS,
-# and the daemon's own worker `serve`. Run by `make demo`.
+# piloop's main job end to end on the embedded defaults: the embedded Redis, the local CAS, and the daemon's own
+# worker `serve`. A campaign: a small git repo, agents that each try to improve it (a commit) and note what they
+# did in the shared workspace, and an evaluation that scores each run; then its runs ranked. Run by `make demo`.
 set -eu
 : "${PILOOP_HOME:?set PILOOP_HOME}"
-trap 'piloop stop >/dev/null 2>&1 || true' EXIT
+work=$(mktemp -d)
+trap 'piloop stop >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 piloop stop >/dev/null 2>&1 || true
 echo "== piloop init (home $PILOOP_HOME)"
 piloop init
-echo "== three evaluations on the serve worker"
-ids=""
-for n in 1 2 3; do
-  id=$(piloop job submit -- sh -c "echo evaluating candidate $n on \$(hostname); echo score=0.$((n * 3))")
-  echo "submitted $id"
-  ids="$ids $id"
-done
-piloop job wait $ids
-echo "== the first job, and its log from the CAS"
-first=$(echo $ids | cut -d' ' -f1)
-piloop job show "$first"
-for addr in $(piloop job show "$first" --json | python3 -c 'import json,sys; print(" ".join(json.load(sys.stdin)["log"]))'); do
+
+echo "== a repo to improve: guess.txt holds a number; the closer to 42, the better"
+repo="$work/repo"
+git init -q -b main "$repo"
+echo 0 > "$repo/guess.txt"
+git -C "$repo" add guess.txt
+git -C "$repo" -c user.name=demo -c user.email=demo@example.invalid commit -qm "a first guess"
+mkdir "$work/workspace"
+echo "the target is a number between 0 and 100" > "$work/workspace/README"
+
+# the agent moves the guess by a random step from where its run started (the best run so far), commits it,
+# and notes it in the shared workspace; the evaluation prints the score on its last line
+agent='g=$(cat guess.txt); s=$(od -An -N1 -tu1 /dev/urandom | tr -d " "); g=$((g + s % 25)); echo $g > guess.txt; '\
+'git commit -qam "guess $g"; echo "$PILOOP_JOB guessed $g" > "$PILOOP_WORKSPACE/$PILOOP_JOB.note"'
+eval_cmd='g=$(cat guess.txt); d=$((g > 42 ? g - 42 : 42 - g)); echo "guess $g is $d away"; echo "score=$((100 - d))"'
+
+echo "== a campaign: two agents live at a time on the serve worker"
+piloop campaign create guess --repo "$repo" --workspace "$work/workspace" --agents 2 \
+  --agent-cmd "$agent" --eval-cmd "$eval_cmd"
+piloop campaign wait guess --runs 6 --timeout 5m
+piloop campaign pause guess
+echo "== the campaign, its runs ranked by score"
+piloop campaign show guess --runs 10
+
+echo "== an evaluation on its own, and its log from the CAS"
+id=$(piloop job submit -- sh -c 'echo evaluating on $(hostname); echo score=0.9')
+piloop job wait "$id"
+piloop job show "$id"
+for addr in $(piloop job show "$id" --json | python3 -c 'import json,sys; print(" ".join(json.load(sys.stdin)["log"]))'); do
   piloop cas get "$addr"
 done
 echo "== workers and status"

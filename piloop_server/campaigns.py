@@ -327,6 +327,18 @@ def view(rt: Runtime, name: str, runs: bool = True) -> CampaignView:
     return out
 
 
+def summary(rt: Runtime, top: int = 3) -> list[dict[str, Any]]:
+    """Each campaign for `piloop status`: its agents, how many runs, and its best runs by score."""
+    out = []
+    for name in names(rt):
+        c = view(rt, name, runs=False)
+        best = rt.redis.zrevrange(rt.keys.campaign_scores(name), 0, top - 1, withscores=True)
+        out.append({"name": name, "state": c.state, "live": c.live, "queued": c.queued, "target": c.agents,
+                    "runs": rt.redis.zcard(rt.keys.campaign_runs(name)),
+                    "best": [{"branch": f"runs/{_s(r)}", "score": s} for r, s in best]})
+    return out
+
+
 def _runs(rt: Runtime, name: str, scores: dict[str, float]) -> list[RunView]:
     k = rt.keys
     ids = [_s(j) for j in rt.redis.zrange(k.campaign_runs(name), 0, -1)]

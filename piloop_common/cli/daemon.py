@@ -208,6 +208,11 @@ def status(obj, as_json: bool) -> None:
                  _backoff(p)] for p in st["provisioners"]]
         click.echo(table(["provisioned", "provider", "max", "starting", "running", "draining", "stopping",
                           "backoff"], rows))
+    if st.get("campaigns"):
+        click.echo("")
+        rows = [[c["name"], c["state"], f"{c['live']}/{c['target']}", c["queued"], c["runs"],
+                 ", ".join(f"{b['branch']} {b['score']:g}" for b in c["best"]) or "-"] for c in st["campaigns"]]
+        click.echo(table(["campaign", "state", "agents live/target", "queued", "runs", "best runs"], rows))
     if st["limits"]:
         click.echo("")
         click.echo("limits")

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from piloop_common import __version__
 from piloop_common.errors import NotFound
 from piloop_common.protocol import LimitRequest, LimitView, TokenCreate, TokenCreated, TokenView, WorkerView
-from piloop_server import workers
+from piloop_server import campaigns, workers
 from piloop_server.api.deps import ActorDep, RuntimeDep
 from piloop_server.provisioner.manager import summary as provisioned_pools
 
@@ -40,6 +40,7 @@ def status(request: Request, rt: RuntimeDep, caller: ActorDep) -> dict:
         "pools": workers.pool_summary(rt, ws),
         "limits": [LimitView(key=k, **v).model_dump() for k, v in sorted(rt.limits.all().items())],
         "provisioners": provisioned_pools(rt),
+        "campaigns": campaigns.summary(rt),
         "escalations": rt.events.inbox()[-10:],
     }
 
