@@ -185,9 +185,14 @@ def tend(rt: Runtime) -> int:
     launched = 0
     if recs:
         free = _free_agent_slots(rt)
+        last = {}
+        for name in recs:
+            newest = rt.redis.zrevrange(rt.keys.campaign_runs(name), 0, 0, withscores=True)
+            last[name] = newest[0][1] if newest else 0.0
         while recs:
-            # the campaign with the fewest agents first (ties by name), into a free slot of its pool
-            name = min(recs, key=lambda c: (count[c], c))
+            # the campaign with the fewest agents first, into a free slot of its pool; on a tie, the one that
+            # launched longest ago, so campaigns sharing one slot take turns
+            name = min(recs, key=lambda c: (count[c], last[c], c))
             rec = recs[name]
             pool = rec["agent_pool"]
             if free.get(pool, 0) <= 0:
@@ -207,6 +212,7 @@ def tend(rt: Runtime) -> int:
                 continue
             launched += 1
             free[pool] -= 1
+            last[name] = time.time() * 1000
             if n >= int(rec["agents"]):
                 recs.pop(name)
     _hand_off(rt)

@@ -169,3 +169,29 @@ def test_an_eval_that_prints_no_score_fails_its_evaluation_and_scores_nothing(da
     assert show(d, "noscore")["agent_cmd"].startswith("echo x")
     p = d.cli("campaign", "rm", "noscore")
     assert p.returncode == 0 or "not ended" in p.stderr
+
+
+def test_campaigns_sharing_one_agent_slot_take_turns(daemon, tmp_path):
+    """The serve pool has one agent slot: two campaigns of one agent each both get runs, one at a time."""
+    d = daemon
+    make_repo(tmp_path / "repo", big=10)
+    marker = tmp_path / "live"
+    # each agent notes itself while it runs; a run with no commit is not evaluated
+    agent = f'echo "$PILOOP_CAMPAIGN $PILOOP_JOB start" >> {marker}; sleep 0.3; echo "$PILOOP_CAMPAIGN $PILOOP_JOB end" >> {marker}'
+    for name in ("a", "b"):
+        p = d.cli("campaign", "create", name, "--repo", str(tmp_path / "repo"), "--agents", "1",
+                  "--agent-cmd", agent, "--eval-cmd", "echo score=1")
+        assert p.returncode == 0, p.stderr
+    wait_for(lambda: all(len(show(d, n)["runs"]) >= 3 for n in ("a", "b")), timeout=60, what="three runs each")
+    for n in ("a", "b"):
+        assert d.cli("campaign", "pause", n).returncode == 0
+    wait_for(lambda: all(show(d, n)["live"] + show(d, n)["queued"] == 0 for n in ("a", "b")), timeout=30,
+             what="agents ended")
+    lines = marker.read_text().split()
+    events = [(lines[i], lines[i + 1], lines[i + 2]) for i in range(0, len(lines), 3)]
+    running = 0
+    for _, _, what in events:  # never two agents at once in the one slot
+        running += 1 if what == "start" else -1
+        assert running in (0, 1), events
+    order = [c for c, _, what in events if what == "start"]
+    assert all(order[i] != order[i + 1] for i in range(len(order) - 1)), order  # they take turns
