@@ -350,17 +350,17 @@ def _runs(rt: Runtime, name: str, scores: dict[str, float]) -> list[RunView]:
     ids = [_s(j) for j in rt.redis.zrange(k.campaign_runs(name), 0, -1)]
     pipe = rt.redis.pipeline(transaction=False)
     for j in ids:
-        pipe.hmget(k.job(j), "state", "result", "spec", "reason", "created")
+        pipe.hmget(k.job(j), "state", "result", "spec", "reason", "created", "worker")
         pipe.hmget(k.job(eval_id(j)), "state", "reason")
     got = pipe.execute()
     out = []
     for i, j in enumerate(ids):
-        state, result, spec, reason, created = (_s(x) for x in got[2 * i])
+        state, result, spec, reason, created, worker = (_s(x) for x in got[2 * i])
         ev_state, ev_reason = (_s(x) for x in got[2 * i + 1])
         res = json.loads(result) if result else {}
         camp = (json.loads(spec).get("campaign") or {}) if spec else {}
         out.append(RunView(
-            job=j, state=state, branch=f"runs/{j}", base=(camp.get("repo") or {}).get("commit", ""),
+            job=j, state=state, branch=f"runs/{j}", worker=worker, base=(camp.get("repo") or {}).get("commit", ""),
             head=res.get("head") or "", evaluation=eval_id(j) if ev_state else "", evaluation_state=ev_state,
             score=scores.get(j), reason=ev_reason if ev_state == "failed" else reason,
             created_ms=int(created or 0)))

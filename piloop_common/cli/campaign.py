@@ -104,9 +104,10 @@ def show(obj, name, max_runs, as_json) -> None:
         click.echo(f"{k.ljust(width)}  {v}")
     if c["runs"]:
         click.echo("")
-        click.echo(table(["rank", "run", "state", "head", "evaluation", "score", "reason"],
-                         [[i + 1 if r["score"] is not None else "-", r["branch"], r["state"], r["head"][:12] or "-",
-                           r["evaluation_state"] or "-", _score(r["score"]), r["reason"][:50] or "-"]
+        click.echo(table(["rank", "run", "state", "worker", "head", "evaluation", "score", "reason"],
+                         [[i + 1 if r["score"] is not None else "-", r["branch"], r["state"], r["worker"] or "-",
+                           r["head"][:12] or "-", r["evaluation_state"] or "-", _score(r["score"]),
+                           r["reason"][:50] or "-"]
                           for i, r in enumerate(c["runs"][:max_runs])]))
 
 
