@@ -296,6 +296,7 @@ class RunView(Message):
     job: str
     state: str
     branch: str
+    worker: str = ""
     base: str = ""
     head: str = ""
     evaluation: str = ""
