@@ -87,6 +87,7 @@ class Pass:
             log.warning("event=daemon.rearmed leases=%d (the daemon was away longer than grace_seconds)", res.count)
         for job in res.lost:
             rt.events.escalate("job.lost", f"evaluation {job} was lost {rt.executor.max_lost} times in a row", job=job)
+        rt.leases.due()  # failed jobs whose backoff has passed go back to their queues
         if self.provisioner is not None:
             # decides from Redis only: its platform calls run on its own thread, never on the pass
             self.provisioner.run_once()

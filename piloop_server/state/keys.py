@@ -61,6 +61,10 @@ class Keys:
         """Sorted set job id -> lease deadline (ms): the index the pass scans."""
         return self._k("deadlines")
 
+    def delayed(self) -> str:
+        """Sorted set job id -> when (ms) a failed job waiting out its backoff goes back to its queue."""
+        return self._k("delayed")
+
     def report(self, report_id: str) -> str:
         """The answer given to a report id, so a second copy gets the first's answer."""
         return self._k("report", report_id)

@@ -101,15 +101,19 @@ class Leases:
         now = int(reply[0])
         return now, {lease.job: _s(st) for lease, st in zip(held, reply[1:])}
 
-    def claim(self, name: str, pool: str, kind: str, *, slots: int, image: str, most: int = 1) -> Claim:
-        """Lease up to `most` jobs of `kind` from `pool` to worker `name`, in one script."""
+    def claim(self, name: str, pool: str, kind: str, *, slots: int, image: str, most: int = 1,
+              room_mb: int | None = None, default_mb: int | None = None) -> Claim:
+        """Lease up to `most` jobs of `kind` from `pool` to worker `name`, in one script. With `room_mb`, only
+        jobs whose grant (theirs, else `default_mb`) fits beside the worker's grants are taken."""
         k = self.k
+        other = KINDS[1 - KINDS.index(kind)]
         reply = self.scripts.run(
             "claim",
             [k.worker(name), k.worker_alive(name), k.worker_leases(name, kind), k.queue(pool, kind),
              k.deadlines(), k.active(pool, kind), k.token_seq(), k.generation(), k.events(),
-             k.campaign_live(), k.daemon()],
-            [k.prefix(), name, kind, slots, image, self.t.toleration_ms, most, CLAIM_SCAN_DEPTH])
+             k.campaign_live(), k.daemon(), k.worker_leases(name, other)],
+            [k.prefix(), name, kind, slots, image, self.t.toleration_ms, most, CLAIM_SCAN_DEPTH,
+             -1 if room_mb is None else room_mb, default_mb or 0])
         reply = [_s(x) for x in reply]
         if reply[0] == "none":
             return Claim(reason=reply[1])
@@ -132,17 +136,24 @@ class Leases:
             [job_id, token, worker, reason])
 
     def report(self, report_id: str, job_id: str, token: str, worker: str, outcome: str,
-               result: dict[str, Any], reason: str = "") -> dict[str, Any]:
+               result: dict[str, Any], reason: str = "", *, oom: bool = False,
+               memory_caps: dict[str, int | None] | None = None) -> dict[str, Any]:
+        """Finish a lease; a failed attempt may be retried (report.lua). `memory_caps`: pool -> its cap on a
+        grant raised after an out-of-memory attempt."""
         k = self.k
         kind, pool = self._job_keys(job_id)
         reply = self.scripts.run(
             "report",
             [k.report(report_id), k.lease(job_id), k.job(job_id), k.worker_leases(worker, kind),
              k.deadlines(), k.active(pool, kind), k.campaign_live(), k.events(), k.queue(pool, kind), k.daemon(),
-             k.campaign_pending()],
+             k.campaign_pending(), k.worker(worker), k.delayed()],
             [job_id, token, worker, outcome, json.dumps(result), REPORT_TTL_SECONDS, self.t.max_lost,
-             reason, self.t.grace_ms, self.t.toleration_ms])
+             reason, self.t.grace_ms, self.t.toleration_ms, 1 if oom else 0, (memory_caps or {}).get(pool) or 0])
         return json.loads(_s(reply))
+
+    def due(self) -> int:
+        """Put failed jobs whose backoff has passed back in their queues (the pass); how many."""
+        return int(self.scripts.run("due", [self.k.delayed(), self.k.events()], [self.k.prefix(), EXPIRE_BATCH]))
 
     # -- the pass ----------------------------------------------------------------------
 
@@ -165,4 +176,5 @@ class Leases:
     def cancel(self, job_id: str, by: str) -> str:
         kind, pool = self._job_keys(job_id)
         k = self.k
-        return _s(self.scripts.run("cancel", [k.job(job_id), k.queue(pool, kind), k.events()], [job_id, by]))
+        return _s(self.scripts.run("cancel", [k.job(job_id), k.queue(pool, kind), k.events(), k.delayed()],
+                                   [job_id, by]))

@@ -1,9 +1,10 @@
 """A hypothesis state machine over the lease scripts on a real redis-server.
 
 It interleaves enqueue, claim, heartbeat, lapse (a lease key's TTL running out), the pass's
-expiry, report and release over several workers, and checks after every step: no job is
-leased twice, tokens only grow, every job is in exactly one place, slot counts stay within
-the pool's.
+expiry, report (out of memory too, and retries with backoff), the pass's due, cancel and release
+over several workers, and checks after every step: no job is leased twice, tokens only grow,
+every job is in exactly one place (a failed job waiting out its backoff in `delayed`), slot
+counts stay within the pool's, and no worker's granted memory exceeds the room it claimed with.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import redis
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from piloop_common.errors import LeaseLost
+from piloop_common.errors import Conflict, LeaseLost
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
 from piloop_server.state.leases import KINDS, Lease, Leases, Timings
@@ -24,6 +25,7 @@ from piloop_server.state.leases import KINDS, Lease, Leases, Timings
 WORKERS = ("w1", "w2", "w3")
 SLOTS = {"agent": 2, "evaluation": 1}
 CAMPAIGNS = ("c1", "c2")
+ROOM = {"w1": 2048, "w2": 1024, "w3": None}  # w3 sends no room: its grants are not checked
 TERMINAL = {"succeeded", "failed", "cancelled", "lost", "worker_lost"}
 
 
@@ -68,15 +70,19 @@ class LeaseMachine(RuleBasedStateMachine):
             assert int(t) > self.max_token, "a token went backwards"
             self.max_token = int(t)
 
-    @rule(kind=st.sampled_from(KINDS), campaign=st.sampled_from(CAMPAIGNS))
-    def enqueue(self, kind, campaign):
+    @rule(kind=st.sampled_from(KINDS), campaign=st.sampled_from(CAMPAIGNS),
+          memory=st.sampled_from([None, 512, 1024, 1536]), attempts=st.integers(1, 3),
+          backoff=st.sampled_from([0, 1000]))
+    def enqueue(self, kind, campaign, memory, attempts, backoff):
         jid = f"j{next(self.ids)}"
-        self.l.enqueue(jid, kind, "p", {}, by="human:test", campaign=campaign if kind == "agent" else "")
+        spec = {"memory_mb": memory, "max_attempts": attempts, "backoff_seconds": backoff}
+        self.l.enqueue(jid, kind, "p", spec, by="human:test", campaign=campaign if kind == "agent" else "")
         self.jobs.append(jid)
 
     @rule(worker=st.sampled_from(WORKERS), kind=st.sampled_from(KINDS), most=st.integers(1, 3))
     def claim(self, worker, kind, most):
-        c = self.l.claim(worker, "p", kind, slots=SLOTS[kind], image="", most=most)
+        c = self.l.claim(worker, "p", kind, slots=SLOTS[kind], image="", most=most, room_mb=ROOM[worker],
+                         default_mb=256)
         self._take(lease.token for lease in c.leases)
         for lease in c.leases:
             self.held[worker][lease.job] = lease.token
@@ -105,15 +111,31 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: any(self.held.values()))
     @rule(data=st.data(), outcome=st.sampled_from(["succeeded", "failed", "fenced", "cancelled"]),
-          twice=st.booleans())
-    def report(self, data, outcome, twice):
+          twice=st.booleans(), oom=st.booleans())
+    def report(self, data, outcome, twice, oom):
         worker = data.draw(st.sampled_from([w for w in WORKERS if self.held[w]]))
         job = data.draw(st.sampled_from(sorted(self.held[worker])))
         token = self.held[worker].pop(job)
         rid = f"r{next(self.reports)}"
-        first = self.l.report(rid, job, token, worker, outcome, {})
+        oom = oom and outcome == "failed"
+        first = self.l.report(rid, job, token, worker, outcome, {}, oom=oom, memory_caps={"p": 3072})
         if twice:
-            assert self.l.report(rid, job, token, worker, outcome, {}) == first
+            assert self.l.report(rid, job, token, worker, outcome, {}, oom=oom) == first
+
+    @rule()
+    def due(self):
+        """Every backoff passes at once, and the pass puts those jobs back."""
+        for j in self.r.zrange(self.k.delayed(), 0, -1):
+            self.r.zadd(self.k.delayed(), {j: 0})
+        self.l.due()
+
+    @precondition(lambda self: self.jobs)
+    @rule(data=st.data())
+    def cancel(self, data):
+        try:
+            self.l.cancel(data.draw(st.sampled_from(self.jobs)), "human:test")
+        except Conflict:
+            pass  # it had ended
 
     @precondition(lambda self: any(self.held.values()))
     @rule(data=st.data())
@@ -136,6 +158,7 @@ class LeaseMachine(RuleBasedStateMachine):
             return
         queued: set[str] = set()
         active: set[str] = set()
+        delayed = {_s(x) for x in self.r.zrange(self.k.delayed(), 0, -1)}
         for kind in KINDS:
             queued |= {_s(x) for x in self.r.zrange(self.k.queue("p", kind), 0, -1)}
             active |= {_s(x) for x in self.r.smembers(self.k.active("p", kind))}
@@ -150,8 +173,10 @@ class LeaseMachine(RuleBasedStateMachine):
         for j in self.jobs:
             f = self.r.hmget(self.k.job(j), "state", "token", "kind", "campaign")
             state = _s(f[0])
-            places = (j in queued) + (j in active) + (state in TERMINAL)
+            places = (j in queued) + (j in active) + (state in TERMINAL) + (j in delayed)
             assert places == 1, f"{j} ({state}) is in {places} places"
+            if j in delayed:
+                assert state == "queued" and self.r.hget(self.k.job(j), "retry_at") is not None
             assert state in TERMINAL | {"queued", "leased", "running"}
             if j in active:
                 assert state in ("leased", "running")
@@ -164,6 +189,17 @@ class LeaseMachine(RuleBasedStateMachine):
                 assert not self.r.exists(self.k.lease(j))
         for c, n in live.items():
             assert int(self.r.hget(self.k.campaign_live(), c) or 0) == n, f"campaign {c} live count"
+
+    @invariant()
+    def granted_never_exceeds_room(self):
+        for w, room in ROOM.items():
+            if room is None:
+                continue
+            granted = 0
+            for kind in KINDS:
+                for j in self.r.smembers(self.k.worker_leases(w, kind)):
+                    granted += int(self.r.hget(self.k.job(_s(j)), "granted_mb") or 0)
+            assert granted <= room, f"{w} granted {granted} MiB in a room of {room}"
 
     @invariant()
     def a_lease_key_names_the_job_token(self):

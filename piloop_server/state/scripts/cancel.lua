@@ -1,5 +1,5 @@
 -- cancel: a queued job ends at once; a leased or running one is stopped at its worker's next heartbeat.
--- KEYS[1] job hash  KEYS[2] queue (pool, kind)  KEYS[3] events
+-- KEYS[1] job hash  KEYS[2] queue (pool, kind)  KEYS[3] events  KEYS[4] delayed (a failed job waiting to retry)
 -- ARGV[1] job id  ARGV[2] by
 -- Reply: the job's state after the call ('cancelled' or 'cancelling').
 -- Error PILOOP_CONFLICT when the job has already ended.
@@ -8,6 +8,8 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if st == 'queued' then
   redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('HDEL', KEYS[1], 'retry_at')
   redis.call('HSET', KEYS[1], 'state', 'cancelled', 'reason', 'cancelled by ' .. ARGV[2], 'ended', now, 'updated', now)
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', 100000, '*', 'type', 'job.cancelled', 'by', ARGV[2], 'job', ARGV[1])
   return 'cancelled'

@@ -2,11 +2,16 @@
 -- KEYS[1] worker hash  KEYS[2] worker alive  KEYS[3] worker leases (this kind)
 -- KEYS[4] queue (pool, kind)  KEYS[5] deadlines  KEYS[6] active (pool, kind)  KEYS[7] token seq
 -- KEYS[8] generation  KEYS[9] events  KEYS[10] campaign live  KEYS[11] daemon hash
+-- KEYS[12] worker leases (the other kind)
 -- ARGV[1] key prefix (job hashes are found by id here)  ARGV[2] worker  ARGV[3] kind
 -- ARGV[4] slots of this kind  ARGV[5] worker image  ARGV[6] toleration (ms)  ARGV[7] most to take
--- ARGV[8] how deep to scan the queue
+-- ARGV[8] how deep to scan the queue  ARGV[9] the worker's room (MiB; -1: grants not checked)
+-- ARGV[10] the pool's grant for a job that asks for none (MiB; 0: none)
+-- Memory: a job's grant is its hash's `grant_mb` (its spec's `memory_mb`, read once, or raised after an
+-- out-of-memory attempt), else the pool's; it is leased only when it fits in the room beside the grants of
+-- every lease the worker holds (`granted_mb` of each). A job without a grant counts 0 (limited to the room).
 -- Reply: {'ok', id1, token1, id2, token2, ...} or {'none', reason}; reasons: recovering,
--- unreachable, draining, slots, nothing, image.
+-- unreachable, draining, slots, nothing, image, memory (no candidate's grant fits).
 -- Error PILOOP_NO_GENERATION when the generation marker is missing (Redis lost its data).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -21,18 +26,42 @@ if not gen then return redis.error_reply('PILOOP_NO_GENERATION the generation ma
 local want = math.min(free, tonumber(ARGV[7]))
 local prefix, worker, kind, image = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
 local tol = tonumber(ARGV[6])
+local room, default_mb = tonumber(ARGV[9] or '-1'), tonumber(ARGV[10] or '0')
+if room >= 0 then redis.call('HSET', KEYS[1], 'room_mb', room) end
 local ids = redis.call('ZRANGE', KEYS[4], 0, tonumber(ARGV[8]) - 1)
 if #ids == 0 then return {'none', 'nothing'} end
 
 -- The candidates this worker may run: the job's image is empty or the worker's.
 local cands = {}
 for _, id in ipairs(ids) do
-  local f = redis.call('HMGET', prefix .. 'job:' .. id, 'image', 'campaign')
+  local job = prefix .. 'job:' .. id
+  local f = redis.call('HMGET', job, 'image', 'campaign', 'grant_mb')
   if f[1] == false or f[1] == '' or f[1] == image then
-    cands[#cands + 1] = {id = id, campaign = f[2] or ''}
+    local grant = tonumber(f[3])
+    if grant == nil then
+      -- read the spec's grant once; later claims (and a raise after an OOM) use the field
+      local ok, spec = pcall(cjson.decode, redis.call('HGET', job, 'spec') or '{}')
+      grant = ok and type(spec) == 'table' and tonumber(spec.memory_mb) or 0
+      redis.call('HSET', job, 'grant_mb', grant)
+    end
+    if grant <= 0 then grant = default_mb end
+    cands[#cands + 1] = {id = id, campaign = f[2] or '', grant = grant}
   end
 end
 if #cands == 0 then return {'none', 'image'} end
+
+-- What the worker has granted already, from its leases of both kinds (derived, never a counter to drift).
+local granted = 0
+if room >= 0 then
+  for _, set in ipairs({KEYS[3], KEYS[12]}) do
+    for _, id in ipairs(redis.call('SMEMBERS', set)) do
+      granted = granted + (tonumber(redis.call('HGET', prefix .. 'job:' .. id, 'granted_mb')) or 0)
+    end
+  end
+end
+local function fits(c)
+  return room < 0 or granted + c.grant <= room
+end
 
 local out = {'ok'}
 local taken = {}
@@ -42,19 +71,20 @@ for _ = 1, want do
     -- the campaign with the fewest live agents; ties go to the oldest job
     local best = nil
     for i, c in ipairs(cands) do
-      if not taken[i] then
+      if not taken[i] and fits(c) then
         local live = tonumber(redis.call('HGET', KEYS[10], c.campaign) or '0')
         if best == nil or live < best then best, pick = live, i end
       end
     end
   else
-    for i, _ in ipairs(cands) do
-      if not taken[i] then pick = i; break end
+    for i, c in ipairs(cands) do
+      if not taken[i] and fits(c) then pick = i; break end
     end
   end
   if pick == nil then break end
   taken[pick] = true
-  local id, campaign = cands[pick].id, cands[pick].campaign
+  local id, campaign, grant = cands[pick].id, cands[pick].campaign, cands[pick].grant
+  granted = granted + grant
   local token = string.format('%d%012d', tonumber(gen), redis.call('INCR', KEYS[7]))
   local job = prefix .. 'job:' .. id
   redis.call('ZREM', KEYS[4], id)
@@ -63,11 +93,12 @@ for _ = 1, want do
   redis.call('SADD', KEYS[3], id)
   redis.call('SADD', KEYS[6], id)
   redis.call('HSET', job, 'state', 'leased', 'worker', worker, 'token', token,
-    'leased', now, 'updated', now, 'cancel', '0')
+    'leased', now, 'updated', now, 'cancel', '0', 'granted_mb', grant)
   if kind == 'agent' then redis.call('HINCRBY', KEYS[10], campaign, 1) end
   redis.call('XADD', KEYS[9], 'MAXLEN', '~', 100000, '*',
     'type', 'lease.granted', 'by', 'worker:' .. worker, 'job', id, 'token', token, 'worker', worker)
   out[#out + 1] = id
   out[#out + 1] = token
 end
+if #out == 1 then return {'none', 'memory'} end
 return out
