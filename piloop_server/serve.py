@@ -155,7 +155,14 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
                                                   **uvicorn_tls(settings))))
         (home / PID_FILE).write_text(str(os.getpid()))
         stop = threading.Event()
+        from piloop_server import tasks
         from piloop_server.provisioner import Provisioner
+
+        # rq's keys under our hash tag, before anything in this process imports rq (tasks.submit is right anyway)
+        os.environ[tasks.PREFIX_ENV] = rt.keys.rq_prefix()
+        background = tasks.Workers(rt, home)
+        background.start()
+        threading.Thread(target=background.watch, args=(stop,), name="tasks-watch", daemon=True).start()
 
         the_pass.provisioner = Provisioner(rt, url=_worker_url(settings, tcp_addr), home=home)
         pass_thread = threading.Thread(target=run_pass, args=(the_pass, stop), name="pass", daemon=True)
@@ -180,6 +187,7 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
                 child.stop()
             pass_thread.join(10)
             the_pass.provisioner.close()
+            background.stop()
             with contextlib.suppress(FileNotFoundError):
                 sock_path.unlink()
             with contextlib.suppress(FileNotFoundError):

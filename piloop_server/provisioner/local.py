@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -30,7 +31,6 @@ class LocalProvider:
     def __init__(self, pool: str, compute: LocalCompute, *, url: str, home: Path, tag: str, cas_plugins: dict) -> None:
         self.pool, self.compute, self.url, self.home, self.tag = pool, compute, url, home, tag
         self.cas_plugins = cas_plugins
-        self.children: dict[str, subprocess.Popen] = {}
 
     def _home(self, name: str) -> Path:
         return self.home / "provisioned" / name
@@ -51,11 +51,8 @@ class LocalProvider:
         else:
             argv = [sys.executable, "-m", "piloop_common.cli", "--home", str(home), "worker", "--server", self.url,
                     "--pool", self.pool]
-        with open(home / "worker.log", "ab") as out:
-            proc = subprocess.Popen(argv, env=penv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                    start_new_session=True)
-        self.children[name] = proc
-        return Handle(name, self.pool, _id(proc.pid))
+        pid = _spawn_detached(argv, penv, home / "worker.log")
+        return Handle(name, self.pool, _id(pid))
 
     def stop(self, handle: Handle) -> None:
         pid = int(handle.id.split(":")[0])
@@ -64,24 +61,14 @@ class LocalProvider:
             with contextlib.suppress(OSError):
                 # its own session: the worker and its shim host (jobs' shims have sessions of their own)
                 os.killpg(pid, signal.SIGTERM) if os.getpgid(pid) == pid else proc.terminate()
-            try:
-                proc.wait(STOP_GRACE_SECONDS)
-            except psutil.TimeoutExpired:
+            if not _ended(handle.id, STOP_GRACE_SECONDS):
                 with contextlib.suppress(OSError, psutil.Error):
                     proc.kill()
-                    proc.wait(STOP_GRACE_SECONDS)
-            except psutil.Error:
-                pass
-        child = self.children.get(handle.name)
-        if child is not None and child.pid == pid:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(1)
-            self.children.pop(handle.name, None)
+                _ended(handle.id, STOP_GRACE_SECONDS)
+        if _same(handle.id) is None and handle.name and handle.pool == self.pool:
             shutil.rmtree(self._home(handle.name), ignore_errors=True)
 
     def list(self, tag: str) -> list[Handle]:
-        for child in list(self.children.values()):
-            child.poll()  # reap: a dead child must not linger as a zombie that looks alive
         me = os.getuid()
         found: dict[int, tuple[str, str, int]] = {}
         for p in psutil.process_iter(["pid", "ppid", "uids"]):
@@ -106,8 +93,42 @@ class LocalProvider:
         return out
 
 
+# Run by a short-lived interpreter between us and the worker: it starts the worker in a session of its own, says
+# its pid, and exits, so the worker's parent is init. So a worker never dies with (nor is reaped by, nor lingers as
+# a zombie of) the background process that started it, which may be restarted at any time.
+_LAUNCH = """import json, subprocess, sys
+a = json.load(sys.stdin)
+with open(a["log"], "ab") as out:
+    p = subprocess.Popen(a["argv"], env=a["env"], stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                         start_new_session=True)
+print(p.pid)
+"""
+
+
+def _spawn_detached(argv: list[str], env: dict[str, str], log: Path) -> int:
+    # the worker's environment goes through stdin, so the launcher itself never carries our tag (and is never
+    # listed as a worker)
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", _LAUNCH], input=json.dumps(
+        {"argv": argv, "env": env, "log": str(log)}), capture_output=True, text=True, timeout=30,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PILOOP_")})
+    if done.returncode != 0 or not done.stdout.strip().isdigit():
+        raise OSError(f"local: could not start {argv[0]}: {done.stderr.strip()[-500:] or done.returncode}")
+    return int(done.stdout.strip())
+
+
 def _id(pid: int) -> str:
     return f"{pid}:{psutil.Process(pid).create_time():.2f}"
+
+
+def _ended(hid: str, timeout: float) -> bool:
+    """Wait until the process has ended. Not psutil's wait: the worker is not our child, and its zombie lasts until
+    init reaps it, which need not be soon."""
+    end = time.monotonic() + timeout
+    while _same(hid) is not None:
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def _same(hid: str) -> psutil.Process | None:

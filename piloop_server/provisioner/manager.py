@@ -1,9 +1,9 @@
 """The pool logic of the pass: start workers for waiting jobs, drain idle ones, stop the lost and the unknown.
 
 The pass decides from Redis alone and never waits on a platform: each platform call (start, stop, list) is a
-task for one side thread, which writes what it learnt back to Redis for the next pass. A started worker's
-record (`keys.provisioned(name)`) walks `starting → running → draining → stopping → stopped`, and every state
-but `running` has a deadline:
+background task (`piloop_server.tasks`) on the pool's own queue, which writes what it learnt back to Redis for the
+next pass. A started worker's record (`keys.provisioned(name)`) walks `starting → running → draining → stopping →
+stopped`, and every state but `running` has a deadline:
 
 - `starting`: registered within `register_seconds`, else stopped and the pool backs off;
 - `draining`: ends when its last lease ends (the lease engine bounds that: job timeouts, toleration);
@@ -17,8 +17,6 @@ import json
 import logging
 import math
 import os
-import queue
-import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -99,30 +97,20 @@ class Provisioner:
         self.url = url
         self.home = home
         self.scripts = Scripts(rt.redis)
-        self.providers: dict[str, tuple[str, Provider]] = {}
-        self.tasks: queue.Queue[tuple[str, str, str]] = queue.Queue()
-        self.inflight: set[tuple[str, str]] = set()
-        self.lock = threading.Lock()
-        self.tokens: dict[str, str] = {}  # name -> token, held only until its start call
-        self.listed: dict[str, list[Handle]] = {}
         self.last_list: dict[str, float] = {}
         self.warned_url = False
-        self.stop_event = threading.Event()
         for pool in self._pools():  # a restarted server tries the platform's credentials again
             rt.redis.hdel(rt.keys.provisioner(pool), "halted")
-        self.thread = threading.Thread(target=self._work, name="provisioner", daemon=True)
-        self.thread.start()
 
     # -- what the pass reads --------------------------------------------------------------------
     def _pools(self) -> dict[str, ProvisionerConfig]:
-        return {n: p.provisioner for n, p in self.rt.executor.pools.items() if p.provisioner is not None}
+        return _pools(self.rt)
 
     def records(self) -> dict[str, dict[str, str]]:
         return records(self.rt)
 
     def _now(self) -> int:
-        sec, usec = self.rt.redis.time()
-        return sec * 1000 + usec // 1000
+        return _now(self.rt)
 
     def backoff(self, pool: str) -> dict[str, Any]:
         return backoff(self.rt, pool)
@@ -154,10 +142,10 @@ class Provisioner:
             self._maybe_start(pool, cfg, now, live_per_pool.get(pool, 0), recs)
             if time.monotonic() - self.last_list.get(pool, 0.0) >= LIST_SECONDS:
                 self.last_list[pool] = time.monotonic()
-                self._submit("list", pool)
+                self._submit("list_pool", pool, pool)
 
     def _set(self, name: str, **fields: Any) -> None:
-        self.rt.redis.hset(self.rt.keys.provisioned(name), mapping={a: str(b) for a, b in fields.items()})
+        _set(self.rt, name, **fields)
 
     def _to(self, name: str, rec: dict[str, str], state: str, now: int, why: str) -> None:
         self._set(name, state=state, since=now, why=why)
@@ -233,20 +221,7 @@ class Provisioner:
         pipe.execute()
 
     def _fail(self, pool: str, why: str, *, refused: bool) -> None:
-        """A failed start: wait base, doubling to 20 × base, before the next; three refusals in a row escalate."""
-        rt = self.rt
-        b = self.backoff(pool)
-        base = backoff_base()
-        delay = min(b["delay_seconds"] * 2, base * BACKOFF_CAP_FACTOR) if b["delay_seconds"] else base
-        refusals = b["refusals"] + 1 if refused else 0
-        rt.redis.hset(rt.keys.provisioner(pool), mapping={"delay": delay, "until": self._now() + int(delay * 1000),
-                                                          "refusals": refusals, "why": why})
-        rt.events.add("provisioner.backoff", BY, pool=pool, seconds=delay, reason=why)
-        log.warning("event=provisioner.backoff pool=%s seconds=%g reason=%r", pool, delay, why)
-        if refused and refusals == REFUSALS_ESCALATE:
-            rt.events.escalate("provisioner.refused",
-                               f"the platform refused {REFUSALS_ESCALATE} starts in a row for pool {pool}: {why}",
-                               pool=pool)
+        fail(self.rt, pool, why, refused=refused)
 
     def _maybe_start(self, pool: str, cfg: ProvisionerConfig, now: int, live: int,
                      recs: dict[str, dict[str, str]]) -> None:
@@ -294,7 +269,6 @@ class Provisioner:
             return
         rt, k = self.rt, self.rt.keys
         name = f"{pool}-{rt.redis.incr(k.provisioned_seq())}"
-        token = rt.tokens.create(name, by=BY, pool=pool)
         pipe = rt.redis.pipeline(transaction=True)
         pipe.hset(k.provisioned(name), mapping={"pool": pool, "state": "starting", "since": now, "idle_since": now,
                                                 "why": "jobs wait"})
@@ -302,137 +276,176 @@ class Provisioner:
         pipe.execute()
         rt.events.add("provisioner.starting", BY, worker=name, pool=pool)
         log.info("event=provisioner.starting worker=%s pool=%s", name, pool)
-        with self.lock:
-            self.tokens[name] = token
-        self._submit("start", name, pool)
+        self._submit("start", name, pool, self.url)
 
-    # -- the platform side -----------------------------------------------------------------------
-    def _submit(self, op: str, key: str, pool: str = "") -> None:
-        with self.lock:
-            if (op, key) in self.inflight:
-                return
-            self.inflight.add((op, key))
-        self.tasks.put((op, key, pool))
+    def _submit(self, op: str, key: str, pool: str, *args: Any) -> None:
+        """A platform call, as a background task on the pool's own queue; one already queued is not queued twice."""
+        from piloop_server import tasks
 
-    def provider(self, pool: str) -> Provider | None:
-        cfgs = self._pools()
-        cfg = cfgs.get(pool)
-        if cfg is not None:
-            sig = json.dumps(cfg.compute.model_dump(mode="json"), sort_keys=True)
-            have = self.providers.get(pool)
-            if have is None or have[0] != sig:
-                self.providers[pool] = (sig, open_provider(pool, cfg.compute, url=self.url or "", home=self.home,
-                                                           tag=self.rt.server_id, cas_plugins=self._cas()))
-        have = self.providers.get(pool)
-        return have[1] if have else None
-
-    def _cas(self) -> dict[str, Any]:
-        cas = self.rt.settings.plugins.cas
-
-        def plain(v: Any) -> Any:
-            if hasattr(v, "get_secret_value"):
-                return v.get_secret_value()
-            if isinstance(v, dict):
-                return {a: plain(b) for a, b in v.items()}
-            if isinstance(v, Path):
-                return str(v)
-            return v
-
-        out = plain(cas.model_dump())
-        if out.get("provider") == "local":
-            # relative to the server's home, which is not the worker's
-            out["path"] = str(self.home / Path(out["path"]).expanduser() if out.get("path") else self.home / "cas")
-        return out
-
-    def _env(self, pool: str, name: str) -> dict[str, str]:
-        cfg = self._pools().get(pool)
-        env = {TAG_ENV: self.rt.server_id, NAME_ENV: name, "PILOOP_PROVISIONED_POOL": pool}
-        if cfg is not None and cfg.orphan_exit_seconds is not None:
-            env[ORPHAN_ENV] = f"{cfg.orphan_exit_seconds:g}"
-        else:
-            env[ORPHAN_ENV] = "0"  # unset: exit as soon as orphaned and idle
-        return env
-
-    def _work(self) -> None:
-        while not self.stop_event.is_set():
-            try:
-                op, key, pool = self.tasks.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            try:
-                getattr(self, f"_do_{op}")(key, pool)
-            except PlatformAuthError as e:
-                self._auth_failed(pool or key, e)
-            except Exception as e:  # the side thread outlives any one platform call
-                log.warning("event=provisioner.call_failed op=%s key=%s error=%s", op, key, e)
-            finally:
-                with self.lock:
-                    self.inflight.discard((op, key))
-
-    def _do_start(self, name: str, pool: str) -> None:
-        with self.lock:
-            token = self.tokens.pop(name, "")
-        prov = self.provider(pool)
-        try:
-            if prov is None or not token:
-                raise StartRefused(f"pool {pool} has no provisioner now")
-            h = prov.start(name, token, self._env(pool, name))
-        except PlatformAuthError as e:
-            self._auth_failed(pool, e)
-            self._set(name, state="stopped", since=self._now(), why="the platform refused our credentials")
-            return
-        except Exception as e:  # a quota, no GPU, or any other failed start: the pool backs off
-            msg = getattr(e, "message", None) or str(e)
-            self._set(name, state="stopped", since=self._now(), why=f"refused: {msg}")
-            self._fail(pool, msg, refused=True)
-            return
-        self._set(name, handle=json.dumps(asdict(h)))
-
-    def _auth_failed(self, pool: str, e: PlatformAuthError) -> None:
-        """Bad credentials never heal by retrying: the pool starts nothing more, and one escalation says why."""
-        if backoff(self.rt, pool)["halted"]:
-            return
-        self.rt.redis.hset(self.rt.keys.provisioner(pool), "halted", e.message)
-        self.rt.events.escalate("provisioner.auth", f"the platform refused the server's credentials for pool "
-                                f"{pool}: {e.message}; the pool starts no worker until the server restarts",
-                                pool=pool)
-
-    def _handles_of(self, name: str, rec: dict[str, str]) -> list[Handle]:
-        if rec.get("handle"):
-            return [Handle(**json.loads(rec["handle"]))]
-        return [h for hs in self.listed.values() for h in hs if h.name == name]
-
-    def _do_stop(self, name: str, pool: str) -> None:
-        rec = {_s(a): _s(b) for a, b in self.rt.redis.hgetall(self.rt.keys.provisioned(name)).items()}
-        if rec.get("state") != "stopping":
-            return
-        prov = self.provider(rec.get("pool", ""))
-        if prov is not None:
-            for h in self._handles_of(name, rec):
-                prov.stop(h)
-        self._set(name, state="stopped", since=self._now())
-        self.rt.events.add("provisioner.stopped", BY, worker=name, pool=rec.get("pool", ""))
-        log.info("event=provisioner.stopped worker=%s pool=%s", name, rec.get("pool", ""))
-
-    def _do_list(self, pool: str, _: str) -> None:
-        prov = self.provider(pool)
-        if prov is None:
-            return
-        handles = prov.list(self.rt.server_id)
-        self.listed[pool] = handles
-        recs = self.records()
-        for h in handles:
-            if h.name not in recs:
-                prov.stop(h)
-                self.rt.events.add("provisioner.unknown_stopped", BY, worker=h.name, pool=h.pool, id=h.id)
-                log.warning("event=provisioner.unknown_stopped worker=%s id=%s (tagged as ours, no record)",
-                            h.name, h.id)
-        ids = {h.id for h in handles}
-        for name, rec in recs.items():
-            if rec.get("pool") != pool or rec.get("state") not in ("starting", "running", "draining"):
-                continue
-            if rec.get("handle") and json.loads(rec["handle"])["id"] not in ids:
-                self._set(name, lost=1)
+        queue = tasks.provisioner_queue(pool) if pool in self._pools() else tasks.DEFAULT
+        tasks.submit(self.rt, f"{__name__}:{op}", key, pool, *args, key=f"provisioner.{op}:{key}", queue=queue)
 
     def close(self) -> None:
-        self.stop_event.set()
+        """Nothing to stop: the platform calls run in the server's background workers."""
+
+
+# -- the platform side: background tasks (piloop_server.tasks) on the pool's queue ---------------------------
+# Each runs in one of the server's rq worker processes, which keeps its providers (a Modal client, say) for its
+# life. Each is idempotent: it reads the record first, and a retry finds the work done or does it again.
+
+_providers: dict[str, tuple[str, Provider]] = {}  # pool -> (its compute and url, its provider), per process
+
+
+def _pools(rt: Runtime) -> dict[str, ProvisionerConfig]:
+    return {n: p.provisioner for n, p in rt.executor.pools.items() if p.provisioner is not None}
+
+
+def _now(rt: Runtime) -> int:
+    sec, usec = rt.redis.time()
+    return sec * 1000 + usec // 1000
+
+
+def _set(rt: Runtime, name: str, **fields: Any) -> None:
+    rt.redis.hset(rt.keys.provisioned(name), mapping={a: str(b) for a, b in fields.items()})
+
+
+def _record(rt: Runtime, name: str) -> dict[str, str]:
+    return {_s(a): _s(b) for a, b in rt.redis.hgetall(rt.keys.provisioned(name)).items()}
+
+
+def provider(rt: Runtime, pool: str, url: str | None = None) -> Provider | None:
+    """The pool's provider, made again when its compute (or the url its workers dial) changes; a pool whose
+    provisioner left config.toml keeps the one this process had, so that its workers can still be stopped."""
+    cfg = _pools(rt).get(pool)
+    have = _providers.get(pool)
+    if cfg is not None:
+        url = url if url is not None else (have[1].url if have else "")  # type: ignore[attr-defined]
+        sig = json.dumps([cfg.compute.model_dump(mode="json"), url], sort_keys=True)
+        if have is None or have[0] != sig:
+            _providers[pool] = (sig, open_provider(pool, cfg.compute, url=url or "", home=rt.home, tag=rt.server_id,
+                                                   cas_plugins=_cas(rt)))
+    have = _providers.get(pool)
+    return have[1] if have else None
+
+
+def _cas(rt: Runtime) -> dict[str, Any]:
+    cas = rt.settings.plugins.cas
+
+    def plain(v: Any) -> Any:
+        if hasattr(v, "get_secret_value"):
+            return v.get_secret_value()
+        if isinstance(v, dict):
+            return {a: plain(b) for a, b in v.items()}
+        if isinstance(v, Path):
+            return str(v)
+        return v
+
+    out = plain(cas.model_dump())
+    if out.get("provider") == "local":
+        # relative to the server's home, which is not the worker's
+        out["path"] = str(rt.home / Path(out["path"]).expanduser() if out.get("path") else rt.home / "cas")
+    return out
+
+
+def _env(rt: Runtime, pool: str, name: str) -> dict[str, str]:
+    cfg = _pools(rt).get(pool)
+    env = {TAG_ENV: rt.server_id, NAME_ENV: name, "PILOOP_PROVISIONED_POOL": pool}
+    if cfg is not None and cfg.orphan_exit_seconds is not None:
+        env[ORPHAN_ENV] = f"{cfg.orphan_exit_seconds:g}"
+    else:
+        env[ORPHAN_ENV] = "0"  # unset: exit as soon as orphaned and idle
+    return env
+
+
+def fail(rt: Runtime, pool: str, why: str, *, refused: bool) -> None:
+    """A failed start: wait base, doubling to 20 × base, before the next; three refusals in a row escalate."""
+    b = backoff(rt, pool)
+    base = backoff_base()
+    delay = min(b["delay_seconds"] * 2, base * BACKOFF_CAP_FACTOR) if b["delay_seconds"] else base
+    refusals = b["refusals"] + 1 if refused else 0
+    rt.redis.hset(rt.keys.provisioner(pool), mapping={"delay": delay, "until": _now(rt) + int(delay * 1000),
+                                                      "refusals": refusals, "why": why})
+    rt.events.add("provisioner.backoff", BY, pool=pool, seconds=delay, reason=why)
+    log.warning("event=provisioner.backoff pool=%s seconds=%g reason=%r", pool, delay, why)
+    if refused and refusals == REFUSALS_ESCALATE:
+        rt.events.escalate("provisioner.refused",
+                           f"the platform refused {REFUSALS_ESCALATE} starts in a row for pool {pool}: {why}",
+                           pool=pool)
+
+
+def auth_failed(rt: Runtime, pool: str, e: PlatformAuthError) -> None:
+    """Bad credentials never heal by retrying: the pool starts nothing more, and one escalation says why."""
+    if backoff(rt, pool)["halted"]:
+        return
+    rt.redis.hset(rt.keys.provisioner(pool), "halted", e.message)
+    rt.events.escalate("provisioner.auth", f"the platform refused the server's credentials for pool "
+                       f"{pool}: {e.message}; the pool starts no worker until the server restarts", pool=pool)
+
+
+def start(rt: Runtime, name: str, pool: str, url: str) -> None:
+    """Start worker `name` with a token of its own, unless its record has moved on (a retry, a late task)."""
+    rec = _record(rt, name)
+    if rec.get("state") != "starting" or rec.get("handle"):
+        return
+    prov = provider(rt, pool, url)
+    try:
+        if prov is None:
+            raise StartRefused(f"pool {pool} has no provisioner now")
+        if (old := rt.tokens.get(name)) is not None and not old.revoked:
+            rt.tokens.revoke(name)  # a retried start: the token of the try before is never seen again
+        token = rt.tokens.create(name, by=BY, pool=pool)
+        h = prov.start(name, token, _env(rt, pool, name))
+    except PlatformAuthError as e:
+        auth_failed(rt, pool, e)
+        _set(rt, name, state="stopped", since=_now(rt), why="the platform refused our credentials")
+        return
+    except Exception as e:  # a quota, no GPU, or any other failed start: the pool backs off
+        msg = getattr(e, "message", None) or str(e)
+        _set(rt, name, state="stopped", since=_now(rt), why=f"refused: {msg}")
+        fail(rt, pool, msg, refused=True)
+        return
+    _set(rt, name, handle=json.dumps(asdict(h)))
+
+
+def stop(rt: Runtime, name: str, pool: str) -> None:
+    """Stop worker `name` (one already gone is stopped): by its handle, or else by what the platform lists."""
+    rec = _record(rt, name)
+    if rec.get("state") != "stopping":
+        return
+    prov = provider(rt, rec.get("pool") or pool)
+    try:
+        if prov is not None:
+            handles = ([Handle(**json.loads(rec["handle"]))] if rec.get("handle")
+                       else [h for h in prov.list(rt.server_id) if h.name == name])
+            for h in handles:
+                prov.stop(h)
+    except PlatformAuthError as e:
+        auth_failed(rt, pool, e)
+        return  # tried again by the pass every STOP_RETRY_SECONDS, until STOP_DEADLINE_SECONDS
+    _set(rt, name, state="stopped", since=_now(rt))
+    rt.events.add("provisioner.stopped", BY, worker=name, pool=rec.get("pool", ""))
+    log.info("event=provisioner.stopped worker=%s pool=%s", name, rec.get("pool", ""))
+
+
+def list_pool(rt: Runtime, pool: str, _: str = "") -> None:
+    """List the platform by our tag: stop what we have no record of, mark lost what the listing lacks."""
+    prov = provider(rt, pool)
+    if prov is None:
+        return
+    try:
+        handles = prov.list(rt.server_id)
+    except PlatformAuthError as e:
+        auth_failed(rt, pool, e)
+        return
+    recs = records(rt)
+    for h in handles:
+        if h.name not in recs:
+            prov.stop(h)
+            rt.events.add("provisioner.unknown_stopped", BY, worker=h.name, pool=h.pool, id=h.id)
+            log.warning("event=provisioner.unknown_stopped worker=%s id=%s (tagged as ours, no record)", h.name, h.id)
+    ids = {h.id for h in handles}
+    for name, rec in recs.items():
+        if rec.get("pool") != pool or rec.get("state") not in ("starting", "running", "draining"):
+            continue
+        if rec.get("handle") and json.loads(rec["handle"])["id"] not in ids:
+            _set(rt, name, lost=1)

@@ -100,6 +100,11 @@ class Keys:
         """Hash: a pool's start backoff (delay, until) and its refusals in a row."""
         return self._k("provisioner", pool)
 
+    # the server's background work (piloop_server.tasks)
+    def rq_prefix(self) -> str:
+        """rq's RQ_KEY_PREFIX: every key rq writes (queues, jobs, registries, its workers) under our hash tag."""
+        return self._k("rq")
+
     # campaigns
     def campaign_live(self) -> str:
         """Hash campaign -> live agents (leased or running)."""

@@ -1,0 +1,370 @@
+"""The server's background work on rq: slow side work (platform calls, bundle builds, integrating commits) off the
+daemon's pass, with retries.
+
+`submit(rt, "module:function", *args, key=…)` enqueues `function(rt, *args)` on an rq queue in the server's Redis.
+`piloop serve` starts one rq worker process per queue (`queues(rt)`: `default`, and `provisioner.<pool>` for each
+pool with a provisioner), so a slow platform call delays only its own pool's calls, never another pool's nor other
+background work. Each worker process builds its `Runtime` once, from the same home and settings as the server, and
+dies with the server (`PR_SET_PDEATHSIG`); the server restarts one that dies.
+
+rq's keys live under our hash tag: `RQ_KEY_PREFIX` is `keys.rq_prefix()` (`{<namespace>}:rq`), set before rq is
+imported in a worker process; submitters use Job/Queue classes with the same prefix, so any process may submit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import functools
+import hashlib
+import importlib
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from piloop_common.errors import ConfigError
+from piloop_server.state.keys import Keys
+
+if TYPE_CHECKING:
+    import redis
+
+    from piloop_server.runtime import Runtime
+
+log = logging.getLogger("piloop.tasks")
+
+DEFAULT = "default"
+BY = "service:tasks"
+PREFIX_ENV = "RQ_KEY_PREFIX"  # rq reads it once, when it is first imported
+# Retries after a failure, each after this many seconds. Tests shorten them with this env ("1,1").
+RETRY_ENV = "PILOOP_TASK_RETRY_SECONDS"
+RETRY_SECONDS = (5, 30, 120)
+TIMEOUT_SECONDS = 600  # a task still running then is killed (rq's death penalty) and retried
+FAILURE_TTL_SECONDS = 86_400  # how long rq keeps a task that failed its last retry, for inspection
+ENDED = (b"finished", b"failed", b"stopped", b"canceled")
+RESTART_MAX_SECONDS = 60.0
+
+_rt: Runtime | None = None  # a worker process's Runtime, built once by main()
+
+
+def provisioner_queue(pool: str) -> str:
+    """The queue of one pool's platform calls: one worker each, so a slow platform delays only its own pool."""
+    return f"provisioner.{pool}"
+
+
+def queues(rt: Runtime) -> list[str]:
+    """Every queue that `piloop serve` runs a worker for."""
+    return [DEFAULT] + [provisioner_queue(n) for n, p in sorted(rt.executor.pools.items()) if p.provisioner]
+
+
+def job_id(key: str) -> str:
+    """rq allows only [A-Za-z0-9_-] in a job id: the key made so, and a digest of it so that two keys never meet."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", key)[:80] + "-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def retry_seconds() -> list[int]:
+    raw = os.environ.get(RETRY_ENV, "").strip()
+    if not raw:
+        return list(RETRY_SECONDS)
+    try:
+        got = [max(1, round(float(s))) for s in raw.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError(f"{RETRY_ENV}={raw!r}: give seconds separated by commas, such as 5,30,120") from None
+    return got or list(RETRY_SECONDS)
+
+
+@functools.lru_cache(maxsize=None)
+def _classes(prefix: str) -> tuple[type, type]:
+    """rq's Job and Queue with our prefix: right whatever prefix rq was imported with in this process."""
+    from rq.job import Job
+    from rq.queue import Queue
+
+    job = type("PiloopJob", (Job,), {"redis_job_namespace_prefix": prefix + ":job:"})
+    queue = type("PiloopQueue", (Queue,), {"redis_queue_namespace_prefix": prefix + ":queue:",
+                                          "redis_queues_keys": prefix + ":queues", "job_class": job})
+    return job, queue
+
+
+def submit(rt: Runtime, func: str, *args: Any, key: str, queue: str = DEFAULT) -> bool:
+    """Run `func` ("module:function", called as `function(rt, *args)`, args JSON-able) in a background worker.
+
+    `key` names the work: while a task with that key is queued, running or waiting to be retried, another submit
+    does nothing and answers False; once it has ended, a submit runs it again. A task that raises is retried
+    after each of RETRY_SECONDS, then it is a `task.failed` event. A task may run more than once (a retry, a
+    worker killed half-way), so functions must be idempotent.
+    """
+    from rq import Retry
+    from rq.callbacks import Callback
+    from rq.exceptions import DuplicateJobError
+    from rq.serializers import JSONSerializer
+
+    if ":" not in func:
+        raise ValueError(f"func {func!r}: name it module:function")
+    job_cls, queue_cls = _classes(rt.keys.rq_prefix())
+    q = queue_cls(queue, connection=rt.redis, job_class=job_cls, serializer=JSONSerializer)
+    jid = job_id(key)
+    intervals = retry_seconds()
+    for _ in range(2):
+        try:
+            q.enqueue_call("piloop_server.tasks._call", args=[func, key, list(args)], job_id=jid, unique=True,
+                           timeout=TIMEOUT_SECONDS, result_ttl=0, failure_ttl=FAILURE_TTL_SECONDS,
+                           retry=Retry(max=len(intervals), interval=intervals),
+                           on_failure=Callback("piloop_server.tasks._failed"),
+                           meta={"namespace": rt.keys.namespace}, description=f"{func} key={key}")
+            return True
+        except DuplicateJobError:
+            if not _clear_ended(rt.redis, job_cls.key_for(jid)):
+                return False
+    return False
+
+
+def _clear_ended(r: redis.Redis, job_key: str) -> bool:
+    """Forget a task that has ended (failed, stopped) so its key can run again; False while it is live."""
+    import redis as redis_lib
+
+    with r.pipeline(transaction=True) as pipe:
+        try:
+            pipe.watch(job_key)
+            status = pipe.hget(job_key, "status")
+            if status is not None and status not in ENDED:
+                return False
+            pipe.multi()
+            pipe.delete(job_key)
+            pipe.execute()
+            return True
+        except redis_lib.WatchError:
+            return False  # another submit got there first
+
+
+# -- inside a worker process -------------------------------------------------------------------------
+
+
+def _call(func: str, key: str, args: list) -> None:
+    if _rt is None:
+        raise RuntimeError("piloop tasks run only in the background workers that `piloop serve` starts")
+    module, _, name = func.partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    fn(_rt, *args)
+
+
+def _failed(job: Any, connection: redis.Redis, exc_type: Any, exc_value: Any, _tb: Any) -> None:
+    """rq's failure callback, for every failed run (also of a task whose worker died): the last one is an event."""
+    func, key = (job.args or ["?", "?"])[:2]
+    error = f"{getattr(exc_type, '__name__', exc_type)}: {exc_value}"
+    if job.retries_left:
+        log.warning("event=task.retrying func=%s key=%s retries_left=%d error=%s", func, key, job.retries_left, error)
+        return
+    from piloop_server.events import Events
+
+    ns = (job.meta or {}).get("namespace") or (_rt.keys.namespace if _rt else "piloop")
+    Events(connection, Keys(ns)).add("task.failed", BY, func=func, key=key, error=error[:2000])
+    log.error("event=task.failed func=%s key=%s error=%s", func, key, error)
+
+
+def _die_with(parent: int) -> None:
+    """Exit when `parent` (piloop serve) dies, however it dies: SIGKILL from the kernel, else a watching thread."""
+    ok = False
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        ok = libc.prctl(1, signal.SIGKILL, 0, 0, 0) == 0  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(0)  # it died before the prctl
+    if not ok:
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(1.0)
+            os._exit(0)
+
+        threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _worker_alive(conn: redis.Redis, name: str) -> bool:
+    from rq.worker import Worker
+
+    h = conn.hgetall(Worker.redis_worker_namespace_prefix + name) if name else {}
+    if not h or b"death" in h:
+        return False
+    if h.get(b"hostname", b"").decode() != socket.gethostname():
+        return True
+    with contextlib.suppress(ValueError):
+        pid = int(h.get(b"pid", b"0"))
+        if pid == os.getpid():
+            return False
+        with contextlib.suppress(OSError):
+            os.kill(pid, 0)
+            return True
+    return False
+
+
+def _reclaim(conn: redis.Redis, names: list[str]) -> None:
+    """Tasks left running by a worker that died: retried now (or failed, with their event), not after rq's
+    expiry, which would hold their keys for the task timeout and more."""
+    from rq.executions import Execution
+    from rq.registry import StartedJobRegistry
+    from rq.serializers import JSONSerializer
+
+    for name in names:
+        reg = StartedJobRegistry(name, connection=conn, serializer=JSONSerializer)
+        dead = []
+        for jid, eid in reg.get_job_and_execution_ids(cleanup=False):
+            try:
+                worker = Execution.fetch(eid, jid, conn).worker_name
+            except ValueError:
+                worker = ""
+            if not _worker_alive(conn, worker):
+                dead.append(f"{jid}:{eid}")
+        if dead:
+            log.warning("event=tasks.reclaimed queue=%s tasks=%d (their worker died)", name, len(dead))
+            conn.zadd(reg.key, {c: 0 for c in dead}, xx=True)
+            reg.cleanup(timestamp=1)  # rq's own handling of abandoned tasks: retry, or fail with the callback
+
+
+def _schedule(conn: redis.Redis, names: list[str], home: Path) -> None:
+    """Moves tasks whose retry delay has passed back to their queue (rq's scheduler, in a thread of this process
+    rather than rq's forked one, which would outlive the server). Named per host and home, so a restarted worker
+    takes its lock back at once."""
+    from rq.scheduler import RQScheduler
+    from rq.serializers import JSONSerializer
+
+    name = "piloop-" + hashlib.sha256(f"{socket.gethostname()}:{home}:{names}".encode()).hexdigest()[:16]
+    sched = RQScheduler(names, connection=conn, interval=1, serializer=JSONSerializer, name=name)
+    failing = False
+    while True:
+        try:
+            sched.acquire_locks()
+            if sched.acquired_locks:
+                sched.enqueue_scheduled_jobs()
+            failing = False
+        except Exception as e:  # Redis away: try again next second
+            if not failing:
+                log.warning("event=tasks.scheduler_failed error=%s", e)
+            failing = True
+        time.sleep(1.0)
+
+
+def _runtime(home: Path) -> Runtime:
+    from piloop_common.cas import open_store
+    from piloop_common.config import load_settings
+    from piloop_server.redisconn import connect
+    from piloop_server.runtime import Runtime
+
+    settings = load_settings(home)
+    client = connect(settings, home)
+    store = open_store(settings.plugins.cas, home)
+    rt = Runtime(settings=settings, home=home, redis=client, store=store, cas_id=store.identity())
+    sid = client.hget(rt.keys.daemon(), "server_id")  # the server wrote it before starting us
+    if sid:
+        rt.server_id = sid.decode()
+    return rt
+
+
+def _rss_mb() -> float:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One background worker process: `--home H --queue Q [--queue …] --parent PID`."""
+    global _rt
+    started = time.monotonic()
+    ap = argparse.ArgumentParser(prog="piloop-tasks")
+    ap.add_argument("--home", required=True, type=Path)
+    ap.add_argument("--queue", action="append", required=True)
+    ap.add_argument("--parent", type=int, default=0)
+    a = ap.parse_args(argv)
+    if a.parent:
+        _die_with(a.parent)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    rt = _runtime(a.home)
+    prefix = rt.keys.rq_prefix()
+    os.environ[PREFIX_ENV] = prefix
+    import redis as redis_lib
+    import rq.defaults
+
+    if rq.defaults.RQ_KEY_PREFIX != prefix:
+        raise ConfigError(f"rq was imported with the key prefix {rq.defaults.RQ_KEY_PREFIX!r}, not {prefix!r}")
+    from rq import SimpleWorker
+    from rq.serializers import JSONSerializer
+
+    from piloop_server.redisconn import state_url
+
+    _rt = rt
+    # rq's own client: rq lengthens its socket timeout for the blocking pop, which the Runtime's must not get
+    conn = redis_lib.Redis.from_url(state_url(rt.settings, a.home), socket_connect_timeout=5)
+    _reclaim(conn, a.queue)
+    threading.Thread(target=_schedule, args=(conn, a.queue, a.home), name="scheduler", daemon=True).start()
+    worker = SimpleWorker(a.queue, connection=conn, serializer=JSONSerializer,
+                          name=f"{'+'.join(a.queue)}.{socket.gethostname()}.{os.getpid()}")
+    log.info("event=tasks.ready queues=%s pid=%d seconds=%.2f rss_mb=%.0f", ",".join(a.queue), os.getpid(),
+             time.monotonic() - started, _rss_mb())
+    worker.work(logging_level="WARNING")
+    return 0
+
+
+# -- in piloop serve: the worker processes ---------------------------------------------------------
+
+
+class Workers:
+    """`piloop serve`'s background workers: one child process per queue, restarted when one dies."""
+
+    def __init__(self, rt: Runtime, home: Path) -> None:
+        self.home, self.names = home, queues(rt)
+        self.env = {**os.environ, PREFIX_ENV: rt.keys.rq_prefix()}
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.started: dict[str, float] = {}
+        self.delay: dict[str, float] = {}
+        self.stopping = False
+
+    def _spawn(self, name: str) -> None:
+        argv = [sys.executable, "-c", "import sys; from piloop_server.tasks import main; sys.exit(main())",
+                "--home", str(self.home), "--queue", name, "--parent", str(os.getpid())]
+        with open(self.home / "logs" / f"tasks-{name}.log", "ab") as out:
+            p = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        self.procs[name], self.started[name] = p, time.monotonic()
+        log.info("event=tasks.worker_started queue=%s pid=%d", name, p.pid)
+
+    def start(self) -> None:
+        for name in self.names:
+            self._spawn(name)
+
+    def watch(self, stop: threading.Event) -> None:
+        due: dict[str, float] = {}
+        while not stop.wait(0.5):
+            now = time.monotonic()
+            for name, p in list(self.procs.items()):
+                if self.stopping or p.poll() is None:
+                    continue
+                if name not in due:
+                    # doubling while it dies young, from 0.5 s: a crash loop never spins
+                    lived = now - self.started[name]
+                    d = 0.5 if lived > RESTART_MAX_SECONDS else min(self.delay.get(name, 0.25) * 2, RESTART_MAX_SECONDS)
+                    self.delay[name], due[name] = d, now + d
+                    log.warning("event=tasks.worker_exited queue=%s code=%s (restarting in %gs)", name, p.returncode, d)
+                if now >= due[name]:
+                    due.pop(name)
+                    self._spawn(name)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM (rq finishes the task at hand), then SIGKILL: the task is retried by the next server."""
+        self.stopping = True
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        end = time.monotonic() + timeout
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
