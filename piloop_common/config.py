@@ -77,6 +77,10 @@ class PoolConfig(_Model):
     evaluations: int = Field(1, ge=0, description="Evaluation slots per worker of this pool.")
     max_load: float = Field(2.0, gt=0, description="A worker whose 1-minute load per CPU is over this takes no job.")
     min_memory_gb: float = Field(0.5, ge=0, description="A worker with less free memory than this takes no job.")
+    memory_mb: int | None = Field(None, gt=0, description="The memory grant (MiB) of a job of this pool that asks for none; unset: such a job has no grant and is limited to its worker's room.")
+    memory_max_mb: int | None = Field(None, gt=0, description="The most a grant raised after an out-of-memory attempt may reach (MiB), unless the job says; unset: its worker's room.")
+    memory_reserve_mb: int = Field(512, ge=0, description="A worker's room (the memory it grants) is its available memory less this (MiB).")
+    memory_held_seconds: float = Field(60, gt=0, description="A job held at its memory limit (reclaiming pages it needs again) this long is stopped and reported out of memory.")
     runners: list[Literal["process"]] = Field(default_factory=lambda: ["process"], description="How jobs run on its workers.")
     provisioner: ProvisionerConfig | None = Field(None, description="Start and stop this pool's workers.")
 

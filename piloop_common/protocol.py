@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PROTOCOL = 1
 API = "/v1"
@@ -69,6 +69,8 @@ class Timing(Message):
     request_timeout_seconds: float
     kill_grace_seconds: float
     memory_pressure_max: float
+    memory_reserve_mb: int = Field(0, description="The pool's memory reserve: the worker's room is its available memory less this.")
+    memory_held_seconds: float = Field(60, description="A job held at its memory limit this long is stopped, out of memory.")
 
 
 class RegisterResponse(Message):
@@ -85,6 +87,9 @@ class ClaimRequest(Message):
     protocol: int
     want: dict[Kind, int] = Field(description="How many jobs of each kind the worker has room for now.")
     wait_seconds: float = Field(0, ge=0, le=60, description="With nothing to lease, wait up to this long for a job.")
+    room_mb: int | None = Field(None, ge=0, description=(
+        "The memory (MiB) this worker can grant: its available memory less the pool's reserve. A job is leased only "
+        "when its grant fits beside the grants the worker holds; none: grants are not checked."))
 
 
 class JobSpec(Message):
@@ -96,8 +101,28 @@ class JobSpec(Message):
     secrets: list[str] = Field(default_factory=list, description="Names of the secrets the job gets as env.")
     inputs: dict[str, str] = Field(default_factory=dict, description="File name -> CAS address, put in the job's dir.")
     timeout_seconds: float | None = Field(None, gt=0)
-    memory_mb: int | None = Field(None, gt=0, description="The job's memory grant (a cgroup limit where possible).")
+    memory_mb: int | None = Field(None, gt=0, description=(
+        "The job's memory grant (MiB): its cgroup limit, and what a worker must have room for to take it; "
+        "unset: the pool's `memory_mb`, else no grant (limited to the worker's room)."))
+    memory_growth: float = Field(1.5, ge=1, le=10, description=(
+        "After an attempt runs out of memory, the next one is granted this many times as much (1: never raise)."))
+    memory_max_mb: int | None = Field(None, gt=0, description=(
+        "The most a raised grant may reach (MiB); unset: the pool's `memory_max_mb`, else the room of the worker "
+        "where the attempt ran out."))
+    max_attempts: int = Field(1, ge=1, le=100, description=(
+        "Attempts that may fail (exit code, signal, timeout, out of memory) before the job ends `failed`; a lost "
+        "or fenced run is not an attempt, and an out-of-memory attempt whose grant can still grow does not count."))
+    backoff_seconds: float = Field(10, ge=0, le=86400, description="The wait before a failed job's next attempt.")
+    backoff_factor: float = Field(2, ge=1, le=10, description=(
+        "Each further failed attempt waits this many times longer (at most an hour)."))
     campaign: CampaignJob | None = Field(None, description="Set by the server for a campaign's agents and evaluations.")
+
+    @model_validator(mode="after")
+    def _memory_cap(self) -> "JobSpec":
+        if self.memory_mb and self.memory_max_mb and self.memory_max_mb < self.memory_mb:
+            raise ValueError(f"memory_max_mb ({self.memory_max_mb}) is below memory_mb ({self.memory_mb}): "
+                             "the cap on a raised grant cannot be under the first grant")
+        return self
 
 
 class RepoSpec(Message):
@@ -127,6 +152,8 @@ class Assignment(Message):
     image: str = ""
     spec: JobSpec
     secrets: dict[str, str] = Field(default_factory=dict, description="Values of the secrets the job names.")
+    memory_mb: int | None = Field(None, description="This attempt's grant (MiB), raised after an out-of-memory "
+                                  "attempt; none: limited to the worker's room.")
 
 
 class ClaimResponse(Message):
@@ -213,6 +240,8 @@ class JobView(Message):
     result: dict[str, Any] = Field(default_factory=dict)
     log: list[str] = Field(default_factory=list)
     progress: list[dict[str, Any]] = Field(default_factory=list, description="The job's own notes: note, by, at_ms.")
+    memory_mb: int = Field(0, description="The grant (MiB) of the job's current or next attempt; 0: none of its own.")
+    retry_ms: int = Field(0, description="A failed job waiting to be tried again: when it goes back to the queue.")
 
 
 class ProgressNote(Message):
@@ -232,6 +261,8 @@ class WorkerView(Message):
     agents: int = 0
     evaluations: int = 0
     no_lease: str = ""
+    room_mb: int | None = Field(None, description="The memory (MiB) the worker can grant, as its last claim said.")
+    granted_mb: int = Field(0, description="The memory (MiB) granted to the jobs it holds.")
 
 
 class LimitRequest(Message):

@@ -27,7 +27,7 @@ from typing import Any, Callable, Generic, TypeVar
 
 from piloop_common.cas.address import hash_bytes
 from piloop_common.client import ApiClient
-from piloop_common.errors import Corrupt, TaskFailed, WaitTimeout
+from piloop_common.errors import BadRequest, Corrupt, TaskFailed, WaitTimeout
 from piloop_common.protocol import TERMINAL_STATES, JobView
 
 R = TypeVar("R")
@@ -73,10 +73,25 @@ class Client:
     # -- jobs --------------------------------------------------------------------------------
     def submit(self, argv: list[str], *, pool: str = "serve", kind: str = "evaluation", env: dict[str, str] | None = None,
                inputs: dict[str, str] | None = None, secrets: list[str] | None = None, timeout: float | None = None,
-               memory_mb: int | None = None, image: str = "", campaign: str = "", runner: str = "process") -> str:
-        """Queue a job; its id. `inputs` maps a file name in the job's `inputs/` to a CAS address (`put_blob`)."""
-        spec = {"runner": runner, "argv": list(argv), "env": dict(env or {}), "secrets": list(secrets or []),
-                "inputs": dict(inputs or {}), "timeout_seconds": timeout, "memory_mb": memory_mb}
+               memory_mb: int | None = None, image: str = "", campaign: str = "", runner: str = "process",
+               memory: str | int | None = None, memory_growth: float | None = None, memory_max: str | int | None = None,
+               max_attempts: int | None = None, backoff: float | None = None) -> str:
+        """Queue a job; its id. `inputs` maps a file name in the job's `inputs/` to a CAS address (`put_blob`).
+        `memory` is its grant (`"4G"`, `"512M"`, or MiB); `max_attempts` and `backoff` (seconds) its retry policy;
+        a bad value raises BadRequest before anything is queued."""
+        from piloop_common.sizes import parse_memory
+
+        if memory is not None and memory_mb is not None:
+            raise BadRequest("memory and memory_mb: give one")
+        spec: dict[str, Any] = {
+            "runner": runner, "argv": list(argv), "env": dict(env or {}), "secrets": list(secrets or []),
+            "inputs": dict(inputs or {}), "timeout_seconds": timeout,
+            "memory_mb": parse_memory(memory, "memory") if memory is not None else memory_mb}
+        for key, value in (("memory_growth", memory_growth), ("max_attempts", max_attempts),
+                           ("backoff_seconds", backoff),
+                           ("memory_max_mb", parse_memory(memory_max, "memory_max") if memory_max is not None else None)):
+            if value is not None:
+                spec[key] = value
         body = {"kind": kind, "pool": pool, "campaign": campaign, "image": image, "spec": spec}
         return self.api.call("POST", "/v1/jobs", body)["job"]
 

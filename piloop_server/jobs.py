@@ -26,6 +26,10 @@ def submit(rt: Runtime, req: SubmitRequest, by: str) -> str:
     if (pool.agents if req.kind == "agent" else pool.evaluations) == 0 and pool.provisioner is None:
         # a limit may set it to 0 for a while; say so, but queue the job anyway
         pass
+    cap = req.spec.memory_max_mb or pool.memory_max_mb
+    if req.spec.memory_mb and cap and req.spec.memory_mb > cap:
+        raise BadRequest(f"--memory {req.spec.memory_mb} MiB: over the cap of {cap} MiB "
+                         f"({'--memory-max' if req.spec.memory_max_mb else f'pool {req.pool} memory_max_mb'})")
     if req.spec.secrets:
         have = rt.secrets.names() if getattr(rt, "secrets", None) else set()
         missing = [s for s in req.spec.secrets if s not in have]
@@ -57,7 +61,8 @@ def view(rt: Runtime, job_id: str) -> JobView:
         worker=f.get("worker", ""), token=f.get("token", ""), created_ms=int(f.get("created") or 0),
         updated_ms=int(f.get("updated") or 0), reason=f.get("reason", ""),
         spec=json.loads(f.get("spec") or "{}"), result=result, log=chunks,
-        progress=[json.loads(n) for n in notes])
+        progress=[json.loads(n) for n in notes], memory_mb=int(f.get("grant_mb") or 0),
+        retry_ms=int(f.get("retry_at") or 0))
 
 
 def listing(rt: Runtime, state: str | None, pool: str | None, limit: int = 200) -> list[JobView]:

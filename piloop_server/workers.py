@@ -28,12 +28,13 @@ def views(rt: Runtime) -> list[WorkerView]:
         pipe.hgetall(rt.keys.worker(n))
         pipe.exists(rt.keys.worker_alive(n))
         for kind in KINDS:
-            pipe.scard(rt.keys.worker_leases(n, kind))
+            pipe.smembers(rt.keys.worker_leases(n, kind))
     got = pipe.execute()
+    granted = _granted(rt, [set(got[4 * i + 2]) | set(got[4 * i + 3]) for i in range(len(names))])
     now = now_ms(rt)
     out = []
     for i, n in enumerate(names):
-        h, alive, agents, evals = got[4 * i: 4 * i + 4]
+        h, alive, agents, evals = got[4 * i], got[4 * i + 1], len(got[4 * i + 2]), len(got[4 * i + 3])
         f = {_s(k): _s(v) for k, v in h.items()}
         if not f:
             continue
@@ -55,13 +56,24 @@ def views(rt: Runtime) -> list[WorkerView]:
         seen = int(f.get("seen") or 0)
         out.append(WorkerView(name=n, pool=f.get("pool", ""), image=f.get("image", ""),
                               seen_seconds=max(0.0, (now - seen) / 1000) if seen else None, reachable=bool(alive),
-                              draining=draining, sample=sample, agents=agents, evaluations=evals, no_lease=reason))
+                              draining=draining, sample=sample, agents=agents, evaluations=evals, no_lease=reason,
+                              room_mb=int(f["room_mb"]) if f.get("room_mb") else None, granted_mb=granted[i]))
     # a worker the server started shows from its start, before it registers
     for n, rec in provisioned_records(rt).items():
         if n not in names and rec.get("state") in ("starting", "stopping"):
             out.append(WorkerView(name=n, pool=rec.get("pool", ""), image="", seen_seconds=None, reachable=False,
                                   draining=False, sample=None, agents=0, evaluations=0, no_lease=rec["state"]))
     return sorted(out, key=lambda w: w.name)
+
+
+def _granted(rt: Runtime, leases: list[set[bytes]]) -> list[int]:
+    """Each worker's granted memory (MiB): the grants of the jobs it holds leases on, as claim.lua sums them."""
+    pipe = rt.redis.pipeline(transaction=False)
+    for ids in leases:
+        for j in ids:
+            pipe.hget(rt.keys.job(_s(j)), "granted_mb")
+    got = iter(pipe.execute())
+    return [sum(int(_s(next(got)) or 0) for _ in ids) for ids in leases]
 
 
 def pool_summary(rt: Runtime, workers: list[WorkerView]) -> list[dict[str, Any]]:
@@ -77,7 +89,9 @@ def pool_summary(rt: Runtime, workers: list[WorkerView]) -> list[dict[str, Any]]
         pool = rt.executor.pools[name]
         mine = [w for w in workers if w.pool == name]
         usable = [w for w in mine if w.reachable and not w.draining and not pools.host_reason(pool, w.sample)]
-        row: dict[str, Any] = {"pool": name, "workers": len(mine), "reachable": sum(w.reachable for w in mine)}
+        row: dict[str, Any] = {"pool": name, "workers": len(mine), "reachable": sum(w.reachable for w in mine),
+                               "room_mb": sum(w.room_mb or 0 for w in mine if w.reachable),
+                               "granted_mb": sum(w.granted_mb for w in mine if w.reachable)}
         for j, kind in enumerate(KINDS):
             per = pools.slots(pool, kind)
             used = sum(w.agents if kind == "agent" else w.evaluations for w in usable)

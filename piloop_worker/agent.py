@@ -38,6 +38,7 @@ from piloop_worker.heartbeat import Heartbeat, Reachability
 from piloop_worker.jobdir import JobDir, read_json, scan
 from piloop_worker.logs import LogShipper
 from piloop_worker.relay import Relay, socket_path
+from piloop_worker.room import Room, available_mb
 from piloop_worker.repos import Repos, parse_score
 from piloop_worker.shimhost import ShimHost
 from piloop_worker.spool import Spool
@@ -100,7 +101,7 @@ def outcome_of(rec: dict[str, Any]) -> tuple[str, str]:
     if stopped == "timeout":
         return "failed", "timeout"
     if rec.get("oom"):
-        return "failed", "out of memory"
+        return "failed", rec.get("reason") or "out of memory"
     if rec.get("reason"):
         return "failed", rec["reason"]
     if rec.get("exit_code") == 0:
@@ -149,6 +150,8 @@ class Worker:
         self.next_claim = 0.0
         self.heartbeat: Heartbeat | None = None
         self.register_sent = 0.0
+        self.room = Room()
+        self.grants: dict[str, int] = {}  # job -> its grant (MiB), 0 for none
 
     # -- what the server hears --------------------------------------------------------------
     def snapshot(self) -> list[Held]:
@@ -423,6 +426,24 @@ class Worker:
             shutil.rmtree(JobDir.for_lease(self.workdir, report.job, report.token).root, ignore_errors=True)
 
     # -- claims and starts ------------------------------------------------------------------
+    def granted_mb(self) -> int:
+        """The grants of the jobs this worker holds (re-attached ones from their job.json)."""
+        total = 0
+        held = self.snapshot()
+        for h in held:
+            if h.job not in self.grants:
+                self.grants[h.job] = int((h.jd.record() or {}).get("memory_mb") or 0)
+            total += self.grants[h.job]
+        for job in set(self.grants) - {h.job for h in held}:
+            del self.grants[job]
+        return total
+
+    def room_mb(self) -> int:
+        """What this worker can grant: its available memory less the pool's reserve (`room.Room`)."""
+        assert self.timing is not None
+        granted = self.granted_mb()
+        return self.room.measure(available_mb(), granted, self.timing.memory_reserve_mb, idle=not self.grants)
+
     def claim(self) -> None:
         assert self.timing is not None
         sample = self.host_sample()
@@ -438,7 +459,7 @@ class Worker:
             resp: ClaimResponse = self.api.call(
                 "POST", "/v1/worker/claim",
                 ClaimRequest(protocol=PROTOCOL, want={"agent": 1, "evaluation": EVALUATIONS_PER_CLAIM},
-                             wait_seconds=wait),
+                             wait_seconds=wait, room_mb=self.room_mb()),
                 model=ClaimResponse, timeout=self.timing.request_timeout_seconds + wait)
         except Refused as e:
             self.refuse(e.message)
@@ -510,10 +531,14 @@ class Worker:
                            "reason": f"{stage}: {msg}", "usage": Usage().model_dump(), "duration_seconds": 0.0})
             return
         cgroup = None
-        if a.spec.memory_mb and self.cgroups.available:
+        self.grants[a.job] = a.memory_mb or 0
+        if self.cgroups.available:
+            # its grant is its limit; a job without one is limited to the worker's room
+            limit = a.memory_mb or max(self.room_mb(), 1)
             try:
-                cg = self.cgroups.create(jd.root.name, a.spec.memory_mb)
-                cgroup = {"path": str(cg.path), "version": cg.version}
+                cg = self.cgroups.create(jd.root.name, limit)
+                cgroup = {"path": str(cg.path), "version": cg.version, "limit_mb": limit,
+                          "held_seconds": self.timing.memory_held_seconds}
             except OSError as e:
                 log.warning("event=job.no_cgroup job=%s error=%s", a.job, e)
         env = {**os.environ, **a.spec.env, **a.secrets, "PILOOP_JOB": a.job, "PILOOP_LEASE_TOKEN": a.token,

@@ -47,6 +47,20 @@ class JobCgroup:
         m = re.search(r"^oom_kill (\d+)$", _read(self.path / "memory.oom_control"), re.M)
         return int(m.group(1)) if m else 0
 
+    def usage_bytes(self) -> int:
+        """The memory charged to the group now (page cache included, as the limit counts it)."""
+        raw = _read(self.path / ("memory.current" if self.version == 2 else "memory.usage_in_bytes")).strip()
+        return int(raw) if raw.isdigit() else 0
+
+    def refaults(self) -> int:
+        """Pages the group evicted and then needed again (`workingset_refault*`): the sign of thrashing."""
+        total = 0
+        for line in _read(self.path / "memory.stat").splitlines():
+            name, _, value = line.partition(" ")
+            if name.startswith("workingset_refault") and value.strip().isdigit():
+                total += int(value)
+        return total
+
     def pids(self) -> list[int]:
         return [int(x) for x in _read(self.path / "cgroup.procs").split()]
 
@@ -63,6 +77,35 @@ class JobCgroup:
     def remove(self) -> None:
         with contextlib.suppress(OSError):
             self.path.rmdir()
+
+
+class HeldWatch:
+    """Since when a job has been held at its memory limit: its usage near the limit while it keeps refaulting
+    pages it had to give up. The kernel kills a job that cannot fit at all; one that just fits thrashes (it
+    reclaims and reads back its own pages, making little progress) and is never killed, so the shim stops it
+    once it has been held there `seconds`. A job that streams through more data than its limit reads each page
+    once and does not refault, so it is not held."""
+
+    NEAR = 0.9  # of the limit: reclaim keeps usage a little under it
+    SLACK = 1.5  # seconds without a held sample before a hold counts as over (refaults come in bursts)
+
+    def __init__(self, limit_bytes: int, seconds: float) -> None:
+        self.limit, self.seconds = limit_bytes, seconds
+        self.since: float | None = None
+        self.last = 0.0
+        self.seen: int | None = None
+
+    def observe(self, now: float, usage: int, refaults: int) -> bool:
+        """Record one sample; whether the job has now been held at its limit for `seconds`."""
+        rose = self.seen is not None and refaults > self.seen
+        self.seen = refaults
+        if rose and usage >= self.NEAR * self.limit:
+            if self.since is None:
+                self.since = now
+            self.last = now
+        elif self.since is not None and now - self.last > self.SLACK:
+            self.since = None
+        return self.since is not None and now - self.since >= self.seconds
 
 
 def _read(p: Path) -> str:

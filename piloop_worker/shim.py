@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 
 from piloop_worker import metrics, tasks
-from piloop_worker.cgroups import JobCgroup
+from piloop_worker.cgroups import HeldWatch, JobCgroup
 from piloop_worker.jobdir import JobDir, atomic_json
 from piloop_worker.usage import Meter
 
@@ -46,6 +46,9 @@ def run(req: dict[str, Any]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     cg = JobCgroup(Path(req["cgroup"]["path"]), req["cgroup"]["version"]) if req.get("cgroup") else None
+    limit_mb = (req.get("cgroup") or {}).get("limit_mb")
+    held_seconds = (req.get("cgroup") or {}).get("held_seconds")
+    held = HeldWatch(limit_mb * 2**20, float(held_seconds)) if cg is not None and limit_mb and held_seconds else None
     started_wall, started = time.time(), time.monotonic()
     record: dict[str, Any] = {"exit_code": None, "signal": None, "oom": False, "stopped": "", "reason": "",
                               "started": started_wall}
@@ -102,6 +105,10 @@ def run(req: dict[str, Any]) -> int:
         if now >= next_sample:
             meter.sample()
             next_sample = now + SAMPLE_EVERY
+            if held is not None and cg is not None and not why and held.observe(now, cg.usage_bytes(), cg.refaults()):
+                why = "memory_held"  # thrashing at its limit, which the kernel will not kill for
+                _signal_tree(pid, meter, signal.SIGTERM)
+                kill_at = now + grace
         if pidfd is None:
             time.sleep(TICK)
         else:  # wake the moment the job exits, not up to a tick later
@@ -121,7 +128,9 @@ def run(req: dict[str, Any]) -> int:
     elif os.WIFSIGNALED(status):
         record["signal"] = os.WTERMSIG(status)
     if cg is not None:
-        record["oom"] = cg.oom_kills() > 0
+        record["oom"] = cg.oom_kills() > 0 or why == "memory_held"
+        if why == "memory_held":
+            record["reason"] = f"out of memory (held at its limit for {held_seconds:g}s)"
         cg.remove()
     record["stopped"] = why
     record["usage"] = meter.usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024).model_dump()

@@ -170,6 +170,13 @@ def _backoff(p: dict) -> str:
     return "-"
 
 
+def _memory(p: dict) -> str:
+    """A pool's granted/room over its reachable workers, in GiB."""
+    if not p.get("room_mb"):
+        return "-"
+    return f"{p.get('granted_mb', 0) / 1024:.1f}/{p['room_mb'] / 1024:.1f} GiB"
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
@@ -198,10 +205,11 @@ def status(obj, as_json: bool) -> None:
     click.echo("")
     rows = [[p["pool"], f"{p['reachable']}/{p['workers']}",
              f"{p['agent_free']}/{p['agent_slots']}", f"{p['evaluation_free']}/{p['evaluation_slots']}",
-             f"{p['agent_queued']}/{p['agent_running']}", f"{p['evaluation_queued']}/{p['evaluation_running']}"]
+             f"{p['agent_queued']}/{p['agent_running']}", f"{p['evaluation_queued']}/{p['evaluation_running']}",
+             _memory(p)]
             for p in st["pools"]]
     click.echo(table(["pool", "workers", "agents free", "evaluations free", "agents queued/running",
-                      "evaluations queued/running"], rows))
+                      "evaluations queued/running", "memory granted/room"], rows))
     if st.get("provisioners"):
         click.echo("")
         rows = [[p["pool"], p["provider"], p["max"], p["starting"], p["running"], p["draining"], p["stopping"],

@@ -27,12 +27,23 @@ def job() -> None:
 @click.option("--env", "envs", multiple=True, metavar="K=V")
 @click.option("--input", "inputs", multiple=True, metavar="PATH", help="A file put in the CAS and given to the job.")
 @click.option("--timeout", metavar="DURATION", help="Stop the job after this long, like 30m.")
-@click.option("--memory-mb", type=int, help="The job's memory grant.")
+@click.option("--memory", metavar="SIZE", help="The job's memory grant, like 4G or 512M: its limit, and what a "
+              "worker must have room for (default: the pool's memory_mb).")
+@click.option("--memory-mb", type=int, hidden=True, help="The grant in MiB (older spelling of --memory).")
+@click.option("--memory-growth", type=float, metavar="X",
+              help="After running out of memory, the next attempt gets X times the grant (default 1.5; 1: never).")
+@click.option("--memory-max", metavar="SIZE", help="The most a raised grant may reach (default: the pool's cap, else "
+              "the worker's room).")
+@click.option("--max-attempts", type=int, metavar="N", help="Failed attempts before the job ends failed (default 1).")
+@click.option("--backoff", metavar="DURATION", help="The wait before a failed job's next attempt (default 10s), "
+              "doubling each time.")
 @click.option("--json", "as_json", is_flag=True)
 @click.argument("argv", nargs=-1, required=True, metavar="-- CMD ARGS…")
 @click.pass_obj
-def submit(obj, kind, pool, campaign, image, secrets, envs, inputs, timeout, memory_mb, as_json, argv) -> None:
+def submit(obj, kind, pool, campaign, image, secrets, envs, inputs, timeout, memory, memory_mb, memory_growth,
+           memory_max, max_attempts, backoff, as_json, argv) -> None:
     """Queue a job; print its id."""
+    policy = _policy(memory, memory_mb, memory_growth, memory_max, max_attempts, backoff)  # refuse bad flags first
     env = {}
     for kv in envs:
         k, sep, v = kv.partition("=")
@@ -52,11 +63,39 @@ def submit(obj, kind, pool, campaign, image, secrets, envs, inputs, timeout, mem
                 raise click.UsageError(f"--input {p}: no such file")
             input_addrs[path.name] = store.put_file(path)
     spec = {"argv": list(argv), "env": env, "secrets": list(secrets), "inputs": input_addrs,
-            "timeout_seconds": parse_duration(timeout, "--timeout") if timeout else None, "memory_mb": memory_mb}
+            "timeout_seconds": parse_duration(timeout, "--timeout") if timeout else None, **policy}
     body = {"kind": kind, "pool": pool, "campaign": campaign, "image": image, "spec": spec}
     with obj.api() as api:
         got = api.call("POST", "/v1/jobs", body)
     emit_json(got) if as_json else click.echo(got["job"])
+
+
+def _policy(memory, memory_mb, growth, memory_max, max_attempts, backoff) -> dict:
+    """The spec's memory and retry fields from the flags; a bad one is a usage error naming it."""
+    from piloop_common.sizes import parse_memory
+
+    if memory is not None and memory_mb is not None:
+        raise click.UsageError("--memory and --memory-mb: give one")
+    out: dict = {"memory_mb": parse_memory(memory, "--memory") if memory is not None else memory_mb}
+    if out["memory_mb"] is not None and out["memory_mb"] <= 0:
+        raise click.UsageError(f"--memory-mb {memory_mb}: a memory size must be more than 0")
+    if memory_max is not None:
+        out["memory_max_mb"] = parse_memory(memory_max, "--memory-max")
+        if out["memory_mb"] and out["memory_max_mb"] < out["memory_mb"]:
+            raise click.UsageError(f"--memory-max {memory_max}: below --memory ({out['memory_mb']} MiB)")
+    if growth is not None:
+        if not 1 <= growth <= 10:
+            raise click.UsageError(f"--memory-growth {growth:g}: give a factor from 1 (never raise) to 10")
+        out["memory_growth"] = growth
+    if max_attempts is not None:
+        if not 1 <= max_attempts <= 100:
+            raise click.UsageError(f"--max-attempts {max_attempts}: give 1 to 100")
+        out["max_attempts"] = max_attempts
+    if backoff is not None:
+        out["backoff_seconds"] = parse_duration(backoff, "--backoff")
+        if not 0 <= out["backoff_seconds"] <= 86400:
+            raise click.UsageError(f"--backoff {backoff}: give 0s to 1d")
+    return out
 
 
 @job.command("list")
@@ -95,7 +134,9 @@ def show(obj, job_id, as_json) -> None:
              ("exit", r.get("exit_code") if r else "-"), ("signal", r.get("signal") or "-"),
              ("peak memory", f"{usage.get('peak_rss_bytes', 0) / 2**20:.1f} MiB" if usage else "-"),
              ("cpu", f"{usage.get('cpu_seconds', 0):.2f} s" if usage else "-"),
-             ("reason", j["reason"] or "-"), ("log", ", ".join(j["log"]) or "-")]
+             ("memory", _grant(j)), ("reason", j["reason"] or "-"), ("log", ", ".join(j["log"]) or "-")]
+    if j.get("retry_ms"):
+        lines.insert(-2, ("retry at", when(j["retry_ms"])))
     for name, addr in (r.get("outputs") or {}).items():
         lines.append((f"output {name}", addr))
     for n in j.get("progress") or []:
@@ -103,6 +144,14 @@ def show(obj, job_id, as_json) -> None:
     width = max(len(k) for k, _ in lines)
     for k, v in lines:
         click.echo(f"{k.ljust(width)}  {v}")
+
+
+def _grant(j: dict) -> str:
+    from piloop_common.sizes import format_memory
+
+    spec = j["spec"]
+    grant = j.get("memory_mb") or spec.get("memory_mb")
+    return format_memory(grant) if grant else "no grant (limited to its worker's room)"
 
 
 @job.command("cancel")

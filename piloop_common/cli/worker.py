@@ -48,9 +48,10 @@ def worker(ctx, server, socket, pool, token_file, name, image, workdir) -> None:
 
 
 @worker.command("list")
+@click.option("--wide", is_flag=True, help="Also each worker's room (the memory it can grant) and what it has granted.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def worker_list(obj, as_json: bool) -> None:
+def worker_list(obj, wide: bool, as_json: bool) -> None:
     """Each worker, its host, its slots in use, and why it got no lease."""
     with obj.api() as api:
         rows = api.call("GET", "/v1/workers")
@@ -65,4 +66,11 @@ def worker_list(obj, as_json: bool) -> None:
         disk = f"{s['disk_free_gb']:.1f} GB" if s else "-"
         out.append([w["name"], w["pool"], ago(w["seen_seconds"]), load, mem, disk, w["agents"], w["evaluations"],
                     w["no_lease"]])
-    click.echo(table(["worker", "pool", "seen", "load", "memory", "disk", "agents", "evaluations", "no lease"], out))
+        if wide:
+            from piloop_common.sizes import format_memory
+
+            granted = w.get("granted_mb") or 0
+            out[-1] += [format_memory(w.get("room_mb")), format_memory(granted) if granted else "0"]
+    # the default columns are the spec's, word for word; memory grants are the --wide columns
+    click.echo(table(["worker", "pool", "seen", "load", "memory", "disk", "agents", "evaluations", "no lease"]
+                     + (["room", "granted"] if wide else []), out))

@@ -39,11 +39,13 @@ def _check(rt: Runtime, caller: Caller, hello: WorkerHello | ClaimRequest | Rele
                       "give the worker the server's [plugins.cas]")
 
 
-def _timing(rt: Runtime) -> Timing:
+def _timing(rt: Runtime, pool_name: str) -> Timing:
     ex = rt.executor
+    pool = ex.pools[pool_name]  # _check refused an unknown pool
     return Timing(renew_seconds=ex.renew_seconds, grace_seconds=ex.grace_seconds,
                   toleration_seconds=ex.toleration_seconds, request_timeout_seconds=ex.request_timeout_seconds,
-                  kill_grace_seconds=ex.kill_grace_seconds, memory_pressure_max=ex.memory_pressure_max)
+                  kill_grace_seconds=ex.kill_grace_seconds, memory_pressure_max=ex.memory_pressure_max,
+                  memory_reserve_mb=pool.memory_reserve_mb, memory_held_seconds=pool.memory_held_seconds)
 
 
 def _sample(hello: WorkerHello) -> dict:
@@ -58,7 +60,7 @@ def register(body: RegisterRequest, rt: RuntimeDep, caller: WorkerDep) -> Regist
     rt.leases.register(name, body.pool, body.image, body.cas_id, _sample(body), protocol=body.protocol,
                        by=f"worker:{name}", info=info)
     _, statuses = rt.leases.heartbeat(name, _sample(body), [Lease(j.job, j.token) for j in body.jobs])
-    return RegisterResponse(worker=name, timing=_timing(rt), jobs=statuses)
+    return RegisterResponse(worker=name, timing=_timing(rt, body.pool), jobs=statuses)
 
 
 @router.post("/heartbeat", response_model=HeartbeatResponse)
@@ -113,7 +115,8 @@ def _claim(body: ClaimRequest, rt: Runtime, caller: Caller) -> ClaimResponse:
             if n <= 0 or want <= 0:
                 per_kind[kind] = "slots"
                 continue
-            c = rt.leases.claim(name, pool_name, kind, slots=n, image=image, most=want)
+            c = rt.leases.claim(name, pool_name, kind, slots=n, image=image, most=want, room_mb=body.room_mb,
+                                default_mb=pool.memory_mb)
             leases += c.leases
             per_kind[kind] = c.reason or ("slots" if len(c.leases) >= want else "nothing")
         reason = "" if leases else pools.combine_reasons(per_kind)
@@ -122,11 +125,12 @@ def _claim(body: ClaimRequest, rt: Runtime, caller: Caller) -> ClaimResponse:
 
 
 def _assignment(rt: Runtime, lease: Lease) -> Assignment:
-    f = rt.redis.hmget(rt.keys.job(lease.job), "kind", "pool", "campaign", "image", "spec")
+    f = rt.redis.hmget(rt.keys.job(lease.job), "kind", "pool", "campaign", "image", "spec", "granted_mb")
     spec = JobSpec.model_validate_json(f[4])
     secrets = rt.secrets.values(spec.secrets) if spec.secrets and getattr(rt, "secrets", None) else {}
     return Assignment(job=lease.job, token=lease.token, kind=f[0].decode(), pool=f[1].decode(),
-                      campaign=(f[2] or b"").decode(), image=(f[3] or b"").decode(), spec=spec, secrets=secrets)
+                      campaign=(f[2] or b"").decode(), image=(f[3] or b"").decode(), spec=spec, secrets=secrets,
+                      memory_mb=int(f[5] or 0) or None)
 
 
 @router.post("/release")
@@ -161,7 +165,8 @@ def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep, request: Requ
         result |= {"head": body.head, "bundle": body.bundle, "workspace": body.workspace}
     if body.score is not None:
         result["score"] = body.score
-    answer = rt.leases.report(body.report_id, body.job, body.token, name, outcome, result, reason)
+    answer = rt.leases.report(body.report_id, body.job, body.token, name, outcome, result, reason, oom=body.oom,
+                              memory_caps={p: c.memory_max_mb for p, c in rt.executor.pools.items()})
     if answer.get("state") == "queued":
         wakeup.notify(request.app)
     return ReportResponse.model_validate(answer)
