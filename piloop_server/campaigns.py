@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from piloop_common import gitrepo, workspace
-from piloop_common.errors import BadRequest, Conflict, NotFound
+from piloop_common.errors import BadAddress, BadRequest, BlobMissing, Conflict, Corrupt, NotFound
 from piloop_common.protocol import (
     TERMINAL_STATES, BundleResponse, CampaignCreate, CampaignJob, CampaignView, JobSpec, RepoSpec, RunView,
 )
@@ -249,7 +249,15 @@ def integrate(rt: Runtime, job_id: str) -> str:
     spec = JobSpec.model_validate_json(h["spec"])
     what = "nothing"
     if h["kind"] == "agent":
-        what = _take_run(rt, name, rec, job_id, spec, result)
+        try:
+            what = _take_run(rt, name, rec, job_id, spec, result)
+        except (gitrepo.GitError, BlobMissing, Corrupt, BadAddress, ValueError) as e:
+            # retrying cannot help (a bad bundle, a blob deleted since the report): say so once, on the run
+            why = getattr(e, "message", None) or str(e)
+            rt.redis.hset(k.job(job_id), "campaign_error", why[:500])
+            rt.events.escalate("campaign.run_not_taken", f"run {job_id} of campaign {name} could not be taken in: "
+                               f"{why}", campaign=name, job=job_id)
+            what = "failed"
     elif spec.campaign is not None and spec.campaign.score and result.get("score") is not None:
         run = spec.campaign.repo.branch.removeprefix("runs/")
         rt.redis.zadd(k.campaign_scores(name), {run: float(result["score"])})
@@ -350,19 +358,19 @@ def _runs(rt: Runtime, name: str, scores: dict[str, float]) -> list[RunView]:
     ids = [_s(j) for j in rt.redis.zrange(k.campaign_runs(name), 0, -1)]
     pipe = rt.redis.pipeline(transaction=False)
     for j in ids:
-        pipe.hmget(k.job(j), "state", "result", "spec", "reason", "created", "worker")
+        pipe.hmget(k.job(j), "state", "result", "spec", "reason", "created", "worker", "campaign_error")
         pipe.hmget(k.job(eval_id(j)), "state", "reason")
     got = pipe.execute()
     out = []
     for i, j in enumerate(ids):
-        state, result, spec, reason, created, worker = (_s(x) for x in got[2 * i])
+        state, result, spec, reason, created, worker, error = (_s(x) for x in got[2 * i])
         ev_state, ev_reason = (_s(x) for x in got[2 * i + 1])
         res = json.loads(result) if result else {}
         camp = (json.loads(spec).get("campaign") or {}) if spec else {}
         out.append(RunView(
             job=j, state=state, branch=f"runs/{j}", worker=worker, base=(camp.get("repo") or {}).get("commit", ""),
             head=res.get("head") or "", evaluation=eval_id(j) if ev_state else "", evaluation_state=ev_state,
-            score=scores.get(j), reason=ev_reason if ev_state == "failed" else reason,
+            score=scores.get(j), reason=error or (ev_reason if ev_state == "failed" else reason),
             created_ms=int(created or 0)))
     # scored runs first, best first; then the rest, newest first
     out.sort(key=lambda r: (r.score is None, -(r.score or 0.0), -r.created_ms))
