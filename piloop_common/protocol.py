@@ -319,6 +319,9 @@ class CampaignCreate(Message):
     eval_timeout_seconds: float | None = Field(None, gt=0)
     secrets: list[str] = Field(default_factory=list, description="Secrets the campaign's agents get.")
     env: dict[str, str] = Field(default_factory=dict)
+    agent_memory_mb: int | None = Field(None, gt=0, description="Each agent's memory grant (else the pool's).")
+    eval_memory_mb: int | None = Field(None, gt=0, description="Each evaluation's memory grant (else the pool's).")
+    eval_max_attempts: int = Field(1, ge=1, le=100, description="Attempts an evaluation may fail before it ends failed.")
 
 
 class RunView(Message):

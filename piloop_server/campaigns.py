@@ -112,17 +112,21 @@ def create(rt: Runtime, req: CampaignCreate, by: str) -> CampaignView:
         "name": req.name, "state": "active", "repo": src, "base": base, "branch": head_branch, "bundle": bundle,
         "bundle_bytes": size, "agent_cmd": req.agent_cmd, "eval_cmd": req.eval_cmd, "agents": req.agents,
         "agent_pool": req.agent_pool, "eval_pool": req.eval_pool, "workspace": ws,
-        "workspace_files": len(manifest), "agent_spec": _spec(req.agent_cmd, req.agent_timeout_seconds, req),
-        "eval_spec": _spec(req.eval_cmd, req.eval_timeout_seconds, None), "created": now, "by": by})
+        "workspace_files": len(manifest), "agent_spec": _spec(req, agent=True), "eval_spec": _spec(req, agent=False),
+        "created": now, "by": by})
     rt.events.add("campaign.created", by, campaign=req.name, repo=src, base=base, bundle=bundle,
                   bundle_bytes=str(size), agents=str(req.agents))
     return view(rt, req.name)
 
 
-def _spec(cmd: str, timeout: float | None, req: CampaignCreate | None) -> str:
+def _spec(req: CampaignCreate, agent: bool) -> str:
     """The JobSpec every agent (or evaluation) of the campaign starts from, as JSON."""
-    spec = JobSpec(argv=["sh", "-c", cmd], timeout_seconds=timeout,
-                   env=dict(req.env) if req else {}, secrets=list(req.secrets) if req else [])
+    if agent:
+        spec = JobSpec(argv=["sh", "-c", req.agent_cmd], timeout_seconds=req.agent_timeout_seconds, env=dict(req.env),
+                       secrets=list(req.secrets), memory_mb=req.agent_memory_mb)
+    else:
+        spec = JobSpec(argv=["sh", "-c", req.eval_cmd], timeout_seconds=req.eval_timeout_seconds,
+                       memory_mb=req.eval_memory_mb, max_attempts=req.eval_max_attempts)
     return spec.model_dump_json(exclude_none=True)
 
 

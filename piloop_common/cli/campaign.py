@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from piloop_common.cli.output import emit_json, progress, progress_done, table, when
+from piloop_common.cli.output import emit_json, parse_env, progress, progress_done, table, when
 from piloop_common.duration import parse_duration
 
 
@@ -32,19 +32,20 @@ def _score(v: float | None) -> str:
 @click.option("--workspace", metavar="DIR", help="The shared workspace's first copy.")
 @click.option("--agent-timeout", metavar="DURATION", help="Stop an agent after this long, like 2h.")
 @click.option("--eval-timeout", metavar="DURATION", help="Stop an evaluation after this long.")
+@click.option("--agent-memory", metavar="SIZE", help="Each agent's memory grant, like 8G (default: the pool's).")
+@click.option("--eval-memory", metavar="SIZE", help="Each evaluation's memory grant (default: the pool's).")
+@click.option("--eval-max-attempts", type=click.IntRange(1, 100), default=1, show_default=True,
+              help="Attempts an evaluation may fail before it ends failed.")
 @click.option("--secret", "secrets", multiple=True, metavar="NAME", help="A secret the agents get as env.")
 @click.option("--env", "envs", multiple=True, metavar="K=V", help="Env for the agents.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def create(obj, name, repo, agent_cmd, eval_cmd, agents, agent_pool, eval_pool, workspace, agent_timeout,
-           eval_timeout, secrets, envs, as_json) -> None:
+           eval_timeout, agent_memory, eval_memory, eval_max_attempts, secrets, envs, as_json) -> None:
     """Create a campaign: the server clones the repo and bundles it once; its agents start at once."""
-    env = {}
-    for kv in envs:
-        k, sep, v = kv.partition("=")
-        if not sep or not k:
-            raise click.UsageError(f"--env {kv!r}: write K=V")
-        env[k] = v
+    from piloop_common.sizes import parse_memory
+
+    env = parse_env(envs)
     if "://" not in repo and not repo.startswith("git@"):
         if not Path(repo).exists():
             raise click.UsageError(f"--repo {repo}: no such path")
@@ -57,7 +58,10 @@ def create(obj, name, repo, agent_cmd, eval_cmd, agents, agent_pool, eval_pool, 
             "agent_pool": agent_pool, "eval_pool": eval_pool, "workspace": workspace, "secrets": list(secrets),
             "env": env,
             "agent_timeout_seconds": parse_duration(agent_timeout, "--agent-timeout") if agent_timeout else None,
-            "eval_timeout_seconds": parse_duration(eval_timeout, "--eval-timeout") if eval_timeout else None}
+            "eval_timeout_seconds": parse_duration(eval_timeout, "--eval-timeout") if eval_timeout else None,
+            "agent_memory_mb": parse_memory(agent_memory, "--agent-memory") if agent_memory else None,
+            "eval_memory_mb": parse_memory(eval_memory, "--eval-memory") if eval_memory else None,
+            "eval_max_attempts": eval_max_attempts}
     with obj.api(timeout=600) as api:
         c = api.call("POST", "/v1/campaigns", body)
     if as_json:

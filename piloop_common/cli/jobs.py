@@ -7,7 +7,7 @@ import time
 
 import click
 
-from piloop_common.cli.output import emit_json, progress, progress_done, table, when
+from piloop_common.cli.output import emit_json, parse_env, progress, progress_done, table, when
 from piloop_common.duration import parse_duration
 
 KIND = click.Choice(["evaluation", "agent"])
@@ -44,12 +44,7 @@ def submit(obj, kind, pool, campaign, image, secrets, envs, inputs, timeout, mem
            memory_max, max_attempts, backoff, as_json, argv) -> None:
     """Queue a job; print its id."""
     policy = _policy(memory, memory_mb, memory_growth, memory_max, max_attempts, backoff)  # refuse bad flags first
-    env = {}
-    for kv in envs:
-        k, sep, v = kv.partition("=")
-        if not sep or not k:
-            raise click.UsageError(f"--env {kv!r}: write K=V")
-        env[k] = v
+    env = parse_env(envs)
     input_addrs = {}
     if inputs:
         from pathlib import Path

@@ -52,3 +52,14 @@ def progress_done() -> None:
     if sys.stderr.isatty():
         sys.stderr.write("\r\033[K")
         sys.stderr.flush()
+
+
+def parse_env(pairs: Iterable[str], flag: str = "--env") -> dict[str, str]:
+    """`K=V` flags as a dict; a usage error naming the flag for one without `=`."""
+    env = {}
+    for kv in pairs:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            raise click.UsageError(f"{flag} {kv!r}: write K=V")
+        env[k] = v
+    return env

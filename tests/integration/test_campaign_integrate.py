@@ -46,7 +46,7 @@ def _finished_run(rt: Runtime, name: str, job: str, *, bundle: str | None, head:
 def test_taking_a_run_in_twice_is_one_branch_and_one_evaluation(rt, tmp_path):
     base = make_repo(tmp_path / "repo", big=10)
     campaigns.create(rt, CampaignCreate(name="c", repo=str(tmp_path / "repo"), agent_cmd="true", eval_cmd="true",
-                                        agents=0), by="test")
+                                        agents=0, eval_memory_mb=512, eval_max_attempts=2), by="test")
     work = tmp_path / "work"
     subprocess.run(["git", "clone", "-q", str(tmp_path / "repo"), str(work)], check=True)
     (work / "runs.txt").write_text("one\n")
@@ -68,6 +68,7 @@ def test_taking_a_run_in_twice_is_one_branch_and_one_evaluation(rt, tmp_path):
     assert queued == [ev]
     spec = JobSpec.model_validate_json(rt.redis.hget(rt.keys.job(ev), "spec"))
     assert spec.campaign is not None and spec.campaign.repo.commit == head and spec.campaign.score
+    assert spec.memory_mb == 512 and spec.max_attempts == 2  # the campaign's evaluation spec
 
 
 def test_a_run_whose_bundle_left_the_cas_is_reported_once_and_not_retried(rt, tmp_path):

@@ -134,6 +134,8 @@ def test_bad_campaign_input_is_refused_and_creates_nothing(daemon, tmp_path):
         (["--repo", str(tmp_path / "repo"), "--secret", "MISSING"], "no secret named MISSING"),
         (["--repo", str(tmp_path / "nowhere")], "--repo"),
         (["--repo", str(tmp_path / "repo"), "--workspace", str(tmp_path / "nope")], "--workspace"),
+        (["--repo", str(tmp_path / "repo"), "--agent-memory", "4X"], "--agent-memory '4X'"),
+        (["--repo", str(tmp_path / "repo"), "--env", "NOEQUALS"], "--env 'NOEQUALS': write K=V"),
     ]
     for args, said in cases:
         p = d.cli("campaign", "create", "bad", *args, "--agent-cmd", "true", "--eval-cmd", "true")
