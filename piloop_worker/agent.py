@@ -34,7 +34,7 @@ from piloop_common.protocol import (
 )
 from piloop_worker import pressure
 from piloop_worker.cgroups import Cgroups
-from piloop_worker.heartbeat import Heartbeat, Reachability
+from piloop_worker.heartbeat import Heartbeat, Reachability, orphaned
 from piloop_worker.jobdir import JobDir, read_json, scan
 from piloop_worker.logs import LogShipper
 from piloop_worker.relay import Relay, socket_path
@@ -225,6 +225,8 @@ class Worker:
                 if isinstance(e, BadRequest):
                     raise
                 self.reach.failed(e, self.name or "-")
+                if orphaned(self):  # a server gone before this worker registered: no heartbeat thread to see it
+                    self.stopping.set()
             self.stopping.wait(backoff)
             backoff = min(backoff * 2, 10.0)
 

@@ -5,8 +5,9 @@ Each acknowledged heartbeat moves every held job's fencing deadline to
 One failed call gives nothing up: only the deadline, enforced by each job's shim, fences a job.
 
 A worker that a server started (`PILOOP_ORPHAN_EXIT_SECONDS` in its environment) exits by itself once it has not
-reached its server for that long and holds no job, so it never outlives a stopped server; `0` means as soon as
-the server counts it unreachable (`grace_seconds`). Without the variable a worker never exits on its own.
+reached its server for that long and holds no job, so it never outlives a stopped server, also one that is gone before
+the worker ever registered; `0` means as soon as the server counts it unreachable (`grace_seconds`). Without the
+variable a worker never exits on its own.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 from typing import TYPE_CHECKING
 
 from piloop_common.client import ApiClient
+from piloop_common.config import ExecutorConfig
 from piloop_common.errors import NotFound, PiloopError, Refused
 from piloop_common.protocol import HeartbeatResponse
 
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("piloop.worker")
 ORPHAN_ENV = "PILOOP_ORPHAN_EXIT_SECONDS"
+DEFAULT_GRACE_SECONDS = ExecutorConfig.model_fields["grace_seconds"].default
 
 
 def orphan_after(grace_seconds: float) -> float | None:
@@ -39,6 +42,19 @@ def orphan_after(grace_seconds: float) -> float | None:
     except ValueError:
         log.warning("event=worker.bad_env %s=%r (a number of seconds): ignored", ORPHAN_ENV, raw)
         return None
+
+
+def orphaned(w: "Worker") -> bool:
+    """Whether this worker, holding no job, has not reached its server for its orphan time (logged once, when it
+    has). Before it ever registered it knows no `grace_seconds` from the server: then the default's."""
+    grace = w.timing.grace_seconds if w.timing else DEFAULT_GRACE_SECONDS
+    after = orphan_after(grace)
+    down = w.reach.down_since
+    if after is None or down is None or time.monotonic() - down < after or w.snapshot():
+        return False
+    log.warning("event=worker.orphaned worker=%s after_seconds=%g (the server is unreachable and this worker "
+                "holds no job: it exits)", w.name or "-", after)
+    return True
 
 
 class Reachability:
@@ -92,14 +108,8 @@ class Heartbeat(threading.Thread):
         self.api.close()
 
     def _check_orphan(self) -> None:
-        w = self.worker
-        after = orphan_after(w.timing.grace_seconds)
-        down = w.reach.down_since
-        if after is None or down is None or time.monotonic() - down < after or w.snapshot():
-            return
-        log.warning("event=worker.orphaned worker=%s after_seconds=%g (the server is unreachable and this worker "
-                    "holds no job: it exits)", w.name, after)
-        w.stopping.set()
+        if orphaned(self.worker):
+            self.worker.stopping.set()
 
     def _period(self) -> float:
         renew = self.worker.timing.renew_seconds

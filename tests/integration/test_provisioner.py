@@ -236,3 +236,28 @@ def test_modal_a_quota_backs_off_and_bad_credentials_stop_the_pool(started, mode
     if mode == "auth":
         assert "token is invalid" in _prov(d)["halted"]
         assert _prov(d)["refusals"] == 0
+
+
+def test_a_worker_whose_server_is_gone_before_it_registered_exits_once_orphaned():
+    # a server that is not there (a free port nobody listens on); the worker has never registered
+    url = f"http://127.0.0.1:{free_port()}"
+    procs = {}
+    for which, extra in (("orphan", {"PILOOP_ORPHAN_EXIT_SECONDS": "1"}), ("operator's", {})):
+        home = short_home("w")
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("PILOOP_")}, "PILOOP_HOME": str(home),
+               "PILOOP_HTTPS_TOKEN": "plt_" + "x" * 43, **extra}
+        log = open(home / "worker.log", "wb")
+        procs[which] = (subprocess.Popen([sys.executable, "-m", "piloop_common.cli", "worker", "--server", url,
+                                          "--pool", "gpu"], env=env, stdout=log, stderr=log,
+                                         stdin=subprocess.DEVNULL, start_new_session=True), home)
+    try:
+        orphan, home = procs["orphan"]
+        assert orphan.wait(30) == 0
+        assert "event=worker.orphaned" in (home / "worker.log").read_text()
+        assert procs["operator's"][0].poll() is None  # without the variable a worker never exits on its own
+    finally:
+        for p, home in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(5)
+            subprocess.run(["pkill", "-9", "-f", str(home)], check=False)  # its shim host
