@@ -93,6 +93,9 @@ def _classes(prefix: str) -> tuple[type, type]:
     return job, queue
 
 
+_queues: dict[tuple[int, type, str], Any] = {}  # (client, prefix's Job class, queue) -> rq Queue; each holds its client
+
+
 def submit(rt: Runtime, func: str, *args: Any, key: str, queue: str = DEFAULT) -> bool:
     """Run `func` ("module:function", called as `function(rt, *args)`, args JSON-able) in a background worker.
 
@@ -109,7 +112,10 @@ def submit(rt: Runtime, func: str, *args: Any, key: str, queue: str = DEFAULT) -
     if ":" not in func:
         raise ValueError(f"func {func!r}: name it module:function")
     job_cls, queue_cls = _classes(rt.keys.rq_prefix())
-    q = queue_cls(queue, connection=rt.redis, job_class=job_cls, serializer=JSONSerializer)
+    q = _queues.get((id(rt.redis), job_cls, queue))
+    if q is None:  # kept: a Queue asks the server's version (INFO) once
+        q = _queues[(id(rt.redis), job_cls, queue)] = queue_cls(queue, connection=rt.redis, job_class=job_cls,
+                                                                serializer=JSONSerializer)
     jid = job_id(key)
     intervals = retry_seconds()
     for _ in range(2):

@@ -41,8 +41,8 @@ class LocalProvider:
         home = self._home(name)
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
         penv = {k: v for k, v in os.environ.items() if not k.startswith("PILOOP_")}
-        penv.update({"PILOOP_HOME": str(home), "PILOOP_PLUGINS": json.dumps({"cas": self.cas_plugins})})
         penv.update(self.compute.env)
+        penv.update({"PILOOP_HOME": str(home), "PILOOP_PLUGINS": _plugins(self.cas_plugins, self.compute.env)})
         penv.update(env)
         penv.update({"PILOOP_HTTPS_TOKEN": token, TAG_ENV: self.tag, NAME_ENV: name, POOL_ENV: self.pool})
         if self.compute.hang:
@@ -50,7 +50,7 @@ class LocalProvider:
             argv = [sys.executable, "-c", HANG, str(home)]
         else:
             argv = [sys.executable, "-m", "piloop_common.cli", "--home", str(home), "worker", "--server", self.url,
-                    "--pool", self.pool]
+                    "--pool", self.pool, "--name", name]
         pid = _spawn_detached(argv, penv, home / "worker.log")
         return Handle(name, self.pool, _id(pid))
 
@@ -91,6 +91,15 @@ class LocalProvider:
             with contextlib.suppress(psutil.Error):
                 out.append(Handle(name, pool, _id(pid)))
         return out
+
+
+def _plugins(cas: dict, env: dict[str, str]) -> str:
+    """The server's CAS, under the compute's own PILOOP_PLUGINS (such as the proxy network), which wins."""
+    try:
+        theirs = json.loads(env.get("PILOOP_PLUGINS") or "{}")
+    except ValueError:
+        return env["PILOOP_PLUGINS"]  # the worker says what is wrong with it
+    return json.dumps({"cas": cas, **theirs} if isinstance(theirs, dict) else theirs)
 
 
 # Run by a short-lived interpreter between us and the worker: it starts the worker in a session of its own, says

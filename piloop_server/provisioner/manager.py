@@ -42,6 +42,7 @@ LIST_SECONDS = 2.0  # how often the platform is listed: lost workers, and tagged
 STOP_RETRY_SECONDS = 5.0
 STOP_DEADLINE_SECONDS = 120.0
 LIVE = ("starting", "running", "draining", "stopping")  # states that count against `max`
+CREDENTIAL_SECRET = "PILOOP_WORKER_CREDENTIAL"  # the secret a started worker gets on the proxy network
 
 
 def _s(v: Any) -> str:
@@ -350,6 +351,9 @@ def _cas(rt: Runtime) -> dict[str, Any]:
 def _env(rt: Runtime, pool: str, name: str) -> dict[str, str]:
     cfg = _pools(rt).get(pool)
     env = {TAG_ENV: rt.server_id, NAME_ENV: name, "PILOOP_PROVISIONED_POOL": pool}
+    if rt.settings.plugins.network.provider == "proxy" and CREDENTIAL_SECRET in rt.secrets.names():
+        # behind the proxy no piloop token counts: each worker presents the credential the proxy accepts
+        env.update(rt.secrets.values([CREDENTIAL_SECRET]))
     if cfg is not None and cfg.orphan_exit_seconds is not None:
         env[ORPHAN_ENV] = f"{cfg.orphan_exit_seconds:g}"
     else:

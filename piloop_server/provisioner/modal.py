@@ -65,7 +65,8 @@ class ModalProvider:
             if value is not None:
                 kwargs[key] = value
         try:
-            sb = self.modal.Sandbox.create("piloop", "worker", "--server", self.url, "--pool", self.pool, **kwargs)
+            sb = self.modal.Sandbox.create("piloop", "worker", "--server", self.url, "--pool", self.pool, "--name",
+                                           name, **kwargs)
         except Exception as e:
             raise self._errors(e) from e
         return Handle(name, self.pool, sb.object_id)

@@ -37,7 +37,8 @@ def test_start_passes_the_image_gpu_secrets_tags_name_and_timeouts(modal):
     h = p.start("gpu-1", "plt_x", {"PILOOP_PROVISIONER_TAG": "srv1"})
     what, args, kwargs = m.calls[-1]
     assert what == "Sandbox.create"
-    assert args == ("piloop", "worker", "--server", "https://piloop.example.com:8443", "--pool", "gpu")
+    assert args == ("piloop", "worker", "--server", "https://piloop.example.com:8443", "--pool", "gpu", "--name",
+                    "gpu-1")
     assert kwargs == {
         "app": m.App("piloop-workers"), "name": "piloop-srv1-gpu-1",
         "image": m.Image("aws-ecr", "ghcr.io/acme/piloop-worker:0.3", m.Secret("piloop-ecr-pull")),

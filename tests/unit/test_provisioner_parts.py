@@ -1,0 +1,47 @@
+"""What a started worker is given: its environment from the server, and its PILOOP_PLUGINS."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+from piloop_common.config import ProvisionerConfig
+from piloop_server.provisioner import manager
+from piloop_server.provisioner.local import _plugins
+
+
+class _Secrets:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.v = values
+
+    def names(self) -> set[str]:
+        return set(self.v)
+
+    def values(self, names: list[str]) -> dict[str, str]:
+        return {n: self.v[n] for n in names if n in self.v}
+
+
+def _rt(network: str, secrets: dict[str, str]):
+    pool = types.SimpleNamespace(provisioner=ProvisionerConfig(max=1, orphan_exit_seconds=60,
+                                                               compute={"provider": "local"}))
+    settings = types.SimpleNamespace(plugins=types.SimpleNamespace(network=types.SimpleNamespace(provider=network)))
+    return types.SimpleNamespace(executor=types.SimpleNamespace(pools={"gpu": pool}), server_id="srv1",
+                                 settings=settings, secrets=_Secrets(secrets))
+
+
+@pytest.mark.parametrize("network, credential", [("proxy", "wk-1"), ("token", None)])
+def test_a_started_worker_gets_the_proxy_credential_only_behind_the_proxy(network, credential):
+    env = manager._env(_rt(network, {"PILOOP_WORKER_CREDENTIAL": "wk-1", "OTHER": "x"}), "gpu", "gpu-3")
+    assert env.pop("PILOOP_WORKER_CREDENTIAL", None) == credential
+    assert env == {"PILOOP_PROVISIONER_TAG": "srv1", "PILOOP_PROVISIONED_NAME": "gpu-3",
+                   "PILOOP_PROVISIONED_POOL": "gpu", "PILOOP_ORPHAN_EXIT_SECONDS": "60"}
+
+
+def test_the_computes_plugins_keep_the_servers_cas_unless_they_name_one():
+    cas = {"provider": "local", "path": "/srv/cas"}
+    assert json.loads(_plugins(cas, {})) == {"cas": cas}
+    got = json.loads(_plugins(cas, {"PILOOP_PLUGINS": '{"network": {"provider": "proxy"}}'}))
+    assert got == {"cas": cas, "network": {"provider": "proxy"}}
+    assert json.loads(_plugins(cas, {"PILOOP_PLUGINS": '{"cas": {"provider": "s3"}}'})) == {"cas": {"provider": "s3"}}
