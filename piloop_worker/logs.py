@@ -27,7 +27,9 @@ class LogShipper:
         self._pending_since: float | None = None
 
     def _save(self) -> None:
-        atomic_json(self.jd.log_state, {"offset": self.offset, "chunks": self.chunks, "posted": self.posted})
+        # not fsynced: after a crash of the machine a lost state means chunks put again (the CAS dedups them)
+        atomic_json(self.jd.log_state, {"offset": self.offset, "chunks": self.chunks, "posted": self.posted},
+                    durable=False)
 
     def due(self, now: float | None = None) -> bool:
         """Whether new bytes wait and the job has been quiet a little, or they have waited long enough."""

@@ -14,6 +14,7 @@ import fcntl
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -29,8 +30,31 @@ from piloop_worker.jobdir import JobDir, atomic_json
 from piloop_worker.usage import Meter
 
 TICK = 0.1
+NOTIFY_ENV = "PILOOP_SHIM_NOTIFY_FD"  # the shims' end of the worker's wake-up socket pair (see shimhost.py)
 SAMPLE_EVERY = 0.5
+FIRST_SAMPLE = 0.1
 PR_SET_CHILD_SUBREAPER = 36
+
+
+_notify: socket.socket | None = None
+
+
+def open_notify() -> None:
+    """Take the wake-up socket the worker passed the shim host (non-blocking: a shim never waits on the worker)."""
+    global _notify
+    raw = os.environ.pop(NOTIFY_ENV, "")
+    if raw.isdigit():
+        with contextlib.suppress(OSError):
+            _notify = socket.socket(fileno=int(raw))
+            _notify.setblocking(False)
+            os.set_inheritable(_notify.fileno(), False)  # no job's exec gets it
+
+
+def notify(name: str) -> None:
+    """Tell the worker a job's exit record is written; a wake-up only, so it never fails."""
+    if _notify is not None:
+        with contextlib.suppress(OSError):
+            _notify.send(name.encode())
 
 
 def run(req: dict[str, Any]) -> int:
@@ -67,7 +91,7 @@ def run(req: dict[str, Any]) -> int:
                       usage={"peak_rss_bytes": 0, "cpu_seconds": 0.0}, duration_seconds=0.0)
         jd.write_exit(record)
         return 0
-    atomic_json(jd.shim_json, {"shim": os.getpid(), "pid": pid, "pgid": pid, "started": started_wall})
+    atomic_json(jd.shim_json, {"shim": os.getpid(), "pid": pid, "pgid": pid, "started": started_wall}, durable=False)
     pidfd = _pidfd(pid)
     stop_metrics = threading.Event()
     threading.Thread(target=_metrics_loop, args=(jd, float(req.get("metrics_seconds", 5)), stop_metrics),
@@ -76,7 +100,9 @@ def run(req: dict[str, Any]) -> int:
     why = ""
     kill_at: float | None = None
     killed = False
-    next_sample = 0.0
+    # the first sample a little after the start: a job that ends sooner is measured by wait4's rusage alone, and
+    # each sample walks every process of the machine (psutil finds children by reading all of /proc)
+    next_sample = started + FIRST_SAMPLE
     timeout = req.get("timeout")
     grace = float(req.get("kill_grace", 5))
     while True:
@@ -135,6 +161,7 @@ def run(req: dict[str, Any]) -> int:
     record["stopped"] = why
     record["usage"] = meter.usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024).model_dump()
     jd.write_exit(record)
+    notify(jd.root.name)
     return 0
 
 
@@ -168,10 +195,22 @@ def _joiner(cg: JobCgroup):
     return join
 
 
+def _has_children() -> bool:
+    """Whether the shim has a child left, without reaping it. A subreaper with no child has no descendant at all
+    (an orphan is re-parented to it), so this spares the walk over all of /proc when the job left nothing."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
 def _signal_tree(pgid: int, meter: Meter, sig: int) -> None:
     """Signal the job's process group, and every descendant that left it (setsid, setpgid)."""
     with contextlib.suppress(OSError):
         os.killpg(pgid, sig)
+    if not _has_children():
+        return
     for p in meter.processes():
         with contextlib.suppress(OSError):
             os.kill(p.pid, sig)
@@ -188,7 +227,7 @@ def _reap_all(pgid: int, timeout: float) -> None:
     """Kill and reap every process left under the shim, until it has no child (or `timeout`)."""
     end = time.monotonic() + timeout
     me = psutil.Process()
-    while time.monotonic() < end:
+    while time.monotonic() < end and _has_children():
         with contextlib.suppress(OSError):
             os.killpg(pgid, signal.SIGKILL)
         for p in me.children(recursive=True):
