@@ -314,7 +314,8 @@ class Worker:
                 self.send_spool()
             if now >= self.next_claim:
                 self.claim()
-            self.stopping.wait(TICK)
+            if not self.stopping.is_set():
+                self.host.wait_exit(TICK)  # a shim whose job ended wakes the loop at once
 
     def _tend(self, h: Held, now: float) -> None:
         try:

@@ -4,6 +4,11 @@ It reads one JSON request per line on stdin and forks a shim for each (≈1 ms, 
 costs 13–18 ms). Each shim double-forks away, `setsid()`s and outlives both the worker and the host.
 The host exits when its stdin closes, which is when the worker dies or detaches.
 
+Each shim, once its exit record is written, sends the job dir's name as one datagram on a socket pair the worker
+made (its fd in `PILOOP_SHIM_NOTIFY_FD`), so the worker's loop wakes the moment a job ends instead of on its next
+tick. Only a wake-up: the exit record on disk is the truth, and the tick still finds it when a datagram is lost
+(a full buffer, a worker that restarted and re-attached its jobs).
+
     python -m piloop_worker.shimhost
 """
 
@@ -11,7 +16,9 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -43,6 +50,7 @@ def serve(stdin: Any) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the worker's group is the worker's to handle
+    shim.open_notify()
     serve(sys.stdin.buffer)
 
 
@@ -52,11 +60,44 @@ class ShimHost:
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         self.lock = threading.Lock()
+        self.exits: socket.socket | None = None  # the worker's end of the wake-up pair
 
     def start(self) -> "ShimHost":
-        self.proc = subprocess.Popen([sys.executable, "-m", "piloop_worker.shimhost"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL, close_fds=True)
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            env = {**os.environ, shim.NOTIFY_ENV: str(theirs.fileno())}
+            self.proc = subprocess.Popen([sys.executable, "-m", "piloop_worker.shimhost"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.DEVNULL, close_fds=True, pass_fds=(theirs.fileno(),),
+                                         env=env)
+        except BaseException:
+            mine.close()
+            raise
+        finally:
+            theirs.close()
+        mine.setblocking(False)
+        old, self.exits = self.exits, mine
+        if old is not None:
+            old.close()
         return self
+
+    def wait_exit(self, timeout: float) -> bool:
+        """Wait up to `timeout` for a shim to say its job ended; whether one did (every waiting word is read)."""
+        sock = self.exits
+        if sock is None:
+            threading.Event().wait(timeout)
+            return False
+        try:
+            ready, _, _ = select.select([sock], [], [], timeout)
+        except (OSError, ValueError):  # closed meanwhile
+            return False
+        got = False
+        while ready:
+            try:
+                sock.recv(512)
+                got = True
+            except (BlockingIOError, OSError):
+                break
+        return got
 
     @property
     def pid(self) -> int | None:
@@ -104,6 +145,9 @@ class ShimHost:
                 self.proc.kill()
                 self.proc.wait(5)
             self.proc = None
+            if self.exits is not None:
+                self.exits.close()
+                self.exits = None
 
 
 if __name__ == "__main__":
