@@ -1,12 +1,17 @@
 """CAS throughput: put and get MB/s of each provider beside plain boto3 and a plain file copy.
 
 Run: python bench/cas.py  (starts its own moto S3 server and CAS server; takes a few minutes)
-Workloads: 1 x 256 MiB and 2,000 x 64 KiB blobs, file to file. Prints a table per workload and
-this process's peak RSS: the 256 MiB blob streams, so the peak stays far below 256 MiB.
+Workloads: 1 x 256 MiB and 2,000 x 64 KiB blobs, file to file. Prints a table per workload.
+
+Each provider runs in a process of its own (`--one`), so its peak RSS is its own: the RSS before the workload
+(the interpreter, boto3, the store) and the peak during it. The 256 MiB blob streams, so the peak stays far
+below 256 MiB.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import resource
 import shutil
@@ -51,8 +56,29 @@ def serve_cas(root: Path, servers: list[subprocess.Popen[bytes]]) -> str:
     return url
 
 
+def _status(field: str) -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak RSS: VmHWM, which starts again at exec (ru_maxrss keeps the forking parent's)."""
+    hwm = _status("VmHWM")
+    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def reset_peak_rss() -> float:
+    """Start the peak over from now (Linux: clear_refs 5 resets VmHWM to the current RSS); the RSS now."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    return _status("VmRSS") or peak_rss_mib()
 
 
 def make_files(directory: Path, count: int, size: int) -> list[Path]:
@@ -130,7 +156,72 @@ def table(title: str, total: int, rows: dict[str, Timed], rss: dict[str, float])
     return "\n".join(lines)
 
 
+PROVIDERS = ("local", "s3 (moto)", "http", "cached over http (get: a hit)", "boto3 (moto)", "file copy")
+
+
+def one(name: str, inputs: Path, work: Path, s3_url: str, http_url: str, cached_url: str) -> dict[str, float]:
+    """One provider's put and get of every file in `inputs`, in this process: seconds and RSS (MiB)."""
+    files = sorted(p for p in inputs.iterdir() if p.is_file())
+    work.mkdir(parents=True, exist_ok=True)
+    tag = uuid.uuid4().hex
+    client = boto3.client("s3", endpoint_url=s3_url, region_name="us-east-1")
+    factories: dict[str, Callable[[], object]] = {
+        "local": lambda: LocalStore(work / f"local-{tag}"),
+        "s3 (moto)": lambda: S3Store(S3CasConfig(provider="s3", bucket=BUCKET, prefix=f"{tag}/", endpoint_url=s3_url)),
+        "http": lambda: HttpStore(http_url, token=TOKEN),
+        "cached over http (get: a hit)": lambda: CachedStore(HttpStore(cached_url, token=TOKEN), work / f"cache-{tag}",
+                                                            max_bytes=10**10),
+    }
+    store = factories[name]() if name in factories else None
+    base = reset_peak_rss()
+    if name == "boto3 (moto)":
+        put, get = run_boto3(client, files, work / "out")
+    elif name == "file copy":
+        put, get = run_copy(files, work / "copy")
+    else:
+        put, get = run_store(lambda: store, files, work / "out")
+    shutil.rmtree(work, ignore_errors=True)
+    return {"put_seconds": put, "get_seconds": get, "bytes": sum(f.stat().st_size for f in files),
+            "rss_before_mib": base, "rss_peak_mib": peak_rss_mib()}
+
+
+def measure(s3_url: str, urls: tuple[str, str], work: Path, count: int, size: int) -> dict[str, dict[str, float]]:
+    """Every provider on `count` files of `size` bytes, each in a process of its own; MB/s (MiB/s) and RSS."""
+    inputs = make_files(work / f"in-{count}x{size}", count, size)[0].parent
+    out = {}
+    try:
+        for name in PROVIDERS:
+            got = subprocess.run([sys.executable, __file__, "--one", name, "--inputs", str(inputs), "--work",
+                                  str(work / "w"), "--s3", s3_url, "--http", urls[0], "--http-cached", urls[1]],
+                                 capture_output=True, text=True, check=True)
+            r = json.loads(got.stdout)
+            out[name] = {"put_mbs": r["bytes"] / MiB / r["put_seconds"], "get_mbs": r["bytes"] / MiB / r["get_seconds"],
+                         "rss_before_mib": r["rss_before_mib"], "rss_peak_mib": r["rss_peak_mib"]}
+    finally:
+        shutil.rmtree(inputs, ignore_errors=True)
+    return out
+
+
+def start_servers(work: Path, s3_url: str, servers: list[subprocess.Popen[bytes]]) -> tuple[str, str]:
+    """The bench bucket on the S3 endpoint, and two CAS servers (`piloop cas serve`'s app), so that the cached row
+    does not find the http row's blobs already there; their URLs."""
+    client = boto3.client("s3", endpoint_url=s3_url, region_name="us-east-1")
+    client.create_bucket(Bucket=BUCKET)
+    return serve_cas(work / "served", servers), serve_cas(work / "served-for-cache", servers)
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--one", choices=PROVIDERS)
+    ap.add_argument("--inputs", type=Path)
+    ap.add_argument("--work", type=Path)
+    ap.add_argument("--s3")
+    ap.add_argument("--http")
+    ap.add_argument("--http-cached")
+    a = ap.parse_args()
+    if a.one:
+        print(json.dumps(one(a.one, a.inputs, a.work, a.s3, a.http, a.http_cached)))
+        return
     with tempfile.TemporaryDirectory(prefix="piloop-bench-") as tmp, start_moto() as s3_url:
         work = Path(tmp)
         client = boto3.client("s3", endpoint_url=s3_url, region_name="us-east-1")
@@ -170,4 +261,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    for _name, _value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                          "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        os.environ.setdefault(_name, _value)
     main()

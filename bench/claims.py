@@ -3,6 +3,10 @@
 All on one redis-server started here. Usage: python bench/claims.py [--jobs N] [--workers N]
 Prints a table; rates are the median of the runs, ratios are against rq's enqueue+dequeue of the
 same number of jobs on the same Redis.
+
+`server_load` (used by `python -m bench`) is what one server holds with 1,000 simulated workers over HTTP: claims/s
+and heartbeats/s flat out (8 client threads), then heartbeats paced at the production rate (each worker every
+`renew_seconds`), each with the CPU the server process and redis-server spent, as a share of one core.
 """
 
 from __future__ import annotations
@@ -13,11 +17,14 @@ import sys
 import tempfile
 import time
 import uuid
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import psutil  # noqa: E402
 import redis  # noqa: E402
 
 from piloop_common.client import ApiClient  # noqa: E402
@@ -130,6 +137,131 @@ max_load = 100000
         beats = workers / (time.perf_counter() - t)
         return claims, beats
     finally:
+        d.cleanup()
+
+
+class Cpu:
+    """CPU seconds a set of processes spent between enter and exit, as a share of one core of the wall time."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.procs = {k: psutil.Process(p) for k, p in pids.items()}
+        self.share: dict[str, float] = {}
+
+    def _cpu(self) -> dict[str, float]:
+        return {k: sum(p.cpu_times()[:2]) for k, p in self.procs.items()}
+
+    def __enter__(self) -> "Cpu":
+        self.t, self.c = time.perf_counter(), self._cpu()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = time.perf_counter() - self.t
+        now = self._cpu()
+        self.share = {k: (now[k] - self.c[k]) / wall for k in now}
+
+
+def rq_heartbeats(r: redis.Redis, workers: int) -> float:
+    """rq's own liveness: `Worker.heartbeat()` of `workers` registered rq workers, one after another."""
+    from rq import Queue, Worker
+
+    q = Queue("b" + uuid.uuid4().hex[:8], connection=r)
+    ws = [Worker([q], connection=r, name=f"{q.name}-{i}") for i in range(workers)]
+    for w in ws:
+        w.register_birth()
+    t = time.perf_counter()
+    for w in ws:
+        w.heartbeat()
+    rate = workers / (time.perf_counter() - t)
+    for w in ws:
+        w.register_death()
+    return rate
+
+
+def server_load(rp: RedisProcess, workers: int = 1000, paced_seconds: float = 10.0, threads: int = 8) -> dict[str, Any]:
+    """Claims/s and heartbeats/s of one `piloop serve` with `workers` simulated workers, with its and Redis's CPU."""
+    ns = "h" + uuid.uuid4().hex[:8]
+    config = """
+[plugins.executor]
+renew_seconds = 10
+grace_seconds = 60
+toleration_seconds = 600
+[plugins.executor.pools.serve]
+agents = 0
+evaluations = 0
+[plugins.executor.pools.bench]
+agents = 0
+evaluations = 100000
+max_load = 100000
+min_memory_gb = 0
+"""
+    d = Daemon(short_home("bench"), config=config, redis_url=rp.url, namespace=ns)
+    port = free_port()
+    d.start(listen=f"127.0.0.1:{port}")
+    out: dict[str, Any] = {"workers": workers}
+    r = redis.Redis.from_url(rp.url)
+    try:
+        keys = Keys(ns)
+        tokens = TokenStore(r, keys)
+        with d.api() as api:
+            cas_id = api.call("GET", "/v1/status")["cas"]["id"]
+        lz = Leases(r, keys, TIMINGS)
+        fill(lz, workers)
+        pids = {"server": d.proc.pid, "redis": rp.proc.pid}  # type: ignore[union-attr]
+        out["server_rss_rest_mib"] = psutil.Process(d.proc.pid).memory_info().rss / 2**20  # type: ignore[union-attr]
+        sims = []
+        for i in range(workers):
+            s = SimWorker(ApiClient(url=f"http://127.0.0.1:{port}", token=tokens.create(f"w{i}", by="human:bench")),
+                          "bench", cas_id)
+            s.sample = sample()
+            sims.append(s)
+        with ThreadPoolExecutor(threads) as ex:
+            list(ex.map(lambda s: s.register(), sims))
+            with Cpu(pids) as cpu:
+                t = time.perf_counter()
+                got = sum(len(g["leases"]) for g in ex.map(lambda s: s.claim(evaluation=1), sims))
+                out["claims_per_second"] = got / (time.perf_counter() - t)
+            out["claims_cpu"] = cpu.share
+            with Cpu(pids) as cpu:
+                t = time.perf_counter()
+                list(ex.map(lambda s: s.heartbeat(), sims))
+                out["heartbeats_per_second"] = workers / (time.perf_counter() - t)
+            out["heartbeats_cpu"] = cpu.share
+        # the production rate: each worker once per renew period (10 s), spread evenly
+        rate = workers / 10.0
+        stop = threading.Event()
+        peak = [0.0]
+
+        def watch() -> None:
+            p = psutil.Process(d.proc.pid)  # type: ignore[union-attr]
+            while not stop.wait(0.1):
+                peak[0] = max(peak[0], p.memory_info().rss / 2**20)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        sent = 0
+        with ThreadPoolExecutor(threads) as ex, Cpu(pids) as cpu:
+            t0 = time.perf_counter()
+            futures = []
+            while (el := time.perf_counter() - t0) < paced_seconds:
+                due = int(el * rate)
+                while sent < due:
+                    futures.append(ex.submit(sims[sent % workers].heartbeat))
+                    sent += 1
+                time.sleep(0.005)
+            for f in futures:
+                f.result()
+        stop.set()
+        watcher.join()
+        out["paced_heartbeats_per_second"] = sent / paced_seconds
+        out["paced_cpu"] = cpu.share
+        out["server_rss_load_mib"] = peak[0]
+        out["rq_heartbeats_per_second"] = rq_heartbeats(r, workers)
+        out["rq_dequeues_per_second"] = rq_rate(r, workers)
+        for s in sims:
+            s.api.close()
+        return out
+    finally:
+        r.close()
         d.cleanup()
 
 

@@ -1,70 +1,189 @@
-"""End-to-end job throughput and start latency: piloop beside rq and Celery, on one Redis started here.
+"""Jobs end to end: drain throughput and start latency of piloop, rq and Celery, on one Redis.
 
-    python bench/jobs.py [--jobs 2000] [--slots 8] [--latency 5]
+    python bench/jobs.py [--jobs 2000] [--latency 200] [--only piloop|rq|celery]   (or `python -m bench` for all)
 
-Throughput: `--jobs` no-op jobs are queued first, then two workers start and drain them; the time runs from
-the workers' spawn to the last job's end (so each side pays its workers' start-up once).
-  piloop  `piloop serve --listen 127.0.0.1:<port>` (its own `serve` worker given no slots) and two remote
-          `piloop worker --pool bench` processes over loopback TCP, each with `--slots` evaluation slots; each
-          job is `true` under its own shim, with the production timings (renew 10 s, toleration 300 s).
-  rq      two `rq worker --burst` processes (each forks a work horse per job).
-  Celery  one `celery worker`, prefork, concurrency 2, the Redis broker, no result backend (the task INCRs a
-          counter so the bench knows when it is done).
-Start latency: one job at a time on idle workers (a quiet second after the last job), from just before the
-submit call to the moment the job's process writes the time; the median of `--latency` jobs.
+Drain: `jobs` no-op jobs are queued first, then two workers start and drain them; the time runs from the workers'
+spawn to the last job's end (so each side pays its workers' start-up once).
+  piloop        `piloop serve --listen 127.0.0.1:<port>` (its `serve` worker given no slots) and two remote
+                `piloop worker --pool bench` over loopback TCP, 8 evaluation slots each, production timings (renew
+                10 s). A process job runs `/bin/true` under its own self-fencing shim; a task job (runner `task`)
+                runs `bench.noop:noop` in a process forked from the shim (its args and result through the CAS).
+  rq            two `rq worker --burst`: `Worker` forks a work horse per job, `SimpleWorker` runs it in-process.
+  Celery        prefork: one `celery worker --concurrency 2`; solo: two `celery worker --pool solo`. Redis
+                broker, no result backend (a finished task INCRs a counter, so the bench knows when all are done).
+Like with like: the peers' "subprocess" task runs `/bin/true` with `subprocess.run` (what a piloop process job
+does), their "Python" task is a plain function call (what a piloop task is, minus its own process).
+Start latency: one job at a time on idle workers, from just before the submit call to the job's first line writing
+the wall time to a file; median and p99.
+RSS: a worker's long-lived processes (piloop: the worker and its shim host; rq: the worker; Celery: the main
+process and its pool), at rest (idle, after the latency warm-up) and the most seen while draining.
 """
 
 from __future__ import annotations
 
-import argparse
+import json
 import os
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
+import psutil  # noqa: E402
 import redis  # noqa: E402
 
-from piloop_common.client import ApiClient  # noqa: E402
+from piloop_common.cas.address import hash_bytes  # noqa: E402
 from piloop_server.state.keys import Keys  # noqa: E402
 from piloop_server.tokens import TokenStore  # noqa: E402
 from tests.helpers.redis import RedisProcess, free_port  # noqa: E402
 from tests.helpers.serve import Daemon, cli_env, short_home  # noqa: E402
 
 BIN = Path(sys.executable).parent
+MiB = 1 << 20
 
 
 def say(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def wait_until(cond, timeout: float, what: str, every: float = 0.05, report=None):
+def wait_until(cond: Callable[[], Any], timeout: float, what: str, every: float = 0.05,
+               report: Callable[[], None] | None = None) -> Any:
     end = time.monotonic() + timeout
-    last = 0.0
+    last = time.monotonic()
     while time.monotonic() < end:
         v = cond()
         if v:
             return v
-        if report and time.monotonic() - last > 5:
+        if report and time.monotonic() - last > 10:
             last = time.monotonic()
             report()
         time.sleep(every)
     raise SystemExit(f"bench: timed out after {timeout}s waiting for {what}")
 
 
-def stamp_time(path: Path):
+def stamp_time(path: Path) -> float | None:
     try:
         return float(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def quantile(xs: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) by the nearest rank: p99 of 200 samples is the second largest."""
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q * len(s)) - 1))]
+
+
+@dataclass
+class Drain:
+    jobs: int
+    seconds: float
+    not_succeeded: int = 0
+    worker_rss_mib: float = 0.0  # the most one worker's long-lived processes held while draining
+    server_rss_mib: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds
+
+
+@dataclass
+class Latency:
+    samples: list[float] = field(default_factory=list)  # seconds
+    worker_rss_mib: float = 0.0  # idle, after the warm-up job
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.samples) * 1000
+
+    @property
+    def p99_ms(self) -> float:
+        return quantile(self.samples, 0.99) * 1000
+
+
+class RssWatch:
+    """The largest RSS (MiB) seen of each group of processes, sampled every 0.1 s on a thread. A group is its
+    processes and, where `children`, the children each has when sampled (a shim host, a prefork pool)."""
+
+    def __init__(self, groups: dict[str, list[int]], children: bool = True) -> None:
+        self.groups = {k: [psutil.Process(p) for p in pids] for k, pids in groups.items()}
+        self.children = children
+        self.peak = {k: 0.0 for k in groups}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            for k, procs in self.groups.items():
+                self.peak[k] = max(self.peak[k], rss_mib(with_children(procs) if self.children else procs))
+            if self.stop.wait(0.1):
+                return
+
+    def __enter__(self) -> "RssWatch":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def with_children(procs: Sequence[psutil.Process]) -> list[psutil.Process]:
+    out = list(procs)
+    for p in procs:
+        try:
+            out += p.children(recursive=False)
+        except psutil.Error:
+            pass
+    return out
+
+
+def rss_mib(procs: Sequence[psutil.Process]) -> float:
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / MiB
+
+
+def long_lived(pid: int) -> list[int]:
+    """A worker's process and the children it has at rest (a shim host, a prefork pool)."""
+    try:
+        p = psutil.Process(pid)
+        return [pid, *(c.pid for c in p.children(recursive=False))]
+    except psutil.Error:
+        return [pid]
+
+
+def stop_procs(procs: Sequence[subprocess.Popen], group: bool = False) -> None:
+    for p in procs:
+        if p.poll() is None:
+            if group:
+                os.killpg(p.pid, signal.SIGTERM)
+            else:
+                p.terminate()
+    for p in procs:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            if group:
+                os.killpg(p.pid, signal.SIGKILL)
+            else:
+                p.kill()
+            p.wait(10)
 
 
 # -- piloop ---------------------------------------------------------------------------------
@@ -82,199 +201,323 @@ min_memory_gb = 0
 """
 
 
-def piloop_side(rp: RedisProcess, n: int, slots: int, lat_n: int, tmp: Path) -> tuple[float, float, float]:
-    ns = "bj" + uuid.uuid4().hex[:8]
-    d = Daemon(short_home("bench"), config=PILOOP_CONFIG.format(slots=slots), redis_url=rp.url, namespace=ns)
-    port = free_port()
-    d.start(listen=f"127.0.0.1:{port}")
-    url = f"http://127.0.0.1:{port}"
-    r = redis.Redis.from_url(rp.url)
-    keys = Keys(ns)
-    procs: list[subprocess.Popen] = []
-    homes: list[Path] = []
-    try:
-        tokens = TokenStore(r, keys)
+class PiloopSide:
+    """`piloop serve` on loopback TCP with a pool `bench`, and remote workers on demand.
+
+    With `profile`, the server runs under yappi and each worker under cProfile (see `bench/profiled.py`), their
+    stats written to that directory when they stop."""
+
+    def __init__(self, rp: RedisProcess, slots: int = 8, profile: Path | None = None) -> None:
+        self.ns = "bj" + uuid.uuid4().hex[:8]
+        self.slots, self.profile = slots, profile
+        self.daemon = Daemon(short_home("bench"), config=PILOOP_CONFIG.format(slots=slots), redis_url=rp.url,
+                             namespace=self.ns)
+        self.r = redis.Redis.from_url(rp.url)
+        self.keys = Keys(self.ns)
+        self.homes: list[Path] = []
+        self.n_workers = 0
+
+    def start(self) -> "PiloopSide":
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        if self.profile is None:
+            self.daemon.start(listen=f"127.0.0.1:{port}")
+        else:
+            self._start_profiled(port)
+        self.tokens = TokenStore(self.r, self.keys)
+        self.pid = self.daemon.proc.pid  # type: ignore[union-attr]
+        return self
+
+    def _start_profiled(self, port: int) -> None:
+        d = self.daemon
+        (d.home / "logs").mkdir(exist_ok=True)
+        log = open(d.home / "logs" / "test-daemon.log", "ab")
+        args = [sys.executable, str(ROOT / "bench" / "profiled.py"), "yappi", str(self.profile / "server.prof"),
+                "-m", "piloop_common.cli", "serve", "--listen", f"127.0.0.1:{port}"]
+        d.proc = subprocess.Popen(args, env=cli_env(d.home, d.env), stdout=log, stderr=log, start_new_session=True)
+        wait_until(d.healthy, 60, "the profiled server")
+
+    def api(self, timeout: float = 30):
+        return self.daemon.api(timeout=timeout)
+
+    def spawn_workers(self, n: int = 2) -> list[subprocess.Popen]:
+        procs = []
+        for _ in range(n):
+            i = self.n_workers
+            self.n_workers += 1
+            home = short_home("bw")
+            self.homes.append(home)
+            (home / "config.toml").write_text(f'[plugins.cas]\nprovider = "local"\npath = "{self.daemon.home}/cas"\n')
+            env = cli_env(home, {"PILOOP_HTTPS_TOKEN": self.tokens.create(f"b{i}", by="human:bench"),
+                                 "PYTHONPATH": str(ROOT)})
+            log = open(home / "worker.log", "ab")
+            cmd = ["-m", "piloop_common.cli", "worker", "--server", self.url, "--pool", "bench"]
+            if self.profile is not None:
+                cmd = [str(ROOT / "bench" / "profiled.py"), "cprofile", str(self.profile / f"worker-{i}.prof"), *cmd]
+            procs.append(subprocess.Popen([sys.executable, *cmd], env=env, stdout=log, stderr=log,
+                                          stdin=subprocess.DEVNULL, start_new_session=True, cwd=home))
+        return procs
+
+    def left(self) -> int:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zcard(self.keys.queue("bench", "evaluation"))
+        pipe.scard(self.keys.active("bench", "evaluation"))
+        q, a = pipe.execute()
+        return q + a
+
+    def args_blob(self, api, args: list[Any]) -> str:
+        data = json.dumps({"args": args, "kwargs": {}}).encode()
+        address = hash_bytes(data)
+        api.call_bytes("PUT", f"/v1/cas/blobs/{address}", content=data)
+        return address
+
+    def spec(self, api, what: str, stamp: Path | None = None) -> dict[str, Any]:
+        if what == "task":
+            args = [str(stamp)] if stamp else []
+            return {"runner": "task", "argv": ["bench.noop:stamp" if stamp else "bench.noop:noop"],
+                    "inputs": {"args.json": self.args_blob(api, args)}}
+        if stamp:
+            return {"argv": ["sh", "-c", f"date +%s.%N > {stamp}.tmp && mv {stamp}.tmp {stamp}"]}
+        return {"argv": ["/bin/true"]}
+
+    def drain(self, n: int, what: str) -> Drain:
         ids: list[str] = []
         t0 = time.perf_counter()
-        with d.api(timeout=30) as api:
-            for i in range(n):
-                ids.append(api.call("POST", "/v1/jobs", {"pool": "bench", "spec": {"argv": ["true"]}})["job"])
-        say(f"piloop: {n} jobs queued in {time.perf_counter() - t0:.1f}s")
+        with self.api() as api:
+            spec = self.spec(api, what)
+            for _ in range(n):
+                ids.append(api.call("POST", "/v1/jobs", {"pool": "bench", "spec": spec})["job"])
+        say(f"piloop {what}: {n} jobs queued in {time.perf_counter() - t0:.1f}s")
         t0 = time.perf_counter()
-        for i in range(2):
-            home = short_home("bw")
-            homes.append(home)
-            (home / "config.toml").write_text(f'[plugins.cas]\nprovider = "local"\npath = "{d.home}/cas"\n')
-            env = cli_env(home, {"PILOOP_HTTPS_TOKEN": tokens.create(f"b{i}", by="human:bench")})
-            log = open(home / "worker.log", "ab")
-            procs.append(subprocess.Popen([sys.executable, "-m", "piloop_common.cli", "worker", "--server", url,
-                                           "--pool", "bench"], env=env, stdout=log, stderr=log,
-                                          stdin=subprocess.DEVNULL, start_new_session=True))
+        procs = self.spawn_workers(2)
+        try:
+            groups = {"server": [self.pid], **{f"w{i}": [p.pid] for i, p in enumerate(procs)}}
+            with RssWatch(groups) as watch:
+                def report() -> None:
+                    done = n - self.left()
+                    say(f"piloop {what}: {done}/{n} done, {done / (time.perf_counter() - t0):.1f} jobs/s")
 
-        def left() -> int:
-            pipe = r.pipeline(transaction=False)
-            pipe.zcard(keys.queue("bench", "evaluation"))
-            pipe.scard(keys.active("bench", "evaluation"))
-            q, a = pipe.execute()
-            return q + a
-
-        def report() -> None:
-            done = n - left()
-            el = time.perf_counter() - t0
-            say(f"piloop: {done}/{n} done, {el:.0f}s, {done / el:.1f} jobs/s")
-
-        wait_until(lambda: left() == 0, 3600, "piloop to drain", every=0.05, report=report)
-        rate = n / (time.perf_counter() - t0)
-        pipe = r.pipeline(transaction=False)
+                wait_until(lambda: self.left() == 0, 3600, f"piloop {what} to drain", every=0.02, report=report)
+                seconds = time.perf_counter() - t0
+        finally:
+            stop_procs(procs, group=True)
+        pipe = self.r.pipeline(transaction=False)
         for j in ids:
-            pipe.hget(keys.job(j), "state")
+            pipe.hget(self.keys.job(j), "state")
         states = [s.decode() for s in pipe.execute()]
-        bad = {s: states.count(s) for s in set(states) if s != "succeeded"}
-        if bad:
-            say(f"piloop: not all succeeded: {bad}")
-        say(f"piloop: {rate:.1f} jobs/s")
-        lats = []
-        with d.api(timeout=30) as api:
-            for i in range(lat_n):
-                time.sleep(1.0)  # idle: both workers have had an empty claim
-                mark = tmp / f"piloop-{i}"
-                t = time.time()
-                api.call("POST", "/v1/jobs", {"pool": "bench", "spec": {
-                    "argv": ["sh", "-c", f"date +%s.%N > {mark}.tmp && mv {mark}.tmp {mark}"]}})
-                started = wait_until(lambda: stamp_time(mark), 120, "a piloop job to start", every=0.002)
-                lats.append(started - t)
-                say(f"piloop: start latency {lats[-1] * 1000:.0f} ms")
-        return rate, statistics.median(lats), 0.0
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        r.close()
-        d.cleanup()
-        for h in homes:
+        bad = sum(1 for s in states if s != "succeeded")
+        d = Drain(n, seconds, bad, max(v for k, v in watch.peak.items() if k != "server"), watch.peak["server"])
+        say(f"piloop {what}: {d.rate:.1f} jobs/s" + (f", {bad} did not succeed" if bad else ""))
+        return d
+
+    def latency(self, k: int, gap: float, tmp: Path, whats: Sequence[str] = ("process", "task")) -> dict[str, Latency]:
+        procs = self.spawn_workers(2)
+        out = {w: Latency() for w in whats}
+        try:
+            with self.api() as api:
+                for what in whats:
+                    for i in range(-1, k):  # -1: the warm-up job
+                        time.sleep(gap)
+                        mark = tmp / f"piloop-{what}-{i}-{uuid.uuid4().hex[:6]}"
+                        t = time.time()
+                        api.call("POST", "/v1/jobs", {"pool": "bench", "spec": self.spec(api, what, stamp=mark)})
+                        started = wait_until(lambda: stamp_time(mark), 120, "a piloop job to start", every=0.001)
+                        if i >= 0:
+                            out[what].samples.append(started - t)
+                    say(f"piloop {what}: start latency median {out[what].median_ms:.0f} ms, p99 "
+                        f"{out[what].p99_ms:.0f} ms")
+            wait_until(lambda: self.left() == 0, 60, "the last latency job to be reported")
+            time.sleep(gap)
+            rest = max(rss_mib([psutil.Process(p) for p in long_lived(w.pid)]) for w in procs)
+            for what in whats:
+                out[what].worker_rss_mib = rest
+        finally:
+            stop_procs(procs, group=True)
+        return out
+
+    def server_rss_mib(self) -> float:
+        return rss_mib([psutil.Process(self.pid)])
+
+    def close(self) -> None:
+        self.r.close()
+        if self.profile is not None and self.daemon.proc is not None:
+            self.daemon.stop()  # a clean stop, so the profile is written
+        self.daemon.cleanup()
+        for h in self.homes:
             shutil.rmtree(h, ignore_errors=True)
-
-
 
 
 # -- rq -------------------------------------------------------------------------------------
 
-def rq_side(rp: RedisProcess, n: int, lat_n: int, tmp: Path) -> tuple[float, float]:
+RQ_CLASSES = {"Worker": "rq.worker.Worker", "SimpleWorker": "rq.worker.SimpleWorker"}
+PY_JOB = {"python": "noop", "subprocess": "run_true"}
+
+
+def _rq_worker(rp: RedisProcess, queue: str, cls: str, burst: bool, tmp: Path) -> subprocess.Popen:
+    args = [str(BIN / "rq"), "worker", "--url", rp.url, "--quiet", "--worker-class", RQ_CLASSES[cls]]
+    return subprocess.Popen(args + (["--burst"] if burst else []) + [queue], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp)
+
+
+def rq_drain(rp: RedisProcess, n: int, cls: str, job: str, tmp: Path) -> Drain:
     from rq import Queue
 
-    from bench.tasks import noop, stamp
+    from bench import noop
 
     r = redis.Redis.from_url(rp.url)
-    name = "rq" + uuid.uuid4().hex[:8]
-    q = Queue(name, connection=r)
+    q = Queue("rq" + uuid.uuid4().hex[:8], connection=r)
+    fn = getattr(noop, PY_JOB[job])
     for _ in range(n):
-        q.enqueue(noop)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        q.enqueue(fn)
     t0 = time.perf_counter()
-    procs = [subprocess.Popen([str(BIN / "rq"), "worker", "--burst", "--url", rp.url, "--quiet", name], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp) for _ in range(2)]
-    wait_until(lambda: all(p.poll() is not None for p in procs), 3600, "rq to drain", every=0.01,
-               report=lambda: say(f"rq: {n - len(q)} taken"))
-    rate = n / (time.perf_counter() - t0)
-    say(f"rq: {rate:.1f} jobs/s")
-    procs = [subprocess.Popen([str(BIN / "rq"), "worker", "--url", rp.url, "--quiet", name], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp) for _ in range(2)]
+    procs = [_rq_worker(rp, q.name, cls, True, tmp) for _ in range(2)]
+    with RssWatch({f"w{i}": [p.pid] for i, p in enumerate(procs)}, children=False) as watch:  # not its horses
+        wait_until(lambda: all(p.poll() is not None for p in procs), 3600, "rq to drain", every=0.01,
+                   report=lambda: say(f"rq {cls} {job}: {n - len(q)} taken"))
+        seconds = time.perf_counter() - t0
+    bad = q.failed_job_registry.count
+    d = Drain(n, seconds, bad, max(watch.peak.values()))
+    say(f"rq {cls} {job}: {d.rate:.1f} jobs/s")
+    r.close()
+    return d
+
+
+def rq_latency(rp: RedisProcess, k: int, gap: float, cls: str, tmp: Path) -> Latency:
+    from rq import Queue
+
+    from bench.noop import stamp
+
+    r = redis.Redis.from_url(rp.url)
+    q = Queue("rq" + uuid.uuid4().hex[:8], connection=r)
+    procs = [_rq_worker(rp, q.name, cls, False, tmp) for _ in range(2)]
+    out = Latency()
     try:
-        lats = []
-        time.sleep(2.0)  # the workers are up and idle
-        for i in range(lat_n):
-            time.sleep(1.0)
-            mark = tmp / f"rq-{i}"
+        for i in range(-1, k):  # -1: the warm-up job, which waits for the workers to be up
+            time.sleep(gap)
+            mark = tmp / f"rq-{cls}-{i}-{uuid.uuid4().hex[:6]}"
             t = time.time()
             q.enqueue(stamp, str(mark))
-            lats.append(wait_until(lambda: stamp_time(mark), 60, "an rq job to start", every=0.002) - t)
-        return rate, statistics.median(lats)
+            started = wait_until(lambda: stamp_time(mark), 60, "an rq job to start", every=0.001)
+            if i >= 0:
+                out.samples.append(started - t)
+        time.sleep(gap)
+        out.worker_rss_mib = max(rss_mib([psutil.Process(p.pid)]) for p in procs)
+        say(f"rq {cls}: start latency median {out.median_ms:.0f} ms, p99 {out.p99_ms:.0f} ms")
     finally:
-        for p in procs:
-            p.terminate()
-            p.wait(30)
+        stop_procs(procs)
         r.close()
+    return out
 
 
 # -- Celery ---------------------------------------------------------------------------------
 
-def celery_side(rp: RedisProcess, n: int, lat_n: int, tmp: Path) -> tuple[float, float]:
-    name = "cq" + uuid.uuid4().hex[:8]
-    os.environ["PILOOP_BENCH_BROKER"], os.environ["PILOOP_BENCH_QUEUE"] = rp.url, name
-    import importlib
+CELERY_TASK = {"python": "bench.noop", "subprocess": "bench.true"}
 
-    import bench.tasks
 
-    tasks = importlib.reload(bench.tasks)
+def _celery_workers(rp: RedisProcess, queue: str, pool: str, tmp: Path) -> list[subprocess.Popen]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PILOOP_BENCH_BROKER": rp.url, "PILOOP_BENCH_QUEUE": queue}
+    base = [str(BIN / "celery"), "-A", "bench.tasks", "worker", "--loglevel", "WARNING", "--without-gossip",
+            "--without-mingle", "--without-heartbeat"]
+    if pool == "prefork":
+        shapes = [["--pool", "prefork", "--concurrency", "2"]]
+    else:
+        shapes = [["--pool", "solo"], ["--pool", "solo"]]
+    return [subprocess.Popen(base + shape + ["-n", f"w{i}-{queue}@%h"], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, cwd=tmp, start_new_session=True)
+            for i, shape in enumerate(shapes)]
+
+
+def _celery_client(rp: RedisProcess, queue: str):
+    from celery import Celery
+
+    app = Celery("bench-client", broker=rp.url)
+    app.conf.update(task_default_queue=queue, task_ignore_result=True)
+    return app
+
+
+def celery_drain(rp: RedisProcess, n: int, pool: str, job: str, tmp: Path) -> Drain:
+    queue = "cq" + uuid.uuid4().hex[:8]
+    app = _celery_client(rp, queue)
+    with app.producer_or_acquire() as producer:
+        for _ in range(n):
+            app.send_task(CELERY_TASK[job], queue=queue, producer=producer)
     r = redis.Redis.from_url(rp.url)
-    for _ in range(n):
-        tasks.celery_noop.apply_async()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.perf_counter()
-    proc = subprocess.Popen([str(BIN / "celery"), "-A", "bench.tasks", "worker", "--concurrency", "2", "--pool",
-                             "prefork", "--loglevel", "WARNING", "--without-gossip", "--without-mingle",
-                             "--without-heartbeat"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            cwd=tmp, start_new_session=True)
+    procs = _celery_workers(rp, queue, pool, tmp)
     try:
-        done = lambda: int(r.get(f"{name}:done") or 0)  # noqa: E731
-        wait_until(lambda: done() >= n, 3600, "Celery to drain", every=0.01,
-                   report=lambda: say(f"celery: {done()}/{n} done"))
-        rate = n / (time.perf_counter() - t0)
-        say(f"celery: {rate:.1f} jobs/s")
-        lats = []
-        for i in range(lat_n):
-            time.sleep(1.0)
-            mark = tmp / f"celery-{i}"
-            t = time.time()
-            tasks.celery_stamp.apply_async((str(mark),))
-            lats.append(wait_until(lambda: stamp_time(mark), 60, "a Celery job to start", every=0.002) - t)
-        return rate, statistics.median(lats)
+        with RssWatch({f"w{i}": [p.pid] for i, p in enumerate(procs)}) as watch:
+            done = lambda: int(r.get(f"{queue}:done") or 0)  # noqa: E731
+            wait_until(lambda: done() >= n, 3600, "Celery to drain", every=0.01,
+                       report=lambda: say(f"celery {pool} {job}: {done()}/{n} done"))
+            seconds = time.perf_counter() - t0
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_procs(procs, group=True)
         r.close()
+        app.close()
+    d = Drain(n, seconds, 0, max(watch.peak.values()))
+    say(f"celery {pool} {job}: {d.rate:.1f} jobs/s")
+    return d
+
+
+def celery_latency(rp: RedisProcess, k: int, gap: float, pool: str, tmp: Path) -> Latency:
+    queue = "cq" + uuid.uuid4().hex[:8]
+    app = _celery_client(rp, queue)
+    procs = _celery_workers(rp, queue, pool, tmp)
+    out = Latency()
+    try:
+        with app.producer_or_acquire() as producer:
+            for i in range(-1, k):  # -1: the warm-up job, which waits for the workers to be up
+                time.sleep(gap)
+                mark = tmp / f"celery-{pool}-{i}-{uuid.uuid4().hex[:6]}"
+                t = time.time()
+                app.send_task("bench.stamp", (str(mark),), queue=queue, producer=producer)
+                started = wait_until(lambda: stamp_time(mark), 60, "a Celery job to start", every=0.001)
+                if i >= 0:
+                    out.samples.append(started - t)
+        time.sleep(gap)
+        out.worker_rss_mib = max(rss_mib([psutil.Process(p) for p in long_lived(w.pid)]) for w in procs)
+        say(f"celery {pool}: start latency median {out.median_ms:.0f} ms, p99 {out.p99_ms:.0f} ms")
+    finally:
+        stop_procs(procs, group=True)
+        app.close()
+    return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    import argparse
+    import tempfile
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=2000)
-    ap.add_argument("--slots", type=int, default=8, help="evaluation slots of each piloop worker")
-    ap.add_argument("--latency", type=int, default=5, help="jobs for the start latency median")
+    ap.add_argument("--latency", type=int, default=200, help="jobs for the start latency median and p99")
+    ap.add_argument("--gap", type=float, default=0.2, help="idle seconds before each latency job")
     ap.add_argument("--only", choices=["piloop", "rq", "celery"], action="append")
     a = ap.parse_args()
     only = a.only or ["piloop", "rq", "celery"]
-    rows: dict[str, tuple[float, float]] = {}
+    out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         rp = RedisProcess(tmp / "redis").start()
         try:
-            if "rq" in only:
-                rows["rq (2 × rq worker)"] = rq_side(rp, a.jobs, a.latency, tmp)
-            if "celery" in only:
-                rows["Celery (prefork, concurrency 2)"] = celery_side(rp, a.jobs, a.latency, tmp)
             if "piloop" in only:
-                rate, lat, _ = piloop_side(rp, a.jobs, a.slots, a.latency, tmp)
-                rows[f"piloop (2 workers × {a.slots} slots)"] = (rate, lat)
+                side = PiloopSide(rp).start()
+                try:
+                    for what in ("process", "task"):
+                        out[f"piloop {what}"] = asdict(side.drain(a.jobs, what))
+                    out["piloop latency"] = {k: asdict(v) for k, v in side.latency(a.latency, a.gap, tmp).items()}
+                finally:
+                    side.close()
+            if "rq" in only:
+                for cls in RQ_CLASSES:
+                    for job in PY_JOB:
+                        out[f"rq {cls} {job}"] = asdict(rq_drain(rp, a.jobs, cls, job, tmp))
+            if "celery" in only:
+                for pool in ("prefork", "solo"):
+                    for job in CELERY_TASK:
+                        out[f"celery {pool} {job}"] = asdict(celery_drain(rp, a.jobs, pool, job, tmp))
         finally:
             rp.stop()
-    base = rows.get("rq (2 × rq worker)")
-    width = max(len(k) for k in rows)
-    print(f"{'what'.ljust(width)}  {'jobs/s':>8}  {'× rq':>6}  {'start latency':>13}  {'× rq':>6}")
-    for k, (rate, lat) in rows.items():
-        r1 = f"{rate / base[0]:6.2f}" if base else "     -"
-        r2 = f"{lat / base[1]:6.1f}" if base else "     -"
-        print(f"{k.ljust(width)}  {rate:8.1f}  {r1}  {lat * 1000:10.0f} ms  {r2}")
-    print(f"({a.jobs} no-op jobs drained by 2 workers from spawn to the last end; start latency: median of "
-          f"{a.latency} jobs on idle workers, submit → the job's process runs; one machine, {os.cpu_count()} CPUs, "
-          "one Redis)")
+    print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,27 +1,18 @@
-"""Tasks for the rq and Celery sides of bench/jobs.py: a no-op, and a stamp of when a job started.
+"""The Celery side of the benchmarks: the app and its tasks (the jobs themselves are in `bench.noop`).
 
-The Celery app is built from `PILOOP_BENCH_BROKER` (a Redis URL) and `PILOOP_BENCH_QUEUE` when this module is
-imported by `celery -A bench.tasks worker`; it counts finished no-ops in `<queue>:done` (one INCR), since the
-bench runs Celery without a result backend.
+The app is built from `PILOOP_BENCH_BROKER` (a Redis URL) and `PILOOP_BENCH_QUEUE` when this module is imported
+by `celery -A bench.tasks worker`; a finished no-op counts itself in `<queue>:done` (one INCR), since the bench
+runs Celery without a result backend.
 """
 
 from __future__ import annotations
 
 import os
-import time
+
+from bench import noop as jobs
 
 BROKER = os.environ.get("PILOOP_BENCH_BROKER", "redis://127.0.0.1:6379/0")
 QUEUE = os.environ.get("PILOOP_BENCH_QUEUE", "bench")
-
-
-def noop() -> None:
-    return None
-
-
-def stamp(path: str) -> None:
-    with open(path, "w") as f:
-        f.write(repr(time.time()))
-
 
 try:
     from celery import Celery
@@ -33,8 +24,7 @@ else:
                     broker_connection_retry_on_startup=True, worker_send_task_events=False)
     _redis = None
 
-    @app.task(name="bench.noop")
-    def celery_noop() -> None:
+    def _done() -> None:
         global _redis
         if _redis is None:
             import redis
@@ -42,6 +32,16 @@ else:
             _redis = redis.Redis.from_url(BROKER)
         _redis.incr(f"{QUEUE}:done")
 
+    @app.task(name="bench.noop")
+    def celery_noop() -> None:
+        jobs.noop()
+        _done()
+
+    @app.task(name="bench.true")
+    def celery_true() -> None:
+        jobs.run_true()
+        _done()
+
     @app.task(name="bench.stamp")
     def celery_stamp(path: str) -> None:
-        stamp(path)
+        jobs.stamp(path)

