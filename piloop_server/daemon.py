@@ -89,7 +89,7 @@ class Pass:
             rt.events.escalate("job.lost", f"evaluation {job} was lost {rt.executor.max_lost} times in a row", job=job)
         rt.leases.due()  # failed jobs whose backoff has passed go back to their queues
         if self.provisioner is not None:
-            # decides from Redis only: its platform calls run on its own thread, never on the pass
+            # decides from Redis only: its platform calls are background tasks (piloop_server.tasks), off the pass
             self.provisioner.run_once()
         # campaigns last: agents go into the slots this pass's expiries freed; git work is handed to rq
         campaigns.tend(rt)

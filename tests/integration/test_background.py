@@ -21,10 +21,15 @@ REPO = str(Path(__file__).resolve().parents[2])
 MOD = "tests.helpers.background_tasks"
 
 
+# a provisioned pool that never starts a worker: its queue has a background worker of its own
+GPU = ("\n[plugins.executor.pools.gpu]\nagents = 0\nevaluations = 1\n\n[plugins.executor.pools.gpu.provisioner]\n"
+       "max = 0\n\n[plugins.executor.pools.gpu.provisioner.compute]\nprovider = \"local\"\n")
+
+
 def _daemon(redis_server) -> Daemon:
     ns = "t" + uuid.uuid4().hex[:10]
     # the workers import the tests' task module; the tasks it submits itself retry 1 s apart
-    d = Daemon(short_home(), config=FAST_EXECUTOR, redis_url=redis_server.url, namespace=ns,
+    d = Daemon(short_home(), config=FAST_EXECUTOR + GPU, redis_url=redis_server.url, namespace=ns,
                env={"PYTHONPATH": REPO, tasks.RETRY_ENV: "1,1"})
     d.ns = ns  # type: ignore[attr-defined]
     return d.start()
@@ -88,10 +93,21 @@ def test_a_task_that_raises_is_retried_with_backoff_then_is_a_task_failed_event(
     assert tasks.submit(rt, f"{MOD}:boom", name, key=key)  # a failed task's key can run again
 
 
+def test_a_slow_task_on_one_queue_never_delays_another_queue(server, rt):
+    slow, quick = uuid.uuid4().hex[:8], uuid.uuid4().hex[:8]
+    assert tasks.submit(rt, f"{MOD}:mark", slow, 5.0, key=f"test.mark:{slow}", queue=tasks.provisioner_queue("gpu"))
+    wait_for(lambda: _events(server, "test.started", slow), 30, interval=0.05, what="the slow platform call starts")
+    assert tasks.submit(rt, f"{MOD}:mark", quick, key=f"test.mark:{quick}")
+    done = wait_for(lambda: _events(server, "test.done", quick), 3, interval=0.05, what="the other queue's task")
+    assert not _events(server, "test.done", slow)  # it ran beside the slow one, not after it
+    assert int(done[0]["pid"]) == _background(server)["default"].pid
+    assert int(_events(server, "test.started", slow)[0]["pid"]) == _background(server)["provisioner.gpu"].pid
+
+
 def test_a_killed_background_worker_is_restarted_and_its_tasks_still_run(server, rt):
     name, queued = uuid.uuid4().hex[:8], uuid.uuid4().hex[:8]
     before = _background(server)
-    assert set(before) == {"default"}  # no provisioned pool: one queue
+    assert set(before) == {"default", "provisioner.gpu"}
     assert tasks.submit(rt, f"{MOD}:mark", name, 5.0, key=f"test.mark:{name}")
     wait_for(lambda: _events(server, "test.started", name), 30, interval=0.05, what="the long task starts")
     assert tasks.submit(rt, f"{MOD}:mark", queued, key=f"test.mark:{queued}")
