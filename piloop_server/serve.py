@@ -161,7 +161,6 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
         # rq's keys under our hash tag, before anything in this process imports rq (tasks.submit is right anyway)
         os.environ[tasks.PREFIX_ENV] = rt.keys.rq_prefix()
         background = tasks.Workers(rt, home)
-        background.start()
         threading.Thread(target=background.watch, args=(stop,), name="tasks-watch", daemon=True).start()
 
         the_pass.provisioner = Provisioner(rt, url=_worker_url(settings, tcp_addr), home=home)

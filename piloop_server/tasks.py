@@ -2,9 +2,9 @@
 daemon's pass, with retries.
 
 `submit(rt, "module:function", *args, key=…)` enqueues `function(rt, *args)` on an rq queue in the server's Redis.
-`piloop serve` starts one rq worker process per queue (`queues(rt)`: `default`, and `provisioner.<pool>` for each
-pool with a provisioner), so a slow platform call delays only its own pool's calls, never another pool's nor other
-background work. Each worker process builds its `Runtime` once, from the same home and settings as the server, and
+`piloop serve` runs one rq worker process per queue (`queues(rt)`: `default`, and `provisioner.<pool>` for each
+pool with a provisioner), started when its queue first has a task, so a slow platform call delays only its own
+pool's calls, never another pool's nor other background work. Each worker process builds its `Runtime` once, from the same home and settings as the server, and
 dies with the server (`PR_SET_PDEATHSIG`); the server restarts one that dies.
 
 rq's keys live under our hash tag: `RQ_KEY_PREFIX` is `keys.rq_prefix()` (`{<namespace>}:rq`), set before rq is
@@ -322,10 +322,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class Workers:
-    """`piloop serve`'s background workers: one child process per queue, restarted when one dies."""
+    """`piloop serve`'s background workers: one child process per queue, started when its queue first has a task
+    (a server without campaigns or provisioned pools pays for none), then kept, and restarted when one dies."""
 
     def __init__(self, rt: Runtime, home: Path) -> None:
-        self.home, self.names = home, queues(rt)
+        self.rt, self.home, self.names = rt, home, queues(rt)
         self.env = {**os.environ, PREFIX_ENV: rt.keys.rq_prefix()}
         self.procs: dict[str, subprocess.Popen] = {}
         self.started: dict[str, float] = {}
@@ -340,16 +341,30 @@ class Workers:
         self.procs[name], self.started[name] = p, time.monotonic()
         log.info("event=tasks.worker_started queue=%s pid=%d", name, p.pid)
 
-    def start(self) -> None:
-        for name in self.names:
-            self._spawn(name)
+    def _wanted(self) -> list[str]:
+        """The queues without a worker yet that have a task waiting."""
+        idle = [n for n in self.names if n not in self.procs]
+        if not idle:
+            return []
+        _, queue_cls = _classes(self.rt.keys.rq_prefix())
+        pipe = self.rt.redis.pipeline(transaction=False)
+        for n in idle:
+            pipe.llen(queue_cls.redis_queue_namespace_prefix + n)
+        return [n for n, waiting in zip(idle, pipe.execute()) if waiting]
 
     def watch(self, stop: threading.Event) -> None:
         due: dict[str, float] = {}
-        while not stop.wait(0.5):
+        while not stop.wait(0.25):
+            if self.stopping:
+                return
+            try:
+                for name in self._wanted():
+                    self._spawn(name)
+            except Exception as e:  # Redis away: the pass says so; look again next time
+                log.debug("event=tasks.watch_failed error=%s", e)
             now = time.monotonic()
             for name, p in list(self.procs.items()):
-                if self.stopping or p.poll() is None:
+                if p.poll() is None:
                     continue
                 if name not in due:
                     # doubling while it dies young, from 0.5 s: a crash loop never spins
@@ -362,13 +377,15 @@ class Workers:
                     self._spawn(name)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM (rq finishes the task at hand), then SIGKILL: the task is retried by the next server."""
+        """SIGTERM, then SIGKILL: rq's SimpleWorker ends at once, and a task it was running stays `started` until
+        the next server's worker of its queue reclaims it (`_reclaim`) and runs it again."""
         self.stopping = True
-        for p in self.procs.values():
+        procs = list(self.procs.values())
+        for p in procs:
             if p.poll() is None:
                 p.terminate()
         end = time.monotonic() + timeout
-        for p in self.procs.values():
+        for p in procs:
             try:
                 p.wait(max(0.1, end - time.monotonic()))
             except subprocess.TimeoutExpired:

@@ -95,10 +95,10 @@ def test_a_task_that_raises_is_retried_with_backoff_then_is_a_task_failed_event(
 
 def test_a_slow_task_on_one_queue_never_delays_another_queue(server, rt):
     slow, quick = uuid.uuid4().hex[:8], uuid.uuid4().hex[:8]
-    assert tasks.submit(rt, f"{MOD}:mark", slow, 5.0, key=f"test.mark:{slow}", queue=tasks.provisioner_queue("gpu"))
+    assert tasks.submit(rt, f"{MOD}:mark", slow, 8.0, key=f"test.mark:{slow}", queue=tasks.provisioner_queue("gpu"))
     wait_for(lambda: _events(server, "test.started", slow), 30, interval=0.05, what="the slow platform call starts")
     assert tasks.submit(rt, f"{MOD}:mark", quick, key=f"test.mark:{quick}")
-    done = wait_for(lambda: _events(server, "test.done", quick), 3, interval=0.05, what="the other queue's task")
+    done = wait_for(lambda: _events(server, "test.done", quick), 6, interval=0.05, what="the other queue's task")
     assert not _events(server, "test.done", slow)  # it ran beside the slow one, not after it
     assert int(done[0]["pid"]) == _background(server)["default"].pid
     assert int(_events(server, "test.started", slow)[0]["pid"]) == _background(server)["provisioner.gpu"].pid
@@ -106,10 +106,10 @@ def test_a_slow_task_on_one_queue_never_delays_another_queue(server, rt):
 
 def test_a_killed_background_worker_is_restarted_and_its_tasks_still_run(server, rt):
     name, queued = uuid.uuid4().hex[:8], uuid.uuid4().hex[:8]
-    before = _background(server)
-    assert set(before) == {"default", "provisioner.gpu"}
     assert tasks.submit(rt, f"{MOD}:mark", name, 5.0, key=f"test.mark:{name}")
     wait_for(lambda: _events(server, "test.started", name), 30, interval=0.05, what="the long task starts")
+    before = _background(server)
+    assert set(before) == {"default", "provisioner.gpu"}
     assert tasks.submit(rt, f"{MOD}:mark", queued, key=f"test.mark:{queued}")
     before["default"].send_signal(signal.SIGKILL)
     # the task queued behind it runs on the worker serve starts in its place; the one it was running is retried
@@ -120,11 +120,17 @@ def test_a_killed_background_worker_is_restarted_and_its_tasks_still_run(server,
              what="the task the killed worker held is retried")
 
 
-def test_killing_serve_leaves_no_background_process(redis_server):
+def test_killing_serve_leaves_no_background_process(redis_server, redis_client):
     d = _daemon(redis_server)
     try:
+        # the gpu pool's worker comes with the pass's first listing; the default queue's with its first task
+        wait_for(lambda: "provisioner.gpu" in _background(d), 10, interval=0.05, what="the gpu queue's worker")
+        assert "default" not in _background(d)
+        name = uuid.uuid4().hex[:8]
+        tasks.submit(types.SimpleNamespace(redis=redis_client, keys=Keys(d.ns)), f"{MOD}:mark", name, key=name)
+        wait_for(lambda: _events(d, "test.done", name), 10, interval=0.05, what="a task on the default queue")
         procs = list(_background(d).values())
-        assert procs
+        assert len(procs) == 2
         d.kill()
 
         def gone() -> bool:
