@@ -438,15 +438,16 @@ def list_pool(rt: Runtime, pool: str, _: str = "") -> None:
         return
     try:
         handles = prov.list(rt.server_id)
+        recs = records(rt)
+        for h in handles:
+            if h.name not in recs:
+                prov.stop(h)
+                rt.events.add("provisioner.unknown_stopped", BY, worker=h.name, pool=h.pool, id=h.id)
+                log.warning("event=provisioner.unknown_stopped worker=%s id=%s (tagged as ours, no record)", h.name,
+                            h.id)
     except PlatformAuthError as e:
         auth_failed(rt, pool, e)
         return
-    recs = records(rt)
-    for h in handles:
-        if h.name not in recs:
-            prov.stop(h)
-            rt.events.add("provisioner.unknown_stopped", BY, worker=h.name, pool=h.pool, id=h.id)
-            log.warning("event=provisioner.unknown_stopped worker=%s id=%s (tagged as ours, no record)", h.name, h.id)
     ids = {h.id for h in handles}
     for name, rec in recs.items():
         if rec.get("pool") != pool or rec.get("state") not in ("starting", "running", "draining"):
