@@ -200,6 +200,28 @@ class ReportResponse(Message):
     state: str | None = None
 
 
+REPORTS_PER_CALL = 64
+
+
+class ReportsRequest(Message):
+    """Several reports in one call (a worker's jobs that ended together): one HTTP call, one token check, one CAS
+    lookup for all the blobs they name. Each is still its own report, answered on its own."""
+    protocol: int
+    reports: list[ReportRequest] = Field(min_length=1, max_length=REPORTS_PER_CALL)
+
+
+class ReportAnswer(Message):
+    """One report's answer in a `ReportsResponse`: `answer` (and `state`), or the error that refused it alone."""
+    answer: Literal["accepted", "stale"] | None = None
+    state: str | None = None
+    error: str | None = Field(None, description="The error's code, where this report was refused (bad_request, ...).")
+    message: str = ""
+
+
+class ReportsResponse(Message):
+    answers: list[ReportAnswer] = Field(description="One per report, in the order sent.")
+
+
 class LogAppend(Message):
     protocol: int
     job: str

@@ -24,13 +24,13 @@ import psutil
 from piloop_common import __version__
 from piloop_common.cas import Store
 from piloop_common.client import ApiClient
-from piloop_common.errors import BadRequest, LeaseLost, NotFound, PiloopError, Refused, StoreError
+from piloop_common.errors import BadRequest, LeaseLost, NotFound, PiloopError, Refused, StoreError, from_payload
 from piloop_common.hostinfo import Sampler, memory_pressure
 from piloop_common.gitrepo import GitError
 from piloop_common.protocol import (
     PROTOCOL, Assignment, BundleRequest, BundleResponse, CampaignJob, ClaimRequest, ClaimResponse, HeldJob,
     RegisterRequest, RegisterResponse, ReleaseRequest,
-    ReportRequest, ReportResponse, Timing, Usage, WorkerHello, LogAppend,
+    REPORTS_PER_CALL, ReportRequest, ReportResponse, ReportsRequest, ReportsResponse, Timing, Usage, WorkerHello, LogAppend,
 )
 from piloop_worker import pressure
 from piloop_worker.cgroups import Cgroups
@@ -307,8 +307,10 @@ class Worker:
         while True:
             self._check_stop()
             now = time.monotonic()
+            ready: list[Held] = []
             for h in self.snapshot():
-                self._tend(h, now)
+                self._tend(h, now, ready)
+            self._send_all(ready)
             if now - last_spool > max(self.timing.renew_seconds, 1.0):
                 last_spool = now
                 self.send_spool()
@@ -317,16 +319,18 @@ class Worker:
             if not self.stopping.is_set():
                 self.host.wait_exit(TICK)  # a shim whose job ended wakes the loop at once
 
-    def _tend(self, h: Held, now: float) -> None:
+    def _tend(self, h: Held, now: float, ready: list[Held] | None = None) -> None:
         try:
-            self._tend_one(h, now)
+            self._tend_one(h, now, ready)
         except OSError as e:
             # a full or broken --dir fails this job's step, not the worker: it is tried again next tick
             if not h.disk_error:
                 log.warning("event=job.disk_error job=%s worker=%s error=%s", h.job, self.name, e)
             h.disk_error = True
 
-    def _tend_one(self, h: Held, now: float) -> None:
+    def _tend_one(self, h: Held, now: float, ready: list[Held] | None = None) -> None:
+        """One step for one job; a report due to be sent goes on `ready` (sent with the others that ended), or at once
+        without one."""
         if h.report is None:
             if h.jd.exit_json.exists():
                 self._build_report(h)
@@ -336,7 +340,10 @@ class Worker:
             elif h.shipper.due(now):
                 self._ship_log(h)
         if h.report is not None and now >= h.next_try:
-            self._send(h)
+            if ready is None:
+                self._send(h)
+            else:
+                ready.append(h)
 
     def _ship_log(self, h: Held) -> None:
         try:
@@ -380,9 +387,26 @@ class Worker:
         log.info("event=job.ended job=%s outcome=%s reason=%r exit_code=%s", h.job, outcome, reason,
                  rec.get("exit_code"))
 
+    def _send_all(self, ready: list[Held]) -> None:
+        """The reports of jobs that ended since the last look: one call for one, one call for up to 64."""
+        if len(ready) <= 1:
+            for h in ready:
+                self._send(h)
+            return
+        for i in range(0, len(ready), REPORTS_PER_CALL):
+            batch = ready[i:i + REPORTS_PER_CALL]
+            answers = self.send_reports([h.report for h in batch if h.report is not None])
+            for h, answer in zip(batch, answers):
+                try:
+                    self._sent(h, answer)
+                except OSError as e:
+                    log.warning("event=job.disk_error job=%s worker=%s error=%s", h.job, self.name, e)
+
     def _send(self, h: Held) -> None:
         assert h.report is not None
-        answer = self.send_report(h.report)
+        self._sent(h, self.send_report(h.report))
+
+    def _sent(self, h: Held, answer: str | None) -> None:
         if answer is None:
             h.tries += 1
             h.next_try = time.monotonic() + min(0.5 * 2 ** h.tries, 30.0)
@@ -414,6 +438,37 @@ class Worker:
         self.spool.remove(report.report_id)
         log.info("event=job.reported job=%s outcome=%s answer=%s", report.job, report.outcome, got.answer)
         return got.answer
+
+    def send_reports(self, reports: list[ReportRequest]) -> list[str | None]:
+        """Send spooled reports in one call; each one's answer (its spool file gone), or None to try it again later."""
+        assert self.spool is not None and self.timing is not None
+        try:
+            got: ReportsResponse = self.api.call("POST", "/v1/worker/reports",
+                                                 ReportsRequest(protocol=PROTOCOL, reports=reports),
+                                                 model=ReportsResponse, timeout=self.timing.request_timeout_seconds)
+        except Refused as e:
+            self.refuse(e.message)
+            return [None] * len(reports)
+        except BadRequest:
+            return [self.send_report(r) for r in reports]  # the call as a whole refused: each alone says which
+        except (PiloopError, OSError) as e:
+            self.reach.failed(e, self.name)
+            return [None] * len(reports)
+        out: list[str | None] = []
+        for report, a in zip(reports, got.answers):
+            if a.error is None:
+                self.spool.remove(report.report_id)
+                log.info("event=job.reported job=%s outcome=%s answer=%s", report.job, report.outcome, a.answer)
+                out.append(a.answer)
+            elif isinstance(from_payload({"error": a.error, "message": a.message}, 400), BadRequest):
+                log.error("event=job.report_refused job=%s report=%s error=%s", report.job, report.report_id, a.message)
+                with contextlib.suppress(OSError):
+                    self.spool.path(report.report_id).rename(self.spool.path(report.report_id).with_suffix(".bad"))
+                out.append("bad")
+            else:
+                self.reach.failed(from_payload({"error": a.error, "message": a.message}, 500), self.name)
+                out.append(None)
+        return out
 
     def send_spool(self) -> None:
         """Send every spooled report that no job of ours is sending right now."""

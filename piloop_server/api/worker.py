@@ -9,10 +9,11 @@ import time
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from piloop_common.errors import LeaseLost, NotFound, Refused
+from piloop_common.errors import LeaseLost, NotFound, PiloopError, Refused
 from piloop_common.protocol import (
     PROTOCOL, Assignment, ClaimRequest, ClaimResponse, HeartbeatResponse, HostSample, JobSpec, LogAppend, RegisterRequest,
-    RegisterResponse, ReleaseRequest, ReportRequest, ReportResponse, Timing, WorkerHello,
+    RegisterResponse, ReleaseRequest, ReportAnswer, ReportRequest, ReportResponse, ReportsRequest, ReportsResponse, Timing,
+    WorkerHello,
 )
 from piloop_server import pools
 from piloop_server.api import wakeup
@@ -24,7 +25,8 @@ from piloop_server.state.leases import KINDS, Lease
 router = APIRouter(prefix="/v1/worker", tags=["worker"])
 
 
-def _check(rt: Runtime, caller: Caller, hello: WorkerHello | ClaimRequest | ReleaseRequest | ReportRequest | LogAppend) -> None:
+def _check(rt: Runtime, caller: Caller,
+           hello: WorkerHello | ClaimRequest | ReleaseRequest | ReportRequest | ReportsRequest | LogAppend) -> None:
     if hello.protocol != PROTOCOL:
         raise Refused(f"the server speaks piloop protocol {PROTOCOL}, this worker {hello.protocol}: "
                       "install the same piloop version on both")
@@ -144,8 +146,46 @@ def release(body: ReleaseRequest, rt: RuntimeDep, caller: WorkerDep, request: Re
 @router.post("/report", response_model=ReportResponse)
 def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> ReportResponse:
     _check(rt, caller, body)
-    name = caller.name
-    named = [*body.log, *body.outputs.values(), *(a for a in (body.metrics, body.bundle, body.workspace) if a)]
+    resp = _report(body, rt, caller.name, _present(rt, [body]))
+    if resp.state == "queued":
+        wakeup.notify(request.app)
+    return resp
+
+
+@router.post("/reports", response_model=ReportsResponse)
+def reports(body: ReportsRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> ReportsResponse:
+    """Several reports in one call, each answered on its own: one refused (a bad report) leaves the others be."""
+    _check(rt, caller, body)
+    present = _present(rt, body.reports)
+    answers, wake = [], False
+    for one in body.reports:
+        try:
+            _check(rt, caller, one)
+            resp = _report(one, rt, caller.name, present)
+        except Refused:
+            raise  # the worker's, not one report's
+        except PiloopError as e:
+            answers.append(ReportAnswer(error=e.code, message=e.message))
+            continue
+        wake = wake or resp.state == "queued"
+        answers.append(ReportAnswer(answer=resp.answer, state=resp.state))
+    if wake:
+        wakeup.notify(request.app)
+    return ReportsResponse(answers=answers)
+
+
+def _named(body: ReportRequest) -> list[str]:
+    return [*body.log, *body.outputs.values(), *(a for a in (body.metrics, body.bundle, body.workspace) if a)]
+
+
+def _present(rt: Runtime, bodies: list[ReportRequest]) -> set[str]:
+    """Which of the blobs these reports name the CAS has: one lookup for all of them."""
+    named = sorted({a for b in bodies for a in _named(b)})
+    return set(rt.store.has_many(named)) if named else set()
+
+
+def _report(body: ReportRequest, rt: Runtime, name: str, present: set[str]) -> ReportResponse:
+    named = _named(body)
     outcome, reason = body.outcome, body.reason
     if outcome == "lost":
         # the worker lost the run (its shim died, the server had said the lease was lost, it was refused): lost for
@@ -153,7 +193,7 @@ def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep, request: Requ
         # the server's own verdict below (its CAS lacks the blobs) ends a job `lost`
         outcome = "fenced"
     if named:
-        missing = sorted(set(named) - rt.store.has_many(named))
+        missing = sorted(set(named) - present)
         if missing:
             # the job's results cannot be read back: it is lost, with the blobs it names
             outcome, reason = "lost", f"the CAS lacks {len(missing)} blob(s) the report names: {', '.join(missing[:5])}"
@@ -167,8 +207,6 @@ def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep, request: Requ
         result["score"] = body.score
     answer = rt.leases.report(body.report_id, body.job, body.token, name, outcome, result, reason, oom=body.oom,
                               memory_caps={p: c.memory_max_mb for p, c in rt.executor.pools.items()})
-    if answer.get("state") == "queued":
-        wakeup.notify(request.app)
     return ReportResponse.model_validate(answer)
 
 

@@ -1,0 +1,52 @@
+"""Several reports in one call (`POST /v1/worker/reports`): each is its own report, answered on its own, in order."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from tests.helpers.simworker import SimWorker
+from tests.helpers.workers import kill_tree_of, state, submit, tcp_server, token, worker_api
+
+TWO = "\n[plugins.executor.pools.gpu]\nagents = 0\nevaluations = 2\nmax_load = 1000\nmin_memory_gb = 0\n"
+
+
+@pytest.fixture
+def server(redis_server, namespace):
+    """A server whose pool `gpu` gives a worker two evaluations at once."""
+    d = tcp_server(redis_server.url, namespace, extra=TWO)
+    yield d
+    d.cleanup()
+    kill_tree_of(str(d.home))
+
+
+def _report(job: str, tok: str, report_id: str | None = None) -> dict:
+    return {"protocol": 1, "report_id": report_id or uuid.uuid4().hex, "job": job, "token": tok,
+            "outcome": "succeeded", "exit_code": 0}
+
+
+def test_reports_in_one_call_are_answered_one_by_one_and_a_resend_gets_the_same_answers(server):
+    d = server
+    tok = token(d, "wb")
+    with d.api() as api:
+        cas_id = api.call("GET", "/v1/status")["cas"]["id"]
+    jobs = [submit(d, "true"), submit(d, "true")]
+    with worker_api(d, tok) as api:
+        w = SimWorker(api, "gpu", cas_id)
+        w.register()
+        held: dict[str, str] = {}
+        for _ in range(10):
+            held |= {lease["job"]: lease["token"] for lease in w.claim(evaluation=2)["leases"]}
+            if len(held) == 2:
+                break
+        assert set(held) == set(jobs), held
+        a, b = jobs
+        batch = {"protocol": 1, "reports": [_report(a, held[a]), _report(b, "0-1", report_id="wrong-token"),
+                                            _report(b, held[b])]}
+        got = api.call("POST", "/v1/worker/reports", batch)["answers"]
+        assert [x["answer"] for x in got] == ["accepted", "stale", "accepted"], got
+        assert all(x["error"] is None for x in got), got
+        assert api.call("POST", "/v1/worker/reports", batch)["answers"] == got  # idempotent, as one report is
+    for job in jobs:
+        assert state(d, job)["state"] == "succeeded"
