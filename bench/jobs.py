@@ -92,6 +92,9 @@ class Drain:
     not_succeeded: int = 0
     worker_rss_mib: float = 0.0  # the most one worker's long-lived processes held while draining
     server_rss_mib: float = 0.0
+    # CPU ms per job: the server, the workers' long-lived processes (with the children they reaped), Redis, and the
+    # whole machine (busy time of all CPUs: it includes what the others sharing the box ran meanwhile)
+    cpu_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -137,6 +140,33 @@ class RssWatch:
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join()
+
+
+class CpuWatch:
+    """CPU seconds of groups of processes (with the children each has reaped) and of the machine, start to stop."""
+
+    def __init__(self, groups: dict[str, list[int]]) -> None:
+        self.groups = {k: [psutil.Process(p) for p in pids] for k, pids in groups.items()}
+        self.start = self._now()
+
+    def _now(self) -> dict[str, float]:
+        out = {}
+        for k, procs in self.groups.items():
+            total = 0.0
+            for p in with_children(procs):
+                try:
+                    t = p.cpu_times()
+                    total += t.user + t.system + t.children_user + t.children_system
+                except psutil.Error:
+                    pass
+            out[k] = total
+        m = psutil.cpu_times()
+        out["machine"] = m.user + m.system + m.nice + getattr(m, "irq", 0) + getattr(m, "softirq", 0)
+        return out
+
+    def per_job_ms(self, n: int) -> dict[str, float]:
+        now = self._now()
+        return {k: (now[k] - self.start[k]) * 1000 / n for k in now}
 
 
 def with_children(procs: Sequence[psutil.Process]) -> list[psutil.Process]:
@@ -213,6 +243,7 @@ class PiloopSide:
         self.daemon = Daemon(short_home("bench"), config=PILOOP_CONFIG.format(slots=slots), redis_url=rp.url,
                              namespace=self.ns)
         self.r = redis.Redis.from_url(rp.url)
+        self.redis_pid = rp.proc.pid  # type: ignore[union-attr]
         self.keys = Keys(self.ns)
         self.homes: list[Path] = []
         self.n_workers = 0
@@ -292,6 +323,7 @@ class PiloopSide:
         procs = self.spawn_workers(2)
         try:
             groups = {"server": [self.pid], **{f"w{i}": [p.pid] for i, p in enumerate(procs)}}
+            cpu = CpuWatch({"server": [self.pid], "workers": [p.pid for p in procs], "redis": [self.redis_pid]})
             with RssWatch(groups) as watch:
                 def report() -> None:
                     done = n - self.left()
@@ -299,6 +331,7 @@ class PiloopSide:
 
                 wait_until(lambda: self.left() == 0, 3600, f"piloop {what} to drain", every=0.02, report=report)
                 seconds = time.perf_counter() - t0
+                cpu_ms = cpu.per_job_ms(n)
         finally:
             stop_procs(procs, group=True)
         pipe = self.r.pipeline(transaction=False)
@@ -306,8 +339,9 @@ class PiloopSide:
             pipe.hget(self.keys.job(j), "state")
         states = [s.decode() for s in pipe.execute()]
         bad = sum(1 for s in states if s != "succeeded")
-        d = Drain(n, seconds, bad, max(v for k, v in watch.peak.items() if k != "server"), watch.peak["server"])
-        say(f"piloop {what}: {d.rate:.1f} jobs/s" + (f", {bad} did not succeed" if bad else ""))
+        d = Drain(n, seconds, bad, max(v for k, v in watch.peak.items() if k != "server"), watch.peak["server"], cpu_ms)
+        say(f"piloop {what}: {d.rate:.1f} jobs/s, CPU ms per job "
+            + ", ".join(f"{k} {v:.1f}" for k, v in cpu_ms.items()) + (f", {bad} did not succeed" if bad else ""))
         return d
 
     def latency(self, k: int, gap: float, tmp: Path, whats: Sequence[str] = ("process", "task")) -> dict[str, Latency]:
@@ -371,12 +405,22 @@ def rq_drain(rp: RedisProcess, n: int, cls: str, job: str, tmp: Path) -> Drain:
         q.enqueue(fn)
     t0 = time.perf_counter()
     procs = [_rq_worker(rp, q.name, cls, True, tmp) for _ in range(2)]
+    cpu = CpuWatch({"workers": [p.pid for p in procs], "redis": [rp.proc.pid]})  # type: ignore[union-attr]
+    last = cpu.start
     with RssWatch({f"w{i}": [p.pid] for i, p in enumerate(procs)}, children=False) as watch:  # not its horses
-        wait_until(lambda: all(p.poll() is not None for p in procs), 3600, "rq to drain", every=0.01,
-                   report=lambda: say(f"rq {cls} {job}: {n - len(q)} taken"))
+
+        def done() -> bool:
+            nonlocal last
+            if any(p.poll() is None for p in procs):
+                last = cpu._now()  # a burst worker's CPU can only be read while it lives
+                return False
+            return True
+
+        wait_until(done, 3600, "rq to drain", every=0.01, report=lambda: say(f"rq {cls} {job}: {n - len(q)} taken"))
         seconds = time.perf_counter() - t0
+    cpu_ms = {k: (last[k] - cpu.start[k]) * 1000 / n for k in last}
     bad = q.failed_job_registry.count
-    d = Drain(n, seconds, bad, max(watch.peak.values()))
+    d = Drain(n, seconds, bad, max(watch.peak.values()), cpu_ms=cpu_ms)
     say(f"rq {cls} {job}: {d.rate:.1f} jobs/s")
     r.close()
     return d
@@ -445,16 +489,18 @@ def celery_drain(rp: RedisProcess, n: int, pool: str, job: str, tmp: Path) -> Dr
     t0 = time.perf_counter()
     procs = _celery_workers(rp, queue, pool, tmp)
     try:
+        cpu = CpuWatch({"workers": [p.pid for p in procs], "redis": [rp.proc.pid]})  # type: ignore[union-attr]
         with RssWatch({f"w{i}": [p.pid] for i, p in enumerate(procs)}) as watch:
             done = lambda: int(r.get(f"{queue}:done") or 0)  # noqa: E731
             wait_until(lambda: done() >= n, 3600, "Celery to drain", every=0.01,
                        report=lambda: say(f"celery {pool} {job}: {done()}/{n} done"))
             seconds = time.perf_counter() - t0
+            cpu_ms = cpu.per_job_ms(n)
     finally:
         stop_procs(procs, group=True)
         r.close()
         app.close()
-    d = Drain(n, seconds, 0, max(watch.peak.values()))
+    d = Drain(n, seconds, 0, max(watch.peak.values()), cpu_ms=cpu_ms)
     say(f"celery {pool} {job}: {d.rate:.1f} jobs/s")
     return d
 

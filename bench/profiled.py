@@ -3,12 +3,14 @@
     python bench/profiled.py cprofile|yappi OUT -m module [args...]
 
 cProfile sees the main thread only (the worker's loop); yappi sees every thread (the server's handlers run in a
-thread pool). Read the stats with `python -m pstats OUT`.
+thread pool). Both count CPU time, not wall time (`PROFILE_CLOCK=wall` for wall time). Read the stats with
+`python -m pstats OUT`.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import runpy
 import signal
 import sys
@@ -18,10 +20,11 @@ def main() -> None:
     kind, out, flag, module, *rest = sys.argv[1:]
     assert flag == "-m", "usage: profiled.py cprofile|yappi OUT -m module [args...]"
     sys.argv = [module, *rest]
+    wall = os.environ.get("PROFILE_CLOCK") == "wall"
     if kind == "yappi":
         import yappi
 
-        yappi.set_clock_type("cpu")
+        yappi.set_clock_type("wall" if wall else "cpu")
         yappi.start()
 
         def dump() -> None:
@@ -36,7 +39,9 @@ def main() -> None:
     else:
         import cProfile
 
-        prof = cProfile.Profile()
+        import time
+
+        prof = cProfile.Profile() if wall else cProfile.Profile(time.process_time)
         try:
             prof.runcall(runpy.run_module, module, run_name="__main__", alter_sys=True)
         except SystemExit:
