@@ -224,16 +224,12 @@ def tend(rt: Runtime) -> int:
 
 
 def _hand_off(rt: Runtime) -> None:
-    try:
-        from piloop_server import tasks  # the rq side; imported here so that the pass's module stays light
-    except ImportError:  # TEMPORARY until piloop_server.tasks lands: integrate inline
-        tasks = None
+    from piloop_server import tasks  # the rq side; imported here so that the pass's module stays light
+
     for job in rt.redis.srandmember(rt.keys.campaign_pending(), INTEGRATE_BATCH) or []:
         job = _s(job)
-        if tasks is None:
-            integrate(rt, job)
-        else:
-            tasks.submit(rt, "piloop_server.campaigns:integrate", job, key=f"campaign.integrate:{job}")
+        # once per key while one is queued or running; after it ends, the job is out of the set
+        tasks.submit(rt, "piloop_server.campaigns:integrate", job, key=f"campaign.integrate:{job}")
 
 
 # -- integrating a finished run or evaluation (a background task: idempotent) ------------------

@@ -35,8 +35,9 @@ def test_a_worker_dying_during_a_run_and_during_its_evaluation_loses_no_score_an
     wait_for(lambda: (flags / "eval").exists(), 30, what="the second run's evaluation to start")
     w2.kill()
     workers(d, token(d, "w3", "--pool", "gpu")).start()
-    wait_for(lambda: any(r["score"] is not None for r in show(d, "faulty")["runs"]), TOLERATION + 30,
-             what="a scored run")
+    second_id = sorted(show(d, "faulty")["runs"], key=lambda r: r["created_ms"])[1]["job"]
+    wait_for(lambda: any(r["job"] == second_id and r["score"] is not None for r in show(d, "faulty")["runs"]),
+             TOLERATION + 30, what="the second run scored")
     assert d.cli("campaign", "pause", "faulty").returncode == 0
     c = show(d, "faulty")
     runs = {r["job"]: r for r in c["runs"]}
