@@ -1,5 +1,5 @@
 # The README's two commands: `make demo` (piloop's main job, end to end, on the embedded
-# defaults) and `make test` (every test). Both set up the venv themselves.
+# defaults) and `make test` (every test). Both set up the venv themselves, as does `make bench`.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -22,8 +22,9 @@ demo: venv
 test: venv
 	$(BIN)/pytest -q
 
+# piloop beside rq and Celery on one Redis, one table (docs/performance.md); BENCH_ARGS=--quick for a one-minute run
 bench: venv
-	$(BIN)/python bench/claims.py
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
 	-PILOOP_HOME="$(DEMO_HOME)" $(BIN)/piloop stop

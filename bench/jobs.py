@@ -235,7 +235,7 @@ class PiloopSide:
     """`piloop serve` on loopback TCP with a pool `bench`, and remote workers on demand.
 
     With `profile`, the server runs under yappi and each worker under cProfile (see `bench/profiled.py`), their
-    stats written to that directory when they stop."""
+    stats written to that directory when they stop; `BENCH_PROFILE=server` or `worker` profiles only that side."""
 
     def __init__(self, rp: RedisProcess, slots: int = 8, profile: Path | None = None) -> None:
         self.ns = "bj" + uuid.uuid4().hex[:8]
@@ -251,7 +251,7 @@ class PiloopSide:
     def start(self) -> "PiloopSide":
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        if self.profile is None:
+        if self.profile is None or os.environ.get("BENCH_PROFILE") == "worker":
             self.daemon.start(listen=f"127.0.0.1:{port}")
         else:
             self._start_profiled(port)
@@ -283,7 +283,7 @@ class PiloopSide:
                                  "PYTHONPATH": str(ROOT)})
             log = open(home / "worker.log", "ab")
             cmd = ["-m", "piloop_common.cli", "worker", "--server", self.url, "--pool", "bench"]
-            if self.profile is not None:
+            if self.profile is not None and os.environ.get("BENCH_PROFILE") != "server":
                 cmd = [str(ROOT / "bench" / "profiled.py"), "cprofile", str(self.profile / f"worker-{i}.prof"), *cmd]
             procs.append(subprocess.Popen([sys.executable, *cmd], env=env, stdout=log, stderr=log,
                                           stdin=subprocess.DEVNULL, start_new_session=True, cwd=home))
