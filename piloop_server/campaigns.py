@@ -378,8 +378,12 @@ def _runs(rt: Runtime, name: str, scores: dict[str, float]) -> list[RunView]:
 
 
 def set_state(rt: Runtime, name: str, state: str, by: str) -> CampaignView:
+    """Pause (launch no agent, withdraw the queued ones; live agents run to their end) or resume."""
     record(rt, name)
     rt.redis.hset(rt.keys.campaign(name), "state", state)
+    if state == "paused":
+        for j in rt.redis.smembers(rt.keys.campaign_agents(name)):
+            rt.leases.cancel(_s(j), by, only_queued=True)  # one leased meanwhile runs on
     rt.events.add(f"campaign.{'paused' if state == 'paused' else 'resumed'}", by, campaign=name)
     return view(rt, name, runs=False)
 

@@ -124,7 +124,7 @@ def _post(obj, name: str, what: str) -> dict:
 @click.argument("name")
 @click.pass_obj
 def pause(obj, name) -> None:
-    """Launch no new agent; the live ones run to their end."""
+    """Launch no new agent and withdraw the queued ones; the live ones run to their end."""
     c = _post(obj, name, "pause")
     click.echo(f"campaign {name}: paused ({c['live']} agent(s) still live)")
 

@@ -173,8 +173,9 @@ class Leases:
         k = self.k
         return bool(self.scripts.run("append_log", [k.lease(job_id), k.job_log(job_id)], [token, *chunks]))
 
-    def cancel(self, job_id: str, by: str) -> str:
+    def cancel(self, job_id: str, by: str, only_queued: bool = False) -> str:
+        """Cancel a job; with `only_queued`, withdraw it only while it waits for a lease."""
         kind, pool = self._job_keys(job_id)
         k = self.k
         return _s(self.scripts.run("cancel", [k.job(job_id), k.queue(pool, kind), k.events(), k.delayed()],
-                                   [job_id, by]))
+                                   [job_id, by, "queued" if only_queued else ""]))

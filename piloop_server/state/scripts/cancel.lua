@@ -1,9 +1,10 @@
 -- cancel: a queued job ends at once; a leased or running one is stopped at its worker's next heartbeat.
 -- KEYS[1] job hash  KEYS[2] queue (pool, kind)  KEYS[3] events  KEYS[4] delayed (a failed job waiting to retry)
--- ARGV[1] job id  ARGV[2] by
--- Reply: the job's state after the call ('cancelled' or 'cancelling').
+-- ARGV[1] job id  ARGV[2] by  ARGV[3] 'queued' to withdraw the job only while it waits (else nothing changes)
+-- Reply: the job's state after the call ('cancelled' or 'cancelling'; with 'queued', the state it is in).
 -- Error PILOOP_CONFLICT when the job has already ended.
 local st = redis.call('HGET', KEYS[1], 'state')
+if ARGV[3] == 'queued' and st ~= 'queued' then return tostring(st) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if st == 'queued' then
