@@ -104,7 +104,11 @@ def test_piloop_serve_restarts_its_worker_reattaches_and_each_job_finishes_once(
     d.proc.wait(40)
     out = stopper.communicate(timeout=20)[0]
     assert "its worker's jobs run on under their shims" in out, out
-    assert all(pgid_alive(g) for g in before.values())  # detached, not stopped
+    # detached, not stopped: each job's group still runs, or (a slow stop on a loaded machine) its run already
+    # ended by itself, not killed
+    for dirname, g in before.items():
+        j = dirname.split(".")[0]  # <job>.<token>
+        assert pgid_alive(g) or marker_runs(marker)[j][0]["ended"], (j, marker_runs(marker)[j])
     d.start(listen=d.listen)
     for j in jobs:
         v = state(d, j, timeout=30)

@@ -20,7 +20,7 @@ from tests.helpers.redis import free_port
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
 
 PUBLIC = {"/v1/health", "/openapi.json"}
-WORKER = {f"/v1/worker/{r}" for r in ("register", "heartbeat", "claim", "release", "report", "log")}
+WORKER = {f"/v1/worker/{r}" for r in ("register", "heartbeat", "claim", "release", "report", "reports", "log", "bundle")}
 RELAY = "/v1/relay/"  # workers reach it for the jobs they hold: its own tests check the lease
 
 
