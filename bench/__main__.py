@@ -114,6 +114,11 @@ def run_cas(s3_url: str, tmp: Path, large: int, small: int) -> dict[str, Any]:
             cas.stop(s)
 
 
+def run_cas_on_moto(tmp: Path, large: int, small: int) -> dict[str, Any]:
+    with start_moto() as s3_url:
+        return run_cas(s3_url, tmp, large, small)
+
+
 # -- the table ----------------------------------------------------------------------------------
 
 def _median_ms(d: dict[str, Any]) -> float:
@@ -257,22 +262,28 @@ def main() -> None:
         a.profile = a.profile.resolve()
         only = ["jobs"]
     res: dict[str, Any] = {}
+    failed: dict[str, str] = {}
     load = LoadWatch()
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="piloop-bench-") as tmp_s:
         tmp = Path(tmp_s)
         rp = RedisProcess(tmp / "redis").start()
         try:
-            if "jobs" in only:
-                res["jobs"] = run_jobs(rp, sizes["jobs"], tmp, a.profile)
-            if "latency" in only:
-                res["latency"] = run_latency(rp, sizes["latency"], sizes["gap"], tmp)
-            if "server" in only:
-                say(f"server: {sizes['workers']} simulated workers")
-                res["server"] = claims.server_load(rp, sizes["workers"], sizes["paced"])
-            if "cas" in only:
-                with start_moto() as s3_url:
-                    res["cas"] = run_cas(s3_url, tmp, sizes["large"], sizes["small"])
+            parts = {
+                "jobs": lambda: run_jobs(rp, sizes["jobs"], tmp, a.profile),
+                "latency": lambda: run_latency(rp, sizes["latency"], sizes["gap"], tmp),
+                "server": lambda: claims.server_load(rp, sizes["workers"], sizes["paced"]),
+                "cas": lambda: run_cas_on_moto(tmp, sizes["large"], sizes["small"]),
+            }
+            for name in FIGURES:
+                if name not in only:
+                    continue
+                say(f"{name}: starting")
+                try:
+                    res[name] = parts[name]()
+                except Exception as e:  # one part that fails leaves the others' figures in the table
+                    failed[name] = f"{type(e).__name__}: {e}"
+                    say(f"{name}: failed: {failed[name]}")
         finally:
             rp.stop()
     load_avg = load.end()
@@ -280,9 +291,13 @@ def main() -> None:
     rs = rows(res)
     if a.json:
         print(json.dumps({"sizes": sizes, "load_average": load_avg, "seconds": time.monotonic() - t0,
-                          "cpus": os.cpu_count(), "rows": rs, "raw": res}, indent=1))
+                          "cpus": os.cpu_count(), "rows": rs, "raw": res, "failed": failed}, indent=1))
     else:
         print(table(rs, load_avg, shown))
+        for name, why in failed.items():
+            print(f"{name}: not measured: {why}")
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

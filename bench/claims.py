@@ -28,6 +28,7 @@ import psutil  # noqa: E402
 import redis  # noqa: E402
 
 from piloop_common.client import ApiClient  # noqa: E402
+from piloop_common.errors import Unavailable  # noqa: E402
 from piloop_server.state.generation import GenerationRecord, ensure_generation  # noqa: E402
 from piloop_server.state.keys import Keys  # noqa: E402
 from piloop_server.state.leases import Lease, Leases, Timings  # noqa: E402
@@ -177,6 +178,15 @@ def rq_heartbeats(r: redis.Redis, workers: int) -> float:
     return rate
 
 
+def once_more(fn: Any) -> Any:
+    """A call, and once more if the server was unreachable (a real worker retries too): one failed call of
+    thousands must not end the run."""
+    try:
+        return fn()
+    except Unavailable:
+        return fn()
+
+
 def server_load(rp: RedisProcess, workers: int = 1000, paced_seconds: float = 10.0, threads: int = 8) -> dict[str, Any]:
     """Claims/s and heartbeats/s of one `piloop serve` with `workers` simulated workers, with its and Redis's CPU."""
     ns = "h" + uuid.uuid4().hex[:8]
@@ -215,15 +225,15 @@ min_memory_gb = 0
             s.sample = sample()
             sims.append(s)
         with ThreadPoolExecutor(threads) as ex:
-            list(ex.map(lambda s: s.register(), sims))
+            list(ex.map(lambda s: once_more(s.register), sims))
             with Cpu(pids) as cpu:
                 t = time.perf_counter()
-                got = sum(len(g["leases"]) for g in ex.map(lambda s: s.claim(evaluation=1), sims))
+                got = sum(len(g["leases"]) for g in ex.map(lambda s: once_more(lambda: s.claim(evaluation=1)), sims))
                 out["claims_per_second"] = got / (time.perf_counter() - t)
             out["claims_cpu"] = cpu.share
             with Cpu(pids) as cpu:
                 t = time.perf_counter()
-                list(ex.map(lambda s: s.heartbeat(), sims))
+                list(ex.map(lambda s: once_more(s.heartbeat), sims))
                 out["heartbeats_per_second"] = workers / (time.perf_counter() - t)
             out["heartbeats_cpu"] = cpu.share
         # the production rate: each worker once per renew period (10 s), spread evenly
@@ -245,7 +255,7 @@ min_memory_gb = 0
             while (el := time.perf_counter() - t0) < paced_seconds:
                 due = int(el * rate)
                 while sent < due:
-                    futures.append(ex.submit(sims[sent % workers].heartbeat))
+                    futures.append(ex.submit(once_more, sims[sent % workers].heartbeat))
                     sent += 1
                 time.sleep(0.005)
             for f in futures:

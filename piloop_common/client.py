@@ -15,8 +15,12 @@ from piloop_common.errors import PiloopError, Unavailable, from_payload
 
 M = TypeVar("M", bound=BaseModel)
 SOCKET_NAME = "piloop.sock"
+# uvicorn closes a connection idle for 5 s; a client that kept it as long could send on it just as it closes
+# ("Server disconnected without sending a response"), so the client lets its idle connections go first
+KEEPALIVE_SECONDS = 4.0
 SERVER_ENV = "PILOOP_SERVER"  # a remote API for the CLI's `attach` and the Python client
 TOKEN_ENV = "PILOOP_HTTPS_TOKEN"
+LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_SECONDS)
 
 
 def ssl_context() -> ssl.SSLContext:
@@ -47,13 +51,13 @@ class ApiClient:
             headers["x-piloop-worker"] = worker
         if socket is not None:
             self.where = f"the daemon's socket {socket}"
-            transport = httpx.HTTPTransport(uds=str(socket))
+            transport = httpx.HTTPTransport(uds=str(socket), limits=LIMITS)
             self.http = httpx.Client(base_url="http://piloop", transport=transport, headers=headers, timeout=timeout)
         else:
             self.where = url or ""
             # httpx writes a request's head and body apart: without TCP_NODELAY, Nagle's algorithm and the
             # server's delayed ACK hold the body ~40 ms
-            transport = httpx.HTTPTransport(verify=ssl_context(), socket_options=[
+            transport = httpx.HTTPTransport(verify=ssl_context(), limits=LIMITS, socket_options=[
                 (socket_mod.IPPROTO_TCP, socket_mod.TCP_NODELAY, 1)])
             self.http = httpx.Client(base_url=url or "", headers=headers, timeout=timeout, transport=transport)
         self.socket = socket
