@@ -4,7 +4,7 @@ kills Redis and starts it again from its AOF. Then, once everything drained: eve
 once, no two runs of one job overlapped, every agent succeeded or ended `worker_lost`, no lease is left in Redis,
 and every job's end is in the event stream.
 
-Budget: `PILOOP_SOAK_SECONDS` (default 120) for the whole test. The seed is printed first; replay a run with
+Budget: `PILOOP_SOAK_SECONDS` (default 60; longer runs by hand) for the whole test. The seed is printed first; replay a run with
 `PILOOP_SOAK_SEED=<seed>`. Each job appends its lines (job, worker, token, times) to a marker file outside piloop.
 """
 
@@ -130,7 +130,7 @@ def _story(d, job: str, evs: list[dict] | None = None) -> list[tuple]:
 
 
 def test_soak(tmp_path, namespace):
-    budget = float(os.environ.get("PILOOP_SOAK_SECONDS", "120"))
+    budget = float(os.environ.get("PILOOP_SOAK_SECONDS", "60"))
     seed = int(os.environ.get("PILOOP_SOAK_SEED") or random.SystemRandom().randrange(1 << 32))
     print(f"\nsoak: seed={seed} budget={budget:g}s (replay: PILOOP_SOAK_SEED={seed})", flush=True)
     rng = random.Random(seed)
