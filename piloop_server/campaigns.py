@@ -226,8 +226,19 @@ def tend(rt: Runtime) -> int:
 def _hand_off(rt: Runtime) -> None:
     from piloop_server import tasks  # the rq side; imported here so that the pass's module stays light
 
-    for job in rt.redis.srandmember(rt.keys.campaign_pending(), INTEGRATE_BATCH) or []:
-        job = _s(job)
+    k = rt.keys
+    pending = [_s(j) for j in rt.redis.srandmember(k.campaign_pending(), INTEGRATE_BATCH) or []]
+    if not pending:
+        return
+    pipe = rt.redis.pipeline(transaction=False)
+    for job in pending:
+        pipe.hget(k.job(job), "campaign")
+    named = [_s(c) for c in pipe.execute()]
+    for job, campaign in zip(pending, named):
+        if not campaign or not rt.redis.sismember(k.campaign_names(), campaign):
+            # a job labelled with a campaign that is not one (`job submit --campaign`) has nothing to take in
+            rt.redis.srem(k.campaign_pending(), job)
+            continue
         # once per key while one is queued or running; after it ends, the job is out of the set
         tasks.submit(rt, "piloop_server.campaigns:integrate", job, key=f"campaign.integrate:{job}")
 
@@ -326,7 +337,10 @@ def view(rt: Runtime, name: str, runs: bool = True) -> CampaignView:
     k = rt.keys
     rec = record(rt, name)
     agents = [_s(j) for j in rt.redis.smembers(k.campaign_agents(name))]
-    states = [_s(s) for s in (rt.redis.hmget(k.job(j), "state") [0] for j in agents)] if agents else []
+    pipe = rt.redis.pipeline(transaction=False)
+    for j in agents:
+        pipe.hget(k.job(j), "state")
+    states = [_s(st) for st in pipe.execute()]
     scores = {_s(r): float(s) for r, s in rt.redis.zrange(k.campaign_scores(name), 0, -1, withscores=True)}
     out = CampaignView(
         name=name, state=rec["state"], repo=rec["repo"], base=rec["base"], bundle=rec["bundle"],

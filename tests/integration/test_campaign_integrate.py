@@ -84,3 +84,12 @@ def test_a_run_whose_bundle_left_the_cas_is_reported_once_and_not_retried(rt, tm
     (run,) = campaigns.view(rt, "c").runs
     assert run.reason and run.evaluation == "" and run.score is None
     assert rt.redis.zcard(rt.keys.queue("serve", "evaluation")) == 0
+
+
+def test_a_job_labelled_with_a_campaign_that_is_not_one_is_not_handed_to_the_background(rt):
+    rt.leases.enqueue("jcccccccccccc", "agent", "serve", {"argv": ["true"]}, by="test", campaign="just-a-label")
+    rt.redis.hset(rt.keys.job("jcccccccccccc"), "state", "succeeded")
+    rt.redis.sadd(rt.keys.campaign_pending(), "jcccccccccccc")
+    campaigns.tend(rt)  # no rq worker needed: it is dropped from the set in the pass
+    assert not rt.redis.exists(rt.keys.campaign_pending())
+    assert not rt.redis.keys(rt.keys.rq_prefix() + "*")
