@@ -147,6 +147,10 @@ def test_bad_campaign_input_is_refused_and_creates_nothing(daemon, tmp_path):
               "--eval-cmd", "true")
     assert p.returncode != 0 and "name" in p.stderr
     assert json.loads(d.cli("campaign", "list", "--json").stdout) == []
+    # a job to an unknown pool is refused the same way, and nothing is queued
+    p = d.cli("job", "submit", "--pool", "nope", "--", "true")
+    assert p.returncode != 0 and "--pool nope: no such pool" in p.stderr and "Traceback" not in p.stderr
+    assert json.loads(d.cli("job", "list", "--json").stdout) == []
     left = sorted(p.name for p in (d.home / "campaigns").glob("*")) if (d.home / "campaigns").exists() else []
     assert left == []  # no repo dir, no half-made clone
 
