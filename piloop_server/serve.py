@@ -21,6 +21,7 @@ from piloop_common.client import SOCKET_NAME
 from piloop_common.config import Settings
 from piloop_common.errors import Unavailable
 from piloop_common.listen import check_listen, uvicorn_tls
+from piloop_common.procname import set_name
 from piloop_server import embedded
 from piloop_server.app import create_app, via_socket
 from piloop_server.daemon import Pass, run as run_pass
@@ -125,6 +126,7 @@ def _worker_url(settings: Settings, tcp_addr: tuple[str, int] | None) -> str | N
 def run(settings: Settings, home: Path, listen: str | None) -> int:
     """Run the daemon in the foreground until SIGTERM or SIGINT."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    set_name("piloop-serve")
     listen = listen or settings.plugins.network.listen
     tcp_addr = check_listen(settings, listen) if listen else None
     home.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from typing import Any
 
 import psutil
 
+from piloop_common.procname import set_name
 from piloop_worker import metrics, tasks
 from piloop_worker.cgroups import HeldWatch, JobCgroup
 from piloop_worker.jobdir import JobDir, atomic_json
@@ -159,7 +160,7 @@ def run(req: dict[str, Any]) -> int:
             record["reason"] = f"out of memory (held at its limit for {held_seconds:g}s)"
         cg.remove()
     record["stopped"] = why
-    record["usage"] = meter.usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024).model_dump()
+    record["usage"] = meter.usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024)
     jd.write_exit(record)
     notify(jd.root.name)
     return 0
@@ -256,6 +257,7 @@ def main_forked(req: dict[str, Any]) -> None:
     """The shim's life after the fork: its own session, its own log, then `run`."""
     jd = JobDir(Path(req["dir"]))
     os.setsid()
+    set_name("piloop-shim")
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     out = os.open(jd.root / "shim.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

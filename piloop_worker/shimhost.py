@@ -1,7 +1,7 @@
 """The shim host: a single-threaded fork server the worker starts first, before it has any thread.
 
 It reads one JSON request per line on stdin and forks a shim for each (≈1 ms, where a new interpreter
-costs 13–18 ms). Each shim double-forks away, `setsid()`s and outlives both the worker and the host.
+costs 13–18 ms). Each shim `setsid()`s and outlives both the worker and the host; the kernel reaps it.
 The host exits when its stdin closes, which is when the worker dies or detaches.
 
 Each shim, once its exit record is written, sends the job dir's name as one datagram on a socket pair the worker
@@ -14,6 +14,7 @@ tick. Only a wake-up: the exit record on disk is the truth, and the tick still f
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -24,31 +25,36 @@ import sys
 import threading
 from typing import Any
 
+from piloop_common.procname import set_name
 from piloop_worker import shim, tasks  # imported here, once, so every forked shim starts warm
 
 
 def serve(stdin: Any) -> None:
+    # the kernel reaps each shim the moment it ends (the shim sets SIGCHLD back for its own children): one fork a
+    # job, where a double fork paid for a second copy of this process to be reaped by init instead
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    gc.freeze()  # what is imported now is never scanned by a shim's collector, so its pages stay shared
     for raw in stdin:
         try:
             req = json.loads(raw)
         except ValueError:
             continue
-        if req.get("task"):
+        if req.get("task") and tasks.module_of(req["task"]) not in sys.modules:
             tasks.preload(req["task"])  # here, once: every later fork of this task starts with it imported
-        pid = os.fork()
+            gc.freeze()
+        try:
+            pid = os.fork()
+        except OSError:
+            continue  # no shim: the worker finds no exit record and no lock, and reports the job lost
         if pid == 0:
-            code = 0
             try:
-                if os.fork() == 0:  # the shim: reparented away from the host, so the host never reaps it
-                    shim.main_forked(req)
-                    os._exit(0)
-            except BaseException:
-                code = 1
-            os._exit(code)
-        os.waitpid(pid, 0)
+                shim.main_forked(req)
+            finally:
+                os._exit(0)
 
 
 def main() -> None:
+    set_name("piloop-shimhost")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the worker's group is the worker's to handle
     shim.open_notify()
     serve(sys.stdin.buffer)
