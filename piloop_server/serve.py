@@ -16,12 +16,17 @@ from pathlib import Path
 
 import uvicorn
 
+try:  # uvicorn[standard] brings it (not on Windows or PyPy): a cheaper loop than asyncio's own
+    import uvloop
+except ImportError:  # pragma: no cover
+    uvloop = None
+
 from piloop_common.cas import open_store
 from piloop_common.client import SOCKET_NAME
 from piloop_common.config import Settings
 from piloop_common.errors import Unavailable
 from piloop_common.listen import check_listen, uvicorn_tls
-from piloop_common.procname import set_name
+from piloop_common.prctl import set_name
 from piloop_server import embedded
 from piloop_server.app import create_app, via_socket
 from piloop_server.daemon import Pass, run as run_pass
@@ -181,7 +186,8 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
             await asyncio.gather(*(s.serve(sockets=[sk]) for s, sk in zip(servers, servers_socks)))
 
         try:
-            asyncio.run(main())
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop if uvloop else None) as runner:
+                runner.run(main())
         finally:
             stop.set()
             if child:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import functools
 import hashlib
 import importlib
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from piloop_common.errors import ConfigError
+from piloop_common.prctl import PR_SET_PDEATHSIG, prctl
 from piloop_server.state.keys import Keys
 
 if TYPE_CHECKING:
@@ -177,10 +177,7 @@ def _failed(job: Any, connection: redis.Redis, exc_type: Any, exc_value: Any, _t
 
 def _die_with(parent: int) -> None:
     """Exit when `parent` (piloop serve) dies, however it dies: SIGKILL from the kernel, else a watching thread."""
-    ok = False
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        ok = libc.prctl(1, signal.SIGKILL, 0, 0, 0) == 0  # 1 = PR_SET_PDEATHSIG
+    ok = prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:
         os._exit(0)  # it died before the prctl
     if not ok:

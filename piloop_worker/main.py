@@ -52,7 +52,7 @@ def run_worker(*, server: str | None, socket: Path | None, pool: str, token: str
         if settings.plugins.state is not None:
             return _fail(f"{home / 'config.toml'} has [plugins.state]: a worker holds no state credentials; "
                          "remove it on this machine")
-    from piloop_common.procname import set_name
+    from piloop_common.prctl import set_name
     from piloop_worker.shimhost import ShimHost
 
     set_name("piloop-worker")  # before the fork: the shim host renames itself

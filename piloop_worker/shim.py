@@ -9,7 +9,6 @@ whatever else has died, and never runs beside the copy the server hands on after
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import os
 import select
@@ -24,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from piloop_common.procname import set_name
+from piloop_common.prctl import PR_SET_CHILD_SUBREAPER, prctl, set_name
 from piloop_worker import metrics, tasks
 from piloop_worker.cgroups import HeldWatch, JobCgroup
 from piloop_worker.jobdir import JobDir, atomic_json
@@ -34,7 +33,9 @@ TICK = 0.1
 NOTIFY_ENV = "PILOOP_SHIM_NOTIFY_FD"  # the shims' end of the worker's wake-up socket pair (see shimhost.py)
 SAMPLE_EVERY = 0.5
 FIRST_SAMPLE = 0.1
-PR_SET_CHILD_SUBREAPER = 36
+# host metrics from a second into a job: a shorter one has none (and no metrics blob to store), which spares each
+# short job a thread, a sample of the host and a file (see docs/worker.md)
+METRICS_AFTER = 1.0
 
 
 _notify: socket.socket | None = None
@@ -81,11 +82,7 @@ def run(req: dict[str, Any]) -> int:
         if req.get("task"):
             pid = _fork_task(req, jd, cg)
         else:
-            log = open(jd.output_log, "ab")
-            proc = subprocess.Popen(req["argv"], cwd=jd.work, env=req["env"], stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, process_group=0,
-                                    preexec_fn=_joiner(cg) if cg is not None else None)
-            log.close()
+            proc = _spawn(req, jd, cg)  # held to the end: a Popen collected early reaps the job under our wait4
             pid = proc.pid
     except (OSError, subprocess.SubprocessError) as e:
         record.update(exit_code=127, reason=f"cannot start {req['argv'][0]!r}: {e}", ended=time.time(),
@@ -95,8 +92,8 @@ def run(req: dict[str, Any]) -> int:
     atomic_json(jd.shim_json, {"shim": os.getpid(), "pid": pid, "pgid": pid, "started": started_wall}, durable=False)
     pidfd = _pidfd(pid)
     stop_metrics = threading.Event()
-    threading.Thread(target=_metrics_loop, args=(jd, float(req.get("metrics_seconds", 5)), stop_metrics),
-                     name="metrics", daemon=True).start()
+    metrics_every = float(req.get("metrics_seconds", 5))
+    metrics_at: float | None = started + METRICS_AFTER if metrics_every > 0 else None
     meter = Meter(os.getpid(), include_root=False)  # the shim is a subreaper: all it has is the job's
     why = ""
     kill_at: float | None = None
@@ -129,6 +126,10 @@ def run(req: dict[str, Any]) -> int:
             if cg is not None:
                 cg.kill_all()
             killed = True
+        if metrics_at is not None and now >= metrics_at:
+            metrics_at = None
+            threading.Thread(target=_metrics_loop, args=(jd, metrics_every, stop_metrics), name="metrics",
+                             daemon=True).start()
         if now >= next_sample:
             meter.sample()
             next_sample = now + SAMPLE_EVERY
@@ -186,6 +187,15 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
+def _spawn(req: dict[str, Any], jd: JobDir, cg: JobCgroup | None) -> subprocess.Popen:
+    """The job's process, in its own process group (and its cgroup from its first instruction)."""
+    with open(jd.output_log, "ab") as log, (cg.entered() if cg is not None else contextlib.nullcontext(False)) as inside:
+        proc = subprocess.Popen(req["argv"], cwd=jd.work, env=req["env"], stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, process_group=0,
+                                preexec_fn=_joiner(cg) if cg is not None and not inside else None)
+    return proc
+
+
 def _joiner(cg: JobCgroup):
     path = str(cg.join_path())
 
@@ -217,21 +227,13 @@ def _signal_tree(pgid: int, meter: Meter, sig: int) -> None:
             os.kill(p.pid, sig)
 
 
-def _become_subreaper() -> None:
-    """Orphans of the job are re-parented to the shim (not init), so it sees, kills and reaps them all."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
 def _reap_all(pgid: int, timeout: float) -> None:
     """Kill and reap every process left under the shim, until it has no child (or `timeout`)."""
     end = time.monotonic() + timeout
-    me = psutil.Process()
     while time.monotonic() < end and _has_children():
         with contextlib.suppress(OSError):
             os.killpg(pgid, signal.SIGKILL)
-        for p in me.children(recursive=True):
+        for p in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error, OSError):
                 p.kill()
         while True:
@@ -266,7 +268,7 @@ def main_forked(req: dict[str, Any]) -> None:
     for fd in (devnull, out):
         os.close(fd)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    _become_subreaper()
+    prctl(PR_SET_CHILD_SUBREAPER, 1)  # the job's orphans come to the shim (not init): it sees, kills and reaps them all
     try:
         run(req)
     except BaseException as e:  # the record says why, never a silent death

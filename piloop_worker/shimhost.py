@@ -25,8 +25,8 @@ import sys
 import threading
 from typing import Any
 
-from piloop_common.procname import set_name
-from piloop_worker import shim, tasks  # imported here, once, so every forked shim starts warm
+from piloop_common.prctl import set_name
+from piloop_worker import cgroups, shim, tasks  # imported here, once, so every forked shim starts warm
 
 
 def serve(stdin: Any) -> None:
@@ -42,6 +42,8 @@ def serve(stdin: Any) -> None:
         if req.get("task") and tasks.module_of(req["task"]) not in sys.modules:
             tasks.preload(req["task"])  # here, once: every later fork of this task starts with it imported
             gc.freeze()
+        if req.get("cgroup"):
+            cgroups.own_procs(req["cgroup"]["version"])  # read here once, not in every shim
         try:
             pid = os.fork()
         except OSError:

@@ -45,7 +45,8 @@ def test_a_remote_worker_runs_an_evaluation(server, workers, tmp_path):
     w = workers(d, token(d, "gpu1")).start()
     data = tmp_path / "data.txt"
     data.write_text("forty-two\n")
-    script = "cat ../inputs/data.txt; echo from=$FROM; mkdir -p ../outputs; echo score=1 > ../outputs/result.txt"
+    # over a second long: host metrics start 1 s into a job (docs/worker.md)
+    script = "cat ../inputs/data.txt; echo from=$FROM; mkdir -p ../outputs; echo score=1 > ../outputs/result.txt; sleep 1.3"
     job = submit(d, "sh", "-c", script, opts=("--input", str(data), "--env", "FROM=env"))
     v = state(d, job, "succeeded", "failed", "lost")
     assert v["state"] == "succeeded" and v["worker"] == "gpu1", v
@@ -54,6 +55,9 @@ def test_a_remote_worker_runs_an_evaluation(server, workers, tmp_path):
     assert b"".join(store.get_bytes(a) for a in r["log"]) == b"forty-two\nfrom=env\n"
     assert store.get_bytes(r["outputs"]["result.txt"]) == b"score=1\n"
     assert r["exit_code"] == 0 and r["usage"]["peak_rss_bytes"] > 0 and store.has(r["metrics"])
+    assert "cpu_percent" in json.loads(store.get_bytes(r["metrics"]).splitlines()[0])
+    short = state(d, submit(d, "true"), "succeeded", "failed", "lost")
+    assert short["state"] == "succeeded" and short["result"]["metrics"] is None, short  # within its first second
     wait_for(lambda: not w.spool("gpu1") and not list((w.home / "work" / "gpu1" / "jobs").iterdir()), 20,
              what="the spool and job dir to be cleared")
     rows = d.cli("worker", "list").stdout

@@ -167,3 +167,25 @@ def test_out_of_memory_in_the_job_cgroup_is_recorded(host, tmp_path):
     assert rec["oom"] is True and rec["signal"] == signal.SIGKILL
     assert not cg.path.exists()  # removed once empty
     cgroups.base.rmdir()
+
+
+@pytest.mark.skipif(not Cgroups("piloop-test").available, reason="no writable memory cgroup here")
+def test_the_job_is_in_its_cgroup_from_its_start_and_the_shim_is_not(host, tmp_path):
+    """The shim enters the job's group only for the spawn (so a vfork'd child is born there), then goes back."""
+    cgroups = Cgroups("piloop-test")
+    jd = _job(tmp_path)
+    cg = cgroups.create(jd.root.name, 256)
+    script = f"cat /proc/self/cgroup > first; while [ ! -f go ]; do sleep 0.02; done; cat {cg.join_path()} > members"
+    _start(host, jd, ["sh", "-c", script], cgroup={"path": str(cg.path), "version": cg.version})
+    first = wait_for(lambda: (jd.work / "first").exists() and (jd.work / "first").read_text(), 10, what="first")
+    group = "/" + cg.path.relative_to(cg.path.parents[2]).as_posix()  # <base's parent>/<base>/<job>
+    assert any(line.endswith(group) for line in first.splitlines()), (group, first)
+    shim = wait_for(lambda: read_json(jd.shim_json), 10, what="shim.json")
+    (jd.work / "go").write_text("")
+    rec = _exit(jd)
+    assert rec["exit_code"] == 0, jd.output_log.read_text()
+    members = {int(x) for x in (jd.work / "members").read_text().split()}
+    assert shim["pid"] in members and shim["shim"] not in members
+    own = Path(f"/proc/{shim['shim']}/cgroup")
+    assert not own.exists() or group not in own.read_text()
+    cgroups.base.rmdir()

@@ -1,0 +1,24 @@
+"""Linux's prctl(2) for piloop's processes: a name for `ps -o comm`, `top` and `perf` (so a shim is not "python"),
+and the subreaper and parent-death settings."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+
+PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_CHILD_SUBREAPER = 1, 15, 36
+_libc: ctypes.CDLL | None = None
+
+
+def prctl(option: int, arg: int | bytes) -> bool:
+    """Whether the kernel took it (False where there is no prctl, as off Linux)."""
+    global _libc
+    try:
+        _libc = _libc or ctypes.CDLL(None, use_errno=True)  # kept: a forked shim calls it without loading libc again
+        return _libc.prctl(option, arg, 0, 0, 0) == 0
+    except Exception:
+        return False
+
+
+def set_name(name: str) -> None:
+    prctl(PR_SET_NAME, name.encode()[:15])
