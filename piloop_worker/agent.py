@@ -555,9 +555,8 @@ class Worker:
         relay_at = socket_path(jd.root)
         record["relay"] = str(relay_at)
         try:
-            jd.create(record)
             # the claim renewed nothing yet: the lease's clock started at most when the claim was sent
-            jd.write_deadline(fence_deadline(sent, self.timing))
+            jd.create(record, fence_deadline(sent, self.timing))
         except OSError as e:
             # a full --dir: nothing ran, so give the job back (not an attempt) and claim nothing for a while
             shutil.rmtree(jd.root, ignore_errors=True)

@@ -11,7 +11,7 @@ Layout of `<dir>/jobs/<job>.<token>/`:
     output.log    the job's stdout and stderr                   (job)
     metrics.jsonl host metrics every few seconds                (shim)
     log.json      how much of output.log is in the CAS          (worker)
-    inputs/ outputs/ work/                                      (worker / job / job's cwd)
+    inputs/ outputs/ work/                                      (worker, with the first input / job / job's cwd)
 
 Every file another process reads is written atomically (a temp file, then a rename), so a reader sees the old
 content or the new, never a part. Only what must outlive a crash of the machine is fsynced first: `exit.json` (how
@@ -58,6 +58,12 @@ def atomic_json(path: Path, obj: Any, durable: bool = True) -> None:
     atomic_write(path, json.dumps(obj, sort_keys=True), durable=durable)
 
 
+def _write_new(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 def read_json(path: Path) -> Any | None:
     try:
         return json.loads(path.read_text())
@@ -94,11 +100,17 @@ class JobDir:
     workspace = property(lambda self: self.root / "workspace")  # a campaign agent's copy of the shared workspace
     fetched_file = property(lambda self: self.root / "fetched_bytes")
 
-    def create(self, job_record: dict[str, Any]) -> None:
+    def create(self, job_record: dict[str, Any], deadline: float | None = None) -> None:
+        """The dir with `work/` and `outputs/` (`inputs/` comes with the first input), `job.json` and the first
+        deadline. Those two are written in place, not through a temp file and a rename (a file made and one
+        deleted, per job): no shim reads them yet, and a worker that dies halfway leaves a `job.json` it cannot
+        read, so it drops the dir, and the lease, never renewed, expires and the job is queued again."""
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for d in (self.inputs, self.outputs, self.work):
+        for d in (self.outputs, self.work):
             d.mkdir(exist_ok=True)
-        atomic_json(self.job_json, job_record, durable=False)
+        _write_new(self.job_json, json.dumps(job_record, sort_keys=True))
+        if deadline is not None:
+            _write_new(self.deadline_file, repr(float(deadline)))
 
     def record(self) -> dict[str, Any] | None:
         return read_json(self.job_json)

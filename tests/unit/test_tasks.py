@@ -30,6 +30,7 @@ def _jobdir(tmp_path, ser: str, payload: dict) -> JobDir:
     jd = JobDir(tmp_path / "j")
     jd.create({"job": "j1"})
     data = json.dumps(payload).encode() if ser == "json" else pickle.dumps(payload)
+    jd.inputs.mkdir()  # as the worker does with a job's first input
     (jd.inputs / f"args.{ser}").write_bytes(data)
     return jd
 
