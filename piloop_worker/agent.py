@@ -145,6 +145,7 @@ class Worker:
         self.cas_id = store.identity()
         # found before registering, so `info` can say; job cgroups are named by their dir, so any base name will do
         self.cgroups = Cgroups(name or socket.gethostname())
+        self.environ = dict(os.environ)  # each job's env starts from it: os.environ decodes every key on each read
         self.refused: str | None = None
         self.stopping = threading.Event()
         self.next_claim = 0.0
@@ -598,7 +599,7 @@ class Worker:
                           "held_seconds": self.timing.memory_held_seconds}
             except OSError as e:
                 log.warning("event=job.no_cgroup job=%s error=%s", a.job, e)
-        env = {**os.environ, **a.spec.env, **a.secrets, "PILOOP_JOB": a.job, "PILOOP_LEASE_TOKEN": a.token,
+        env = {**self.environ, **a.spec.env, **a.secrets, "PILOOP_JOB": a.job, "PILOOP_LEASE_TOKEN": a.token,
                "PILOOP_JOB_DIR": str(jd.root), "PILOOP_RELAY": str(relay_at), "PILOOP_HOME": str(self.home), **camp_env}
         h.requested_at = time.monotonic()
         self.host.run_job({"dir": str(jd.root), "argv": a.spec.argv, "env": env, "timeout": a.spec.timeout_seconds,
