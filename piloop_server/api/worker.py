@@ -6,7 +6,8 @@ import asyncio
 import json
 import time
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from piloop_common.errors import LeaseLost, NotFound, PiloopError, Refused
@@ -23,6 +24,13 @@ from piloop_server.runtime import Runtime
 from piloop_server.state.leases import KINDS, Lease
 
 router = APIRouter(prefix="/v1/worker", tags=["worker"])
+EMPTY = b"{}"
+
+
+def _json(answer: BaseModel | None = None) -> Response:
+    """The answer as its model writes it: built valid, so FastAPI's second validation and encoding (in a thread, for
+    a sync route) are skipped. `response_model` still gives the schema."""
+    return Response(answer.model_dump_json() if answer is not None else EMPTY, media_type="application/json")
 
 
 def _check(rt: Runtime, caller: Caller,
@@ -55,25 +63,25 @@ def _sample(hello: WorkerHello) -> dict:
 
 
 @router.post("/register", response_model=RegisterResponse)
-def register(body: RegisterRequest, rt: RuntimeDep, caller: WorkerDep) -> RegisterResponse:
+def register(body: RegisterRequest, rt: RuntimeDep, caller: WorkerDep) -> Response:
     _check(rt, caller, body)
     name = caller.name
     info = {**body.info, "token": caller.token.name if caller.token else "", "via": "socket" if caller.via_socket else "tcp"}
     rt.leases.register(name, body.pool, body.image, body.cas_id, _sample(body), protocol=body.protocol,
                        by=f"worker:{name}", info=info)
     _, statuses = rt.leases.heartbeat(name, _sample(body), [Lease(j.job, j.token) for j in body.jobs])
-    return RegisterResponse(worker=name, timing=_timing(rt, body.pool), jobs=statuses)
+    return _json(RegisterResponse(worker=name, timing=_timing(rt, body.pool), jobs=statuses))
 
 
 @router.post("/heartbeat", response_model=HeartbeatResponse)
-def heartbeat(body: WorkerHello, rt: RuntimeDep, caller: WorkerDep) -> HeartbeatResponse:
+def heartbeat(body: WorkerHello, rt: RuntimeDep, caller: WorkerDep) -> Response:
     _check(rt, caller, body)
     _, statuses = rt.leases.heartbeat(caller.name, _sample(body), [Lease(j.job, j.token) for j in body.jobs])
-    return HeartbeatResponse(jobs=statuses)
+    return _json(HeartbeatResponse(jobs=statuses))
 
 
 @router.post("/claim", response_model=ClaimResponse)
-async def claim(body: ClaimRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> ClaimResponse:
+async def claim(body: ClaimRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> Response:
     """Lease jobs; with nothing queued and `wait_seconds`, wait for a submit (a long poll) and look again."""
     _check(rt, caller, body)
     wake = wakeup.of(request.app)
@@ -82,18 +90,18 @@ async def claim(body: ClaimRequest, rt: RuntimeDep, caller: WorkerDep, request: 
         # a worker that gave up on this call (its timeout passed, or the server was paused with the call in its
         # backlog) never hears of a lease taken for it: the job would wait for that lease to expire, counted lost
         if await request.is_disconnected():
-            return ClaimResponse(reason="nothing")
+            return _json(ClaimResponse(reason="nothing"))
         event = wake.current()  # before looking: a job queued meanwhile sets it
         resp = await run_in_threadpool(_claim, body, rt, caller)
         left = end - time.monotonic()
         if resp.leases or resp.reason != "nothing" or left <= 0:
-            return resp
+            return _json(resp)
         try:
             await asyncio.wait_for(event.wait(), left)
         except asyncio.TimeoutError:
             if await request.is_disconnected():
-                return ClaimResponse(reason="nothing")
-            return await run_in_threadpool(_claim, body, rt, caller)
+                return _json(ClaimResponse(reason="nothing"))
+            return _json(await run_in_threadpool(_claim, body, rt, caller))
 
 
 def _claim(body: ClaimRequest, rt: Runtime, caller: Caller) -> ClaimResponse:
@@ -135,25 +143,25 @@ def _assignment(rt: Runtime, lease: Lease) -> Assignment:
                       memory_mb=int(f[5] or 0) or None)
 
 
-@router.post("/release")
-def release(body: ReleaseRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> dict:
+@router.post("/release", response_model=dict)
+def release(body: ReleaseRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> Response:
     _check(rt, caller, body)
     rt.leases.release(body.job, body.token, caller.name, body.reason)
     wakeup.notify(request.app)
-    return {}
+    return _json()
 
 
 @router.post("/report", response_model=ReportResponse)
-def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> ReportResponse:
+def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> Response:
     _check(rt, caller, body)
     resp = _report(body, rt, caller.name, _present(rt, [body]))
     if resp.state == "queued":
         wakeup.notify(request.app)
-    return resp
+    return _json(resp)
 
 
 @router.post("/reports", response_model=ReportsResponse)
-def reports(body: ReportsRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> ReportsResponse:
+def reports(body: ReportsRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> Response:
     """Several reports in one call, each answered on its own: one refused (a bad report) leaves the others be."""
     _check(rt, caller, body)
     present = _present(rt, body.reports)
@@ -171,7 +179,7 @@ def reports(body: ReportsRequest, rt: RuntimeDep, caller: WorkerDep, request: Re
         answers.append(ReportAnswer(answer=resp.answer, state=resp.state))
     if wake:
         wakeup.notify(request.app)
-    return ReportsResponse(answers=answers)
+    return _json(ReportsResponse(answers=answers))
 
 
 def _named(body: ReportRequest) -> list[str]:
@@ -210,9 +218,9 @@ def _report(body: ReportRequest, rt: Runtime, name: str, present: set[str]) -> R
     return ReportResponse.model_validate(answer)
 
 
-@router.post("/log")
-def log(body: LogAppend, rt: RuntimeDep, caller: WorkerDep) -> dict:
+@router.post("/log", response_model=dict)
+def log(body: LogAppend, rt: RuntimeDep, caller: WorkerDep) -> Response:
     _check(rt, caller, body)
     if not rt.leases.append_log(body.job, body.token, body.chunks):
         raise LeaseLost(f"job {body.job} is not leased under this token")
-    return {}
+    return _json()
