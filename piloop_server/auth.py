@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fastapi import Request
+from starlette.concurrency import run_in_threadpool
 
 from piloop_common.errors import Forbidden, Refused, Unauthorized
 from piloop_server.network.proxy import identify_proxy
@@ -50,6 +51,17 @@ def identify(request: Request) -> Caller:
             raise Refused(f"token {rec.name} does not let a worker choose its name (`piloop token create --rename`)")
         return Caller("worker", named, False, rec)
     return Caller("worker", rec.name, False, rec)
+
+
+async def identify_async(request: Request) -> Caller:
+    """`identify` on the event loop when it needs no Redis read (the socket, the proxy network, a token the server
+    verified moments ago), else in a thread: a worker's call then takes one thread hop, its handler's."""
+    rt = request.app.state.runtime
+    if not request.scope.get(SOCKET_SCOPE) and rt.settings.plugins.network.provider != "proxy":
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and token and rt.tokens.cached(token.strip()) is None:
+            return await run_in_threadpool(identify, request)
+    return identify(request)
 
 
 def require_worker(caller: Caller) -> Caller:

@@ -17,7 +17,7 @@ from piloop_server.limits import Limits
 from piloop_server.secrets import Secrets
 from piloop_server.state.keys import Keys
 from piloop_server.state.leases import Leases, Timings
-from piloop_server.tokens import TokenStore
+from piloop_server.tokens import CACHE_SECONDS, TokenStore
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Runtime:
         self.keys = Keys(self.settings.namespace)
         self.executor = self.settings.plugins.executor
         self.leases = Leases(self.redis, self.keys, Timings.from_executor(self.executor))
-        self.tokens = TokenStore(self.redis, self.keys)
+        self.tokens = TokenStore(self.redis, self.keys, cache_seconds=CACHE_SECONDS)
         self.limits = Limits(self.redis, self.keys)
         self.events = Events(self.redis, self.keys)
         self.secrets = Secrets(self.redis, self.keys, self.home)  # refuses a key file others can read

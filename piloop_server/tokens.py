@@ -1,11 +1,19 @@
-"""Worker tokens: `plt_` + 32 random bytes, shown once, kept as a SHA-256 hash."""
+"""Worker tokens: `plt_` + 32 random bytes, shown once, kept as a SHA-256 hash.
+
+The server keeps the tokens it verified in memory (`TokenStore(cache_seconds=…)`): a worker's heartbeat then costs
+no Redis read for its token. Each cached token is read back from Redis (one HMGET for all of them) every half of
+`cache_seconds`, and one not confirmed within `cache_seconds` is checked in Redis again: a token revoked, replaced or
+deleted by anyone is refused within `cache_seconds`; one revoked through this server at once; an expired one at once.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
+import logging
 import secrets
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,6 +25,11 @@ from piloop_common.errors import Conflict, NotFound, Refused
 from piloop_server.state.keys import Keys
 
 PREFIX = "plt_"
+CACHE_SECONDS = 2.0  # the server's bound: a token revoked elsewhere is refused within this
+IDLE_SECONDS = 60.0  # a cached token unused this long is forgotten (a heartbeat comes every renew_seconds)
+READ_BATCH = 1000  # token records per HMGET when the cache is confirmed
+
+log = logging.getLogger("piloop.tokens")
 
 
 def hash_token(token: str) -> str:
@@ -35,10 +48,23 @@ class TokenRecord:
     rename: bool = False
 
 
+@dataclass
+class _Verified:
+    rec: TokenRecord
+    raw: bytes  # the record as Redis held it: what each confirmation compares
+    seen: float  # monotonic: when the read that found it live was sent
+    used: float
+
+
 class TokenStore:
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, cache_seconds: float = 0.0) -> None:
         self.r = client
         self.k = keys
+        self.cache_seconds = cache_seconds
+        self._cache: dict[str, _Verified] = {}  # token hash -> its live record
+        self._lock = threading.Lock()
+        self._confirming: threading.Thread | None = None
+        self._forgotten = 0  # bumped by each revoke here: a check whose read began before one caches nothing
 
     def create(self, name: str, *, by: str, pool: str | None = None, expires_seconds: float | None = None,
                rename: bool = False) -> str:
@@ -56,6 +82,8 @@ class TokenStore:
         pipe.hset(self.k.tokens(), name, json.dumps(asdict(rec)))
         pipe.hset(self.k.token_hashes(), rec.hash, name)
         pipe.execute()
+        if old is not None:
+            self._forget(old.hash)
         return token
 
     def get(self, name: str) -> TokenRecord | None:
@@ -71,23 +99,83 @@ class TokenStore:
             raise NotFound(f"no token named {name} (see `piloop token list`)")
         rec.revoked = True
         self.r.hset(self.k.tokens(), name, json.dumps(asdict(rec)))
+        self._forget(rec.hash)
         return rec
+
+    def cached(self, token: str) -> TokenRecord | None:
+        """The record of a token verified within `cache_seconds`, without reading Redis; None when not cached."""
+        v = self._cache.get(hash_token(token)) if self.cache_seconds and token.startswith(PREFIX) else None
+        if v is None:
+            return None
+        now = time.monotonic()
+        if now - v.seen >= self.cache_seconds:
+            return None
+        v.used = now
+        return v.rec
 
     def check(self, token: str) -> TokenRecord:
         """The record of a live token, or Refused saying why it is not one."""
         if not token.startswith(PREFIX):
             raise Refused("this is not a piloop token (they start with plt_)")
-        h = hash_token(token)
-        name = self.r.hget(self.k.token_hashes(), h)
-        rec = self.get(name.decode()) if name else None
-        # compare in constant time even though the lookup was by hash: the record is the truth
-        if rec is None or not hmac.compare_digest(rec.hash, h):
-            raise Refused("the server does not know this token")
-        if rec.revoked:
-            raise Refused(f"token {rec.name} was revoked")
+        rec = self.cached(token)
+        if rec is None:
+            h = hash_token(token)
+            sent, forgotten = time.monotonic(), self._forgotten
+            name = self.r.hget(self.k.token_hashes(), h)
+            raw = self.r.hget(self.k.tokens(), name) if name else None
+            rec = TokenRecord(**json.loads(raw)) if raw else None
+            # compare in constant time even though the lookup was by hash: the record is the truth
+            if rec is None or not hmac.compare_digest(rec.hash, h):
+                raise Refused("the server does not know this token")
+            if rec.revoked:
+                raise Refused(f"token {rec.name} was revoked")
+            if self.cache_seconds:
+                self._remember(h, rec, raw, sent, forgotten)  # type: ignore[arg-type]
         if rec.expires_ms is not None and rec.expires_ms < time.time() * 1000:
             raise Refused(f"token {rec.name} expired")
         return rec
+
+    def _remember(self, h: str, rec: TokenRecord, raw: bytes, sent: float, forgotten: int) -> None:
+        with self._lock:
+            if forgotten != self._forgotten:
+                return
+            self._cache[h] = _Verified(rec, raw, sent, time.monotonic())
+            if self._confirming is None or not self._confirming.is_alive():
+                self._confirming = threading.Thread(target=self._confirm_forever, name="token-cache", daemon=True)
+                self._confirming.start()
+
+    def _forget(self, h: str) -> None:
+        with self._lock:
+            self._forgotten += 1
+            self._cache.pop(h, None)
+
+    def _confirm_forever(self) -> None:
+        while True:
+            time.sleep(self.cache_seconds / 2)
+            try:
+                self.confirm()
+            except redis.RedisError as e:
+                # the cached tokens age out meanwhile: calls then read Redis themselves, and fail as they would
+                log.warning("event=tokens.confirm_failed error=%s", e)
+
+    def confirm(self) -> None:
+        """Read every cached token's record back: unchanged ones are live for another `cache_seconds`, the others
+        (revoked, replaced, deleted) are dropped; tokens unused for IDLE_SECONDS are forgotten."""
+        now = time.monotonic()
+        with self._lock:
+            for h in [h for h, v in self._cache.items() if now - v.used > IDLE_SECONDS]:
+                del self._cache[h]
+            items = list(self._cache.items())
+        for i in range(0, len(items), READ_BATCH):
+            batch = items[i:i + READ_BATCH]
+            sent = time.monotonic()
+            raws = self.r.hmget(self.k.tokens(), [v.rec.name for _, v in batch])
+            with self._lock:
+                for (h, v), raw in zip(batch, raws):
+                    if raw == v.raw:
+                        v.seen = sent
+                    elif self._cache.get(h) is v:
+                        del self._cache[h]
 
 
 def open_verifier(settings, home: Path) -> Callable[[str], bool]:

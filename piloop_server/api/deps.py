@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from piloop_server.auth import Caller, identify, require_act, require_worker
+from piloop_server.auth import Caller, identify_async, require_act, require_worker
 from piloop_server.runtime import Runtime
 
 
@@ -14,12 +14,13 @@ async def _runtime(request: Request) -> Runtime:
     return request.app.state.runtime
 
 
-def _worker(request: Request) -> Caller:
-    return require_worker(identify(request))
+# async: FastAPI would run a sync dependency in a thread of its own
+async def _worker(request: Request) -> Caller:
+    return require_worker(await identify_async(request))
 
 
-def _actor(request: Request) -> Caller:
-    return require_act(identify(request))
+async def _actor(request: Request) -> Caller:
+    return require_act(await identify_async(request))
 
 
 RuntimeDep = Annotated[Runtime, Depends(_runtime)]
