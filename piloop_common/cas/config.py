@@ -37,7 +37,10 @@ class S3CasConfig(BaseModel):
         None, description="Secret access key; given together with `access_key_id`."
     )
     multipart_mb: int = Field(
-        64, ge=5, description="Blobs larger than this many MiB upload in parts of this size (S3's minimum is 5)."
+        8,
+        ge=5,
+        description="Blobs larger than this many MiB upload in parts of this size, 10 at a time "
+        "(S3's minimum is 5; boto3's default is 8).",
     )
 
 

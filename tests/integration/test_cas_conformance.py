@@ -337,3 +337,42 @@ def test_cached_heals_a_rotten_cache_copy(provider: Provider) -> None:
     with pytest.raises(Corrupt):
         store.get_bytes(address)
     assert store.get_bytes(address) == b"cached bytes"  # the bad copy was dropped and refetched
+
+
+# -- the s3 provider's own choices ------------------------------------------------------------
+
+
+def test_s3_uploads_in_boto3s_parts_and_sends_nothing_that_exists(s3_url: str, tmp_path: Path) -> None:
+    """By default a blob up to 8 MiB is one conditional PutObject, a bigger one 8 MiB parts; a second put
+    of either asks and sends nothing."""
+    import boto3
+
+    from piloop_common.cas.s3 import S3Store
+
+    ns = uuid.uuid4().hex[:12]
+    store = open_store(CONFIG.validate_python({"provider": "s3", "bucket": BUCKET, "prefix": f"{ns}/",
+                                               "endpoint_url": s3_url}), tmp_path)
+    assert isinstance(store, S3Store)
+    calls: list[str] = []
+    store._client.meta.events.register("before-call.s3", lambda model, **_: calls.append(model.name))
+
+    small = _random_file(tmp_path / "small", 8 * MiB - 1)
+    small_address = store.put_file(small)
+    assert calls == ["PutObject"]
+
+    calls.clear()
+    big = _random_file(tmp_path / "big", 20 * MiB)
+    address = store.put_file(big)
+    assert address == hash_file(big)
+    assert calls.count("UploadPart") == 3  # 8 + 8 + 4 MiB
+    key = f"{ns}/blobs/{address.removeprefix('sha256:')}"
+    etag = boto3.client("s3", endpoint_url=s3_url, region_name="us-east-1").head_object(Bucket=BUCKET, Key=key)["ETag"]
+    assert etag.endswith('-3"')
+
+    calls.clear()
+    assert store.put_file(big) == address
+    assert store.put_file(small) == small_address
+    assert calls == ["HeadObject", "PutObject"]  # the PutObject is If-None-Match: *, answered 412
+    store.get_file(address, tmp_path / "out")
+    assert (tmp_path / "out").read_bytes() == big.read_bytes()
+    store.close()
