@@ -580,7 +580,7 @@ class Worker:
                     raise ValueError(f"input name {name!r} is not a relative path inside the job's dir")
                 dest = jd.inputs / name
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                self.store.get_file(addr, dest)
+                self.store.get_file(addr, dest, durable=False)
             stage = "repo"
             camp_env = self._prepare_campaign(a, jd) if a.spec.campaign is not None else {}
         except (PiloopError, OSError, ValueError) as e:

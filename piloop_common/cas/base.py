@@ -109,15 +109,17 @@ class Store(ABC):
             )
         return written
 
-    def get_file(self, address: str, path: str | os.PathLike[str]) -> int:
-        """Write the blob to `path` atomically: a temp file beside it, renamed only once verified."""
+    def get_file(self, address: str, path: str | os.PathLike[str], durable: bool = True) -> int:
+        """Write the blob to `path` atomically: a temp file beside it, renamed only once verified; `durable`: fsynced
+        first (a job's inputs need not be: a machine that crashes reruns the job, which fetches them again)."""
         target = Path(path)
         fd, name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
         try:
             with os.fdopen(fd, "wb") as out:
                 size = self.get_to(address, out)
                 out.flush()
-                os.fsync(out.fileno())
+                if durable:
+                    os.fsync(out.fileno())
             os.replace(name, target)
             return size
         finally:

@@ -10,9 +10,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from piloop_common.cas import identity
-from piloop_common.cas.address import CHUNK, hex_of
+from piloop_common.cas.address import CHUNK, hash_bytes, hex_of
 from piloop_common.cas.base import Blob, Store
 from piloop_common.errors import BlobMissing, StoreError
+
+
+SMALL = 1 << 20  # a file up to this size is read whole and hashed before anything is written
 
 
 class LocalStore(Store):
@@ -59,9 +62,29 @@ class LocalStore(Store):
             Path(name).unlink(missing_ok=True)
 
     def put_file(self, path: str | os.PathLike[str]) -> str:
-        # One pass (hash while copying) beats hashing the file and then copying it.
         with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size <= SMALL:
+                return self.put_bytes(f.read())
+            # one pass (hash while copying) beats hashing a large file and then copying it
             return self.put_stream(f)
+
+    def put_bytes(self, data: bytes) -> str:
+        # hashed first: a blob the store has costs one stat, not a temp file written and removed again
+        address = hash_bytes(data)
+        if self.path_of(address).is_file():
+            return address
+        try:
+            self.spool_dir.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix=".spool-", dir=self.spool_dir)
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+        except OSError as e:
+            raise StoreError(f"cannot write blob {address} to {self.where}: {e}", address=address) from e
+        try:
+            self._store(address, Path(name), owned=True)
+        finally:
+            Path(name).unlink(missing_ok=True)
+        return address
 
     @contextmanager
     def _open(self, address: str) -> Iterator[Blob]:
