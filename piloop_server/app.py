@@ -23,7 +23,8 @@ def create_app(rt: Runtime, daemon_info: dict[str, Any] | None = None) -> FastAP
     for r in (worker.router, jobs.router, joblog.router, blobs.router, admin.router, secrets.router, relay.router,
               campaigns.router, campaigns.worker_router):
         app.include_router(r)
-    app.add_middleware(BodyLimit, max_body=rt.settings.plugins.network.max_body_mb * 1024 * 1024)
+    app.add_middleware(worker.FastBeat)
+    app.add_middleware(BodyLimit, max_body=rt.settings.plugins.network.max_body_mb * 1024 * 1024)  # outside it
 
     @app.exception_handler(PiloopError)
     async def piloop_error(request: Request, exc: PiloopError) -> JSONResponse:

@@ -56,12 +56,18 @@ def identify(request: Request) -> Caller:
 async def identify_async(request: Request) -> Caller:
     """`identify` on the event loop when it needs no Redis read (the socket, the proxy network, a token the server
     verified moments ago), else in a thread: a worker's call then takes one thread hop, its handler's."""
-    rt = request.app.state.runtime
-    if not request.scope.get(SOCKET_SCOPE) and rt.settings.plugins.network.provider != "proxy":
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and token and rt.tokens.cached(token.strip()) is None:
-            return await run_in_threadpool(identify, request)
+    if reads_redis(request):
+        return await run_in_threadpool(identify, request)
     return identify(request)
+
+
+def reads_redis(request: Request) -> bool:
+    """Whether `identify` would read Redis: a bearer token over TCP that the server has not verified moments ago."""
+    rt = request.app.state.runtime
+    if request.scope.get(SOCKET_SCOPE) or rt.settings.plugins.network.provider == "proxy":
+        return False
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and bool(token) and rt.tokens.cached(token.strip()) is None
 
 
 def require_worker(caller: Caller) -> Caller:
