@@ -15,9 +15,12 @@ from piloop_common.errors import PiloopError, Unavailable, from_payload
 
 M = TypeVar("M", bound=BaseModel)
 SOCKET_NAME = "piloop.sock"
-# uvicorn closes a connection idle for 5 s; a client that kept it as long could send on it just as it closes
-# ("Server disconnected without sending a response"), so the client lets its idle connections go first
-KEEPALIVE_SECONDS = 4.0
+# A worker's heartbeat comes every renew_seconds (10 s by default): the server keeps an idle connection longer than
+# that, so each heartbeat rides the last one's (no new connection, no TLS handshake), and the client lets it go a
+# little before the server does, so it never sends on one the server is closing ("Server disconnected without
+# sending a response", seen when both kept 5 s)
+SERVER_KEEPALIVE_SECONDS = 30.0
+KEEPALIVE_SECONDS = 25.0
 SERVER_ENV = "PILOOP_SERVER"  # a remote API for the CLI's `attach` and the Python client
 TOKEN_ENV = "PILOOP_HTTPS_TOKEN"
 LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_SECONDS)

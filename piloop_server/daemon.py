@@ -49,20 +49,9 @@ class Pass:
 
     def held_pools(self) -> tuple[str, ...]:
         rt = self.rt
-        names = [n.decode() for n in rt.redis.smembers(rt.keys.workers())]
-        pipe = rt.redis.pipeline(transaction=False)
-        for n in names:
-            pipe.hget(rt.keys.worker(n), "pool")
-            pipe.exists(rt.keys.worker_alive(n))
-        got = pipe.execute()
-        per: dict[str, list[int]] = {}
-        for i in range(len(names)):
-            pool = (got[2 * i] or b"").decode()
-            total, silent = per.setdefault(pool, [0, 0])
-            per[pool] = [total + 1, silent + (0 if got[2 * i + 1] else 1)]
         held = []
         now = time.monotonic()
-        for pool, (total, silent) in per.items():
+        for pool, (total, silent) in rt.leases.pool_silence().items():
             disrupted = total >= DISRUPTION_MIN_WORKERS and silent / total > DISRUPTION_SHARE
             if not disrupted:
                 self.held_since.pop(pool, None)

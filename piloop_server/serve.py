@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover
     uvloop = None
 
 from piloop_common.cas import open_store
-from piloop_common.client import SOCKET_NAME
+from piloop_common.client import SERVER_KEEPALIVE_SECONDS, SOCKET_NAME
 from piloop_common.config import Settings
 from piloop_common.errors import Unavailable
 from piloop_common.listen import check_listen, uvicorn_tls
@@ -155,9 +155,11 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
             servers_socks.append(_tcp_socket(*tcp_addr))
         info = {"pid": os.getpid(), "socket": str(sock_path), "listen": listen or "", "started_ms": int(time.time() * 1000)}
         app = create_app(rt, info)
-        servers = [_Server(uvicorn.Config(via_socket(app), lifespan="off", log_level="warning", access_log=False))]
+        servers = [_Server(uvicorn.Config(via_socket(app), lifespan="off", log_level="warning", access_log=False,
+                                          timeout_keep_alive=SERVER_KEEPALIVE_SECONDS))]
         if tcp_addr:
             servers.append(_Server(uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
+                                                  timeout_keep_alive=SERVER_KEEPALIVE_SECONDS,
                                                   proxy_headers=settings.plugins.network.tls == "proxy",
                                                   **uvicorn_tls(settings))))
         (home / PID_FILE).write_text(str(os.getpid()))

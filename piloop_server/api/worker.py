@@ -146,7 +146,7 @@ async def claim(body: ClaimRequest, rt: RuntimeDep, caller: WorkerDep, request: 
         if await request.is_disconnected():
             return _json(ClaimResponse(reason="nothing"))
         event = wake.current()  # before looking: a job queued meanwhile sets it
-        resp = await run_in_threadpool(_claim, body, rt, caller)
+        resp = await _claim_for(body, rt, caller, request)
         left = end - time.monotonic()
         if resp.leases or resp.reason != "nothing" or left <= 0:
             return _json(resp)
@@ -155,7 +155,24 @@ async def claim(body: ClaimRequest, rt: RuntimeDep, caller: WorkerDep, request: 
         except asyncio.TimeoutError:
             if await request.is_disconnected():
                 return _json(ClaimResponse(reason="nothing"))
-            return _json(await run_in_threadpool(_claim, body, rt, caller))
+            return _json(await _claim_for(body, rt, caller, request))
+
+
+async def _claim_for(body: ClaimRequest, rt: Runtime, caller: Caller, request: Request) -> ClaimResponse:
+    """`_claim`, and the leases given back at once should the caller be gone by then. The check before a claim can
+    miss a caller that gave up: with its token known without a thread hop, the handler may run before the event loop
+    has read the connection's end (a server resumed after a pause, its backlog stale); the claim's own hop lets it."""
+    resp = await run_in_threadpool(_claim, body, rt, caller)
+    if resp.leases and await request.is_disconnected():
+        await run_in_threadpool(_give_back, rt, caller, resp.leases)
+        wakeup.notify(request.app)
+        return ClaimResponse(reason="nothing")
+    return resp
+
+
+def _give_back(rt: Runtime, caller: Caller, leases: list[Assignment]) -> None:
+    for a in leases:
+        rt.leases.release(a.job, a.token, caller.name, "the worker was gone before it heard of the lease")
 
 
 def _claim(body: ClaimRequest, rt: Runtime, caller: Caller) -> ClaimResponse:

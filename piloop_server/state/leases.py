@@ -157,6 +157,11 @@ class Leases:
 
     # -- the pass ----------------------------------------------------------------------
 
+    def pool_silence(self) -> dict[str, tuple[int, int]]:
+        """Each pool's registered workers, and how many of them are silent (their `alive` key gone)."""
+        reply = self.scripts.run("pool_silence", [self.k.workers()], [self.k.prefix()])
+        return {_s(reply[i]): (int(reply[i + 1]), int(reply[i + 2])) for i in range(0, len(reply), 3)}
+
     def expire(self, held_pools: tuple[str, ...] = ()) -> Expiry:
         k = self.k
         reply = self.scripts.run(

@@ -176,6 +176,14 @@ def test_held_pools_do_not_requeue(leases):
     assert _state(leases, "e") == "running" or _state(leases, "e") == "leased"
 
 
+def test_pool_silence_counts_each_pools_workers_and_the_silent_ones(leases):
+    assert leases.pool_silence() == {}
+    for name, pool in (("a1", "p"), ("a2", "p"), ("a3", "p"), ("g1", "gpu")):
+        _worker(leases, name, pool)
+    leases.r.delete(leases.k.worker_alive("a2"), leases.k.worker_alive("g1"))
+    assert leases.pool_silence() == {"p": (3, 1), "gpu": (1, 1)}
+
+
 def test_generation_change_keeps_tokens_growing(redis_client, namespace, tmp_path):
     keys = Keys(namespace)
     rec = GenerationRecord(tmp_path / "gen.json")
