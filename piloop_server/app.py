@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from piloop_common import __version__
 from piloop_common.errors import PiloopError
 from piloop_server.api import admin, blobs, campaigns, joblog, jobs, relay, secrets, worker
+from piloop_server.api.answers import error_answer, replaying
 from piloop_server.auth import SOCKET_SCOPE
 from piloop_server.runtime import Runtime
 
@@ -28,7 +29,7 @@ def create_app(rt: Runtime, daemon_info: dict[str, Any] | None = None) -> FastAP
 
     @app.exception_handler(PiloopError)
     async def piloop_error(request: Request, exc: PiloopError) -> JSONResponse:
-        return JSONResponse(exc.to_payload(), status_code=exc.status)
+        return error_answer(exc)
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -41,7 +42,7 @@ def create_app(rt: Runtime, daemon_info: dict[str, Any] | None = None) -> FastAP
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)
     async def redis_down(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse({"error": "unavailable", "message": f"the server's Redis cannot be reached: {exc}"}, 503)
+        return error_answer(exc)
 
     return app
 
@@ -81,17 +82,7 @@ class BodyLimit:
             chunks.append(msg.get("body", b""))
             if not msg.get("more_body"):
                 break
-        first = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-        given = False
-
-        async def replay() -> dict:
-            nonlocal given
-            if not given:
-                given = True
-                return first
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(b"".join(chunks), receive), send)
 
 
 def via_socket(app: Any) -> Any:

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import os
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +63,11 @@ class JobCgroup:
         try:
             yield True
         finally:
-            own.write_text(me)  # an error here leaves the shim in the job's group: better loud than hidden
+            try:
+                own.write_text(me)
+            except OSError as e:  # never raised: the job is spawned by now, and the shim must go on to supervise it
+                print(f"shim: cannot leave the job's cgroup {self.path} ({e}): it may be killed with the job",
+                      file=sys.stderr, flush=True)
 
     def oom_kills(self) -> int:
         if self.version == 2:

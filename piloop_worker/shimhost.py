@@ -39,8 +39,7 @@ def serve(stdin: Any) -> None:
             req = json.loads(raw)
         except ValueError:
             continue
-        if req.get("task") and tasks.module_of(req["task"]) not in sys.modules:
-            tasks.preload(req["task"])  # here, once: every later fork of this task starts with it imported
+        if req.get("task") and tasks.preload(req["task"]):  # here, once: every later fork starts with it imported
             gc.freeze()
         if req.get("cgroup"):
             cgroups.own_procs(req["cgroup"]["version"])  # read here once, not in every shim

@@ -31,13 +31,15 @@ def module_of(target: str) -> str:
     return target.partition(":")[0]
 
 
-def preload(target: str) -> None:
-    """Import a task's module in the shim host, so every task forked after it starts warm. Where the import
-    fails, the task's own process imports it again and its log shows why."""
+def preload(target: str) -> bool:
+    """Import a task's module in the shim host, so every task forked after it starts warm; whether this imported it
+    now. Where the import fails, the task's own process imports it again and its log shows why."""
     name = module_of(target)
-    if name and name not in sys.modules:
-        with contextlib.suppress(BaseException):
-            importlib.import_module(name)
+    if not name or name in sys.modules:
+        return False
+    with contextlib.suppress(BaseException):
+        importlib.import_module(name)
+    return True
 
 
 def resolve(target: str) -> Any:

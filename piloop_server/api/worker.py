@@ -10,7 +10,6 @@ from typing import Any
 
 import redis
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 from starlette.concurrency import run_in_threadpool
@@ -23,6 +22,7 @@ from piloop_common.protocol import (
 )
 from piloop_server import pools
 from piloop_server.api import wakeup
+from piloop_server.api.answers import error_answer, replaying
 from piloop_server.api.deps import RuntimeDep, WorkerDep
 from piloop_server.auth import Caller, identify, reads_redis, require_worker
 from piloop_server.runtime import Runtime
@@ -113,24 +113,13 @@ class FastBeat:
             with contextlib.suppress(ValueError):  # pydantic's ValidationError: the app says what is wrong
                 hello = WorkerHello.model_validate_json(body)
         if hello is None:
-            given = False
-
-            async def replay() -> dict:
-                nonlocal given
-                if not given:
-                    given = True
-                    return {"type": "http.request", "body": body, "more_body": False}
-                return await receive()
-
-            await self.app(scope, replay, send)
+            await self.app(scope, replaying(body, receive), send)
             return
         try:
             caller = require_worker(identify(request))
             answer = _json(await run_in_threadpool(_beat, hello, scope["app"].state.runtime, caller))
-        except PiloopError as e:
-            answer = JSONResponse(e.to_payload(), status_code=e.status)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
-            answer = JSONResponse({"error": "unavailable", "message": f"the server's Redis cannot be reached: {e}"}, 503)
+        except (PiloopError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+            answer = error_answer(e)
         await answer(scope, receive, send)
 
 

@@ -1,0 +1,31 @@
+"""What the app and its ASGI layers in front of it (`app.BodyLimit`, `api.worker.FastBeat`) share: the JSON answer
+for an error, and a body read whole handed on to the app as if it came from the client."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from piloop_common.errors import PiloopError
+
+
+def error_answer(exc: Exception) -> JSONResponse:
+    """A PiloopError as its payload; anything else handed here is Redis out of reach (503)."""
+    if isinstance(exc, PiloopError):
+        return JSONResponse(exc.to_payload(), status_code=exc.status)
+    return JSONResponse({"error": "unavailable", "message": f"the server's Redis cannot be reached: {exc}"}, 503)
+
+
+def replaying(body: bytes, receive: Any) -> Any:
+    """A `receive` that gives `body` as the whole request first, then what the client sends (its disconnect)."""
+    given = False
+
+    async def replay() -> dict:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
