@@ -284,7 +284,7 @@ class PiloopSide:
             log = open(home / "worker.log", "ab")
             cmd = ["-m", "piloop_common.cli", "worker", "--server", self.url, "--pool", "bench"]
             if self.profile is not None and os.environ.get("BENCH_PROFILE") != "server":
-                cmd = [str(ROOT / "bench" / "profiled.py"), "cprofile", str(self.profile / f"worker-{i}.prof"), *cmd]
+                cmd = [str(ROOT / "bench" / "profiled.py"), os.environ.get("BENCH_WORKER_PROFILER", "cprofile"), str(self.profile / f"worker-{i}.prof"), *cmd]
             procs.append(subprocess.Popen([sys.executable, *cmd], env=env, stdout=log, stderr=log,
                                           stdin=subprocess.DEVNULL, start_new_session=True, cwd=home))
         return procs

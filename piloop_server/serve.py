@@ -30,7 +30,7 @@ from piloop_common.prctl import set_name
 from piloop_server import embedded
 from piloop_server.app import create_app, via_socket
 from piloop_server.daemon import Pass, run as run_pass
-from piloop_server.redisconn import check_policy, connect
+from piloop_server.redisconn import check_policy, connect, state_url
 from piloop_server.runtime import Runtime
 from piloop_server.state.generation import GenerationRecord
 
@@ -142,7 +142,8 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
         client = connect(settings, home)
         check_policy(client)
         store = open_store(settings.plugins.cas, home)
-        rt = Runtime(settings=settings, home=home, redis=client, store=store, cas_id=store.identity())
+        rt = Runtime(settings=settings, home=home, redis=client, store=store, cas_id=store.identity(),
+                     redis_url=state_url(settings, home))
         # the server's id tags the workers it starts: kept in Redis, so a restarted daemon knows its own
         client.hsetnx(rt.keys.daemon(), "server_id", rt.server_id)
         rt.server_id = (client.hget(rt.keys.daemon(), "server_id") or rt.server_id.encode()).decode()

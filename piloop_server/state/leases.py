@@ -10,7 +10,7 @@ import redis
 
 from piloop_common.errors import NotFound
 from piloop_server.state.keys import Keys
-from piloop_server.state.scripts import Scripts
+from piloop_server.state.scripts import AsyncScripts, Scripts
 
 KINDS = ("agent", "evaluation")
 REPORT_TTL_SECONDS = 7 * 24 * 3600
@@ -54,6 +54,10 @@ def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def _heartbeat_reply(held: list[Lease], reply: list[Any]) -> tuple[int, dict[str, str]]:
+    return int(reply[0]), {lease.job: _s(st) for lease, st in zip(held, reply[1:])}
+
+
 class Leases:
     def __init__(self, client: redis.Redis, keys: Keys, timings: Timings) -> None:
         self.r = client
@@ -91,15 +95,21 @@ class Leases:
 
     def heartbeat(self, name: str, sample: dict[str, Any], held: list[Lease]) -> tuple[int, dict[str, str]]:
         """Renew the worker and each lease it names; the status of each job: ok, cancel or lost."""
+        return _heartbeat_reply(held, self.scripts.run("heartbeat", *self._heartbeat_call(name, sample, held)))
+
+    async def aheartbeat(self, scripts: AsyncScripts, name: str, sample: dict[str, Any],
+                         held: list[Lease]) -> tuple[int, dict[str, str]]:
+        """`heartbeat` through an asyncio Redis client's scripts."""
+        return _heartbeat_reply(held, await scripts.run("heartbeat", *self._heartbeat_call(name, sample, held)))
+
+    def _heartbeat_call(self, name: str, sample: dict[str, Any], held: list[Lease]) -> tuple[list[str], list[Any]]:
         k = self.k
         keys = [k.worker(name), k.worker_alive(name), k.deadlines(), k.daemon()]
         for lease in held:
             keys += [k.lease(lease.job), k.job(lease.job)]
         args: list[Any] = [self.t.grace_ms, self.t.toleration_ms, json.dumps(sample), len(held)]
         args += [lease.token for lease in held] + [lease.job for lease in held]
-        reply = self.scripts.run("heartbeat", keys, args)
-        now = int(reply[0])
-        return now, {lease.job: _s(st) for lease, st in zip(held, reply[1:])}
+        return keys, args
 
     def claim(self, name: str, pool: str, kind: str, *, slots: int, image: str, most: int = 1,
               room_mb: int | None = None, default_mb: int | None = None) -> Claim:

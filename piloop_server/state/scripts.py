@@ -8,6 +8,7 @@ from importlib import resources
 from typing import Any
 
 import redis
+import redis.asyncio
 
 from piloop_common.errors import Conflict, LeaseLost, NotFound, PiloopError, Unavailable
 
@@ -66,11 +67,46 @@ class Scripts:
             except redis.exceptions.NoScriptError:
                 # Redis restarted or SCRIPT FLUSH: load again, once.
                 return self.client.evalsha(self._load(name), len(keys), *keys, *args)
-        except redis.exceptions.ResponseError as e:
-            code, _, message = str(e).partition(" ")
-            cls = _ERRORS.get(code)
-            if cls is None:
+        except redis.exceptions.RedisError as e:
+            err = _translated(e)
+            if err is e:
                 raise
-            raise cls(message or code) from None
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
-            raise Unavailable(f"Redis cannot be reached: {e}") from e
+            raise err from e
+
+
+class AsyncScripts:
+    """`Scripts` on an asyncio Redis client, for a hot route that then needs no thread (the heartbeat)."""
+
+    def __init__(self, client: redis.asyncio.Redis) -> None:
+        self.client = client
+        self._sha: dict[str, str] = {}
+
+    async def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        try:
+            try:
+                sha = self._sha.get(name) or await self._load(name)
+                return await self.client.evalsha(sha, len(keys), *keys, *args)
+            except redis.exceptions.NoScriptError:
+                return await self.client.evalsha(await self._load(name), len(keys), *keys, *args)
+        except redis.exceptions.RedisError as e:
+            err = _translated(e)
+            if err is e:
+                raise
+            raise err from e
+
+    async def _load(self, name: str) -> str:
+        sha = await self.client.script_load(source(name))
+        self._sha[name] = sha
+        return sha
+
+
+def _translated(e: redis.exceptions.RedisError) -> Exception:
+    """A script's `PILOOP_<CODE> message` reply as its PiloopError, Redis out of reach as Unavailable; else `e`."""
+    if isinstance(e, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+        return Unavailable(f"Redis cannot be reached: {e}")
+    if isinstance(e, redis.exceptions.ResponseError):
+        code, _, message = str(e).partition(" ")
+        cls = _ERRORS.get(code)
+        if cls is not None:
+            return cls(message or code)
+    return e

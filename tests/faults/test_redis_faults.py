@@ -7,8 +7,10 @@ import time
 
 import pytest
 
+from piloop_common.client import ApiClient
 from piloop_common.errors import Unavailable
 from tests.helpers.redis import RedisProcess, wait_for
+from tests.helpers.simworker import SimWorker
 from tests.helpers.workers import (
     GRACE, events, marker_job, marker_runs, overlapping, state, tcp_server, token,
 )
@@ -69,6 +71,12 @@ def test_redis_killed_and_restarted_from_its_aof_mid_run_loses_and_doubles_nothi
 def test_redis_unreachable_for_a_while_the_daemon_and_workers_wait_and_recover(
         server_on_own_redis, own_redis, workers, namespace, tmp_path):
     d, marker = server_on_own_redis, tmp_path / "marker"
+    with d.api() as api:
+        cas_id = api.call("GET", "/v1/status")["cas"]["id"]
+    # a heartbeat through the fast path (api/worker.py FastBeat) while Redis is down answers as the route does
+    beat = SimWorker(ApiClient(url=d.url, token=token(d, "wbeat")), "gpu", cas_id)
+    beat.register()
+    beat.heartbeat()  # its token now known without Redis: its heartbeats take the fast path's asyncio client
 
     def fault():
         own_redis.stop()
@@ -76,6 +84,9 @@ def test_redis_unreachable_for_a_while_the_daemon_and_workers_wait_and_recover(
         with d.api() as api, pytest.raises(Unavailable) as e:
             api.call("GET", "/v1/jobs/jnothing")
         assert e.value.code == "unavailable" and "Redis" in e.value.message  # the API answers 503 meanwhile
+        with pytest.raises(Unavailable) as e:
+            beat.heartbeat()
+        assert e.value.code == "unavailable" and "Redis" in e.value.message, e.value.message
         # longer than the grace period, shorter than the fence (toleration − 2 × renew)
         wait_for(lambda: time.monotonic() > down + GRACE + 1.5, GRACE + 3)
         own_redis.start()
@@ -86,3 +97,6 @@ def test_redis_unreachable_for_a_while_the_daemon_and_workers_wait_and_recover(
     _no_leases_left(own_redis, namespace)
     assert "event=daemon.redis_back" in d.daemon_log()
     assert "event=worker.reachable" in (d.home / "logs" / "worker-serve.log").read_text()  # retried, never gave up
+    # the first call verifies the token again if it aged out meanwhile; the second is the fast path's for sure, on
+    # the asyncio client whose connection died with Redis: it connects again by itself
+    assert beat.heartbeat() == beat.heartbeat() == {}

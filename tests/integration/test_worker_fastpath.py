@@ -67,3 +67,10 @@ def test_a_heartbeat_without_a_good_token_is_answered_alike(server, worker, tok)
 def test_a_body_that_is_not_json_is_answered_alike(server, worker):
     fast, routed = both(server, worker.tok, b"{not json")
     assert fast == routed and fast[0] == 400, (fast, routed)
+
+
+def test_a_worker_not_registered_is_answered_alike(server, worker):
+    tok = token(server, "fw-unregistered")
+    both(server, tok, worker.hello())  # the token verified, so the next fast call is the fast path's
+    fast, routed = both(server, tok, worker.hello())
+    assert fast == routed and fast[0] == 404 and "register again" in fast[1]["message"], (fast, routed)
