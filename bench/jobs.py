@@ -235,7 +235,8 @@ class PiloopSide:
     """`piloop serve` on loopback TCP with a pool `bench`, and remote workers on demand.
 
     With `profile`, the server runs under yappi and each worker under cProfile (see `bench/profiled.py`), their
-    stats written to that directory when they stop; `BENCH_PROFILE=server` or `worker` profiles only that side."""
+    stats written to that directory when they stop; `BENCH_PROFILE=server` or `worker` profiles only that side, and
+    `BENCH_WORKER_PROFILER=yappi` profiles the workers' threads too."""
 
     def __init__(self, rp: RedisProcess, slots: int = 8, profile: Path | None = None) -> None:
         self.ns = "bj" + uuid.uuid4().hex[:8]
@@ -284,7 +285,8 @@ class PiloopSide:
             log = open(home / "worker.log", "ab")
             cmd = ["-m", "piloop_common.cli", "worker", "--server", self.url, "--pool", "bench"]
             if self.profile is not None and os.environ.get("BENCH_PROFILE") != "server":
-                cmd = [str(ROOT / "bench" / "profiled.py"), os.environ.get("BENCH_WORKER_PROFILER", "cprofile"), str(self.profile / f"worker-{i}.prof"), *cmd]
+                profiler = os.environ.get("BENCH_WORKER_PROFILER", "cprofile")  # yappi: every thread, not the loop's only
+                cmd = [str(ROOT / "bench" / "profiled.py"), profiler, str(self.profile / f"worker-{i}.prof"), *cmd]
             procs.append(subprocess.Popen([sys.executable, *cmd], env=env, stdout=log, stderr=log,
                                           stdin=subprocess.DEVNULL, start_new_session=True, cwd=home))
         return procs
