@@ -514,11 +514,12 @@ class Worker:
         # a worker with jobs never waits there, so its main loop keeps tending them
         with self.lock:
             wait = 0.0 if self.held else min(self.timing.renew_seconds, LONG_POLL_MAX)
+        room = self.room_mb()
         try:
             resp: ClaimResponse = self.api.call(
                 "POST", "/v1/worker/claim",
                 ClaimRequest(protocol=PROTOCOL, want={"agent": 1, "evaluation": EVALUATIONS_PER_CLAIM},
-                             wait_seconds=wait, room_mb=self.room_mb()),
+                             wait_seconds=wait, room_mb=room),
                 model=ClaimResponse, timeout=self.timing.request_timeout_seconds + wait)
         except Refused as e:
             self.refuse(e.message)
@@ -531,13 +532,16 @@ class Worker:
             self.next_claim = sent + self.timing.renew_seconds
             return
         for a in resp.leases:
-            self.start_job(a, sent)
+            self.start_job(a, sent, room)
+            room -= a.memory_mb or 0
         if resp.leases or (wait and resp.reason == "nothing"):
             self.next_claim = sent + 0.05 if resp.leases else 0.0  # a long poll that ended empty: poll again
         else:
             self.next_claim = sent + max(0.5, self.timing.renew_seconds)
 
-    def start_job(self, a: Assignment, sent: float) -> None:
+    def start_job(self, a: Assignment, sent: float, room: int) -> None:
+        """Start `a`, leased by a claim sent at `sent` when this worker could grant `room` MiB (less the grants of
+        the jobs that claim started before this one)."""
         assert self.timing is not None and self.workdir is not None
         if a.image and a.image != self.image:
             log.info("event=job.released job=%s reason=image wants=%s have=%s", a.job, a.image, self.image or "-")
@@ -592,7 +596,7 @@ class Worker:
         self.grants[a.job] = a.memory_mb or 0
         if self.cgroups.available:
             # its grant is its limit; a job without one is limited to the worker's room
-            limit = a.memory_mb or max(self.room_mb(), 1)
+            limit = a.memory_mb or max(room, 1)
             try:
                 cg = self.cgroups.create(jd.root.name, limit)
                 cgroup = {"path": str(cg.path), "version": cg.version, "limit_mb": limit,

@@ -31,6 +31,7 @@ import json
 import os
 import shutil
 import tempfile
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -85,20 +86,21 @@ class JobDir:
         return f"JobDir({self.root})"
 
     # -- paths ----------------------------------------------------------------------------
-    job_json = property(lambda self: self.root / "job.json")
-    deadline_file = property(lambda self: self.root / "deadline")
-    stop_file = property(lambda self: self.root / "stop")
-    lock_file = property(lambda self: self.root / "lock")
-    shim_json = property(lambda self: self.root / "shim.json")
-    exit_json = property(lambda self: self.root / "exit.json")
-    output_log = property(lambda self: self.root / "output.log")
-    metrics = property(lambda self: self.root / "metrics.jsonl")
-    log_state = property(lambda self: self.root / "log.json")
-    inputs = property(lambda self: self.root / "inputs")
-    outputs = property(lambda self: self.root / "outputs")
-    work = property(lambda self: self.root / "work")
-    workspace = property(lambda self: self.root / "workspace")  # a campaign agent's copy of the shared workspace
-    fetched_file = property(lambda self: self.root / "fetched_bytes")
+    # made once each: the worker's loop asks for some of them on every tick, for every job it holds
+    job_json = cached_property(lambda self: self.root / "job.json")
+    deadline_file = cached_property(lambda self: self.root / "deadline")
+    stop_file = cached_property(lambda self: self.root / "stop")
+    lock_file = cached_property(lambda self: self.root / "lock")
+    shim_json = cached_property(lambda self: self.root / "shim.json")
+    exit_json = cached_property(lambda self: self.root / "exit.json")
+    output_log = cached_property(lambda self: self.root / "output.log")
+    metrics = cached_property(lambda self: self.root / "metrics.jsonl")
+    log_state = cached_property(lambda self: self.root / "log.json")
+    inputs = cached_property(lambda self: self.root / "inputs")
+    outputs = cached_property(lambda self: self.root / "outputs")
+    work = cached_property(lambda self: self.root / "work")
+    workspace = cached_property(lambda self: self.root / "workspace")  # a campaign agent's copy of the shared workspace
+    fetched_file = cached_property(lambda self: self.root / "fetched_bytes")
 
     def create(self, job_record: dict[str, Any], deadline: float | None = None) -> None:
         """The dir with `work/` and `outputs/` (`inputs/` comes with the first input), `job.json` and the first
