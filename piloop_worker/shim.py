@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import select
 import signal
@@ -36,6 +37,8 @@ FIRST_SAMPLE = 0.1
 # host metrics from a second into a job: a shorter one has none (and no metrics blob to store), which spares each
 # short job a thread, a sample of the host and a file (see docs/worker.md)
 METRICS_AFTER = 1.0
+JOBS_PER_SHIM = 1000  # then a fresh fork: whatever a long life gathers (fragmented heap, caches) starts again
+MAX_REQUEST = 1 << 20  # a request larger than the host can send in one packet gets a fresh fork instead
 
 
 _notify: socket.socket | None = None
@@ -60,13 +63,21 @@ def notify(name: str) -> None:
 
 
 def run(req: dict[str, Any]) -> int:
-    """Run the job `req` describes (see `ShimHost.run_job`) to its end, and write `exit.json`."""
+    """Run the job `req` describes (see `ShimHost.run_job`) to its end, and write `exit.json`; the dir's lock is
+    held until then (the worker reads a dir without a held lock and without a record as a shim gone)."""
     jd = JobDir(Path(req["dir"]))
     lock_fd = os.open(jd.lock_file, os.O_CREAT | os.O_RDWR, 0o600)
     try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return 1  # another shim already supervises this dir
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return 1  # another shim already supervises this dir
+        return _supervise(req, jd)
+    finally:
+        os.close(lock_fd)  # a shim that runs another job next must not hold this one's dir
+
+
+def _supervise(req: dict[str, Any], jd: JobDir) -> int:
     terminated = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: terminated.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -78,6 +89,7 @@ def run(req: dict[str, Any]) -> int:
     started_wall, started = time.time(), time.monotonic()
     record: dict[str, Any] = {"exit_code": None, "signal": None, "oom": False, "stopped": "", "reason": "",
                               "started": started_wall}
+    proc: subprocess.Popen | None = None
     try:
         if req.get("task"):
             pid = _fork_task(req, jd, cg)
@@ -92,6 +104,7 @@ def run(req: dict[str, Any]) -> int:
     atomic_json(jd.shim_json, {"shim": os.getpid(), "pid": pid, "pgid": pid, "started": started_wall}, durable=False)
     pidfd = _pidfd(pid)
     stop_metrics = threading.Event()
+    metrics_thread: threading.Thread | None = None
     metrics_every = float(req.get("metrics_seconds", 5))
     metrics_at: float | None = started + METRICS_AFTER if metrics_every > 0 else None
     meter = Meter(os.getpid(), include_root=False)  # the shim is a subreaper: all it has is the job's
@@ -128,8 +141,9 @@ def run(req: dict[str, Any]) -> int:
             killed = True
         if metrics_at is not None and now >= metrics_at:
             metrics_at = None
-            threading.Thread(target=_metrics_loop, args=(jd, metrics_every, stop_metrics), name="metrics",
-                             daemon=True).start()
+            metrics_thread = threading.Thread(target=_metrics_loop, args=(jd, metrics_every, stop_metrics),
+                                              name="metrics", daemon=True)
+            metrics_thread.start()
         if now >= next_sample:
             meter.sample()
             next_sample = now + SAMPLE_EVERY
@@ -143,8 +157,14 @@ def run(req: dict[str, Any]) -> int:
             select.select([pidfd], [], [], TICK)
     if pidfd is not None:
         os.close(pidfd)
+    if proc is not None:
+        # reaped by our wait4: so told, the Popen never waits for its pid again, which a later job of this shim
+        # may have by then (a Popen collected unreaped is waited for by subprocess at the next one's start)
+        proc.returncode = os.waitstatus_to_exitcode(status)
     # the job is its main process: whatever it left behind in its group (or cgroup) ends with it
     stop_metrics.set()
+    if metrics_thread is not None:
+        metrics_thread.join(5)  # its last sample in this job's dir, not the next one's time
     _signal_tree(pid, meter, signal.SIGKILL)
     if cg is not None:
         cg.kill_all()
@@ -255,23 +275,38 @@ def _metrics_loop(jd: JobDir, every: float, stop: threading.Event) -> None:
         stop.wait(every)
 
 
-def main_forked(req: dict[str, Any]) -> None:
-    """The shim's life after the fork: its own session, its own log, then `run`."""
-    jd = JobDir(Path(req["dir"]))
+def main_forked(req: dict[str, Any], channel: socket.socket | None = None) -> None:
+    """The shim's life after the fork: its own session, then `req`'s job, each with its own log; then, with a
+    `channel` to the shim host, `idle` said there and the next request waited for, until the host lets it go."""
     os.setsid()
     set_name("piloop-shim")
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    out = os.open(jd.root / "shim.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    for fd in (devnull, out):
-        os.close(fd)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # the job's orphans come to the shim (not init): it sees, kills and reaps them all
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    jobs = 0
+    while True:
+        _run_logged(req, devnull)
+        jobs += 1
+        if channel is None or jobs >= JOBS_PER_SHIM:
+            return
+        next_req = _next_request(channel)
+        if next_req is None:
+            return
+        req = next_req
+
+
+def _run_logged(req: dict[str, Any], devnull: int) -> None:
+    """`run`, its output to the job's `shim.log`, its failure in the record, never a silent death; then the output
+    back to /dev/null, so nothing an idle shim writes lands in a job's dir."""
+    jd = JobDir(Path(req["dir"]))
     try:
+        out = os.open(jd.root / "shim.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
         run(req)
-    except BaseException as e:  # the record says why, never a silent death
+    except BaseException as e:
         with contextlib.suppress(Exception):
             os.write(2, f"shim failed: {type(e).__name__}: {e}\n".encode())
             if not jd.exit_json.exists():
@@ -279,6 +314,31 @@ def main_forked(req: dict[str, Any]) -> None:
                                            "reason": f"the shim failed: {type(e).__name__}: {e}",
                                            "usage": {"peak_rss_bytes": 0, "cpu_seconds": 0.0},
                                            "started": time.time(), "ended": time.time(), "duration_seconds": 0.0})
+        if not isinstance(e, Exception):
+            raise  # SystemExit, KeyboardInterrupt: this shim ends here
+    finally:
+        with contextlib.suppress(OSError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+
+
+def _next_request(channel: socket.socket) -> dict[str, Any] | None:
+    """Say `idle` to the host and wait for its next request; None when the host let this shim go or is gone."""
+    # idle, a SIGTERM ends the shim (it holds no job); each job sets its own handler again
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        channel.send(b"idle")
+        raw = channel.recv(MAX_REQUEST)
+    except OSError:
+        return None
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
 
 
 __all__ = ["main_forked", "run"]

@@ -1,5 +1,6 @@
 """The shim, forked from a real shim host: its own session and process group, self-fencing by the
-deadline in the job's dir (even when the worker or the host is SIGKILLed), stop, timeout, usage, OOM."""
+deadline in the job's dir (even when the worker or the host is SIGKILLed), stop, timeout, usage, OOM; a shim whose
+job ended runs the next one (and fences it alike), and ends with its host or when killed idle."""
 
 from __future__ import annotations
 
@@ -70,8 +71,8 @@ def test_a_job_runs_in_its_own_session_and_process_group(host, tmp_path):
     assert int(sid) == shim["shim"] != os.getsid(0)  # the shim leads a session of its own
     assert int(pgid) == int(pid) == shim["pid"]  # the job leads its own process group
     assert x == "x1"
-    # the exit record is written just before the shim exits and drops its lock
-    wait_for(lambda: not jd.shim_alive(), 5, what="the shim to exit")
+    # the exit record is written just before the shim drops its lock (and exits, or waits idle for another job)
+    wait_for(lambda: not jd.shim_alive(), 5, what="the shim to let the dir go")
 
 
 def test_a_passed_deadline_kills_the_whole_tree(host, tmp_path):
@@ -189,3 +190,57 @@ def test_the_job_is_in_its_cgroup_from_its_start_and_the_shim_is_not(host, tmp_p
     own = Path(f"/proc/{shim['shim']}/cgroup")
     assert not own.exists() or group not in own.read_text()
     cgroups.base.rmdir()
+
+
+@pytest.fixture
+def own_host():
+    h = ShimHost().start()
+    yield h
+    h.close()
+
+
+def _ended(jd: JobDir) -> dict:
+    rec = _exit(jd)
+    wait_for(lambda: not jd.shim_alive(), 5, what="the shim to let the dir go")
+    return rec
+
+
+def test_a_shim_whose_job_ended_runs_the_next_job_and_fences_it_alike(own_host, tmp_path):
+    a, b, c = (_job(tmp_path, n) for n in ("ja", "jb", "jc"))
+    _start(own_host, a, ["sh", "-c", "echo a; echo $(ps -o sid= -p $$) > sid"])
+    assert _ended(a)["exit_code"] == 0
+    shim = read_json(a.shim_json)["shim"]
+    log_a = (a.root / "shim.log").stat().st_size
+    _start(own_host, b, ["sh", "-c", "echo b; echo $(ps -o sid= -p $$) > sid"])
+    assert _ended(b)["exit_code"] == 0
+    assert read_json(b.shim_json)["shim"] == shim  # the same shim, not a new fork
+    assert read_json(b.shim_json)["pid"] != read_json(a.shim_json)["pid"]
+    assert int((b.work / "sid").read_text()) == int((a.work / "sid").read_text()) == shim  # its session, as before
+    assert a.output_log.read_text() == "a\n" and b.output_log.read_text() == "b\n"
+    assert (a.root / "shim.log").stat().st_size == log_a  # nothing of the second job in the first one's dir
+    # the third job on the same shim: fenced at its deadline, its whole tree with it
+    _start(own_host, c, ["sh", "-c", TREE], deadline_in=1.0)
+    pids = _pids(c, 3)
+    rec = _ended(c)
+    assert read_json(c.shim_json)["shim"] == shim
+    assert rec["stopped"] == "fenced" and all(_gone(p) for p in pids)
+
+
+def test_an_idle_shim_ends_with_its_host_and_one_killed_idle_is_replaced(tmp_path):
+    h = ShimHost().start()
+    try:
+        a, b, c = (_job(tmp_path, n) for n in ("ka", "kb", "kc"))
+        _start(h, a, ["true"])
+        _ended(a)
+        first = read_json(a.shim_json)["shim"]
+        os.kill(first, signal.SIGKILL)  # idle: no job goes with it
+        wait_for(lambda: _gone(first), 5, what="the idle shim to die")
+        _start(h, b, ["true"])
+        assert _ended(b)["exit_code"] == 0
+        second = read_json(b.shim_json)["shim"]
+        assert second != first
+        _start(h, c, ["true"])
+        assert _ended(c)["exit_code"] == 0 and read_json(c.shim_json)["shim"] == second
+    finally:
+        h.close()
+    wait_for(lambda: _gone(second), 5, what="the idle shim to end with its host")
