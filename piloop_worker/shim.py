@@ -42,6 +42,7 @@ MAX_REQUEST = 1 << 20  # a request larger than the host can send in one packet g
 
 
 _notify: socket.socket | None = None
+_terminated = threading.Event()  # a SIGTERM came: the job running stops, and the shim takes no other
 
 
 def open_notify() -> None:
@@ -78,8 +79,7 @@ def run(req: dict[str, Any]) -> int:
 
 
 def _supervise(req: dict[str, Any], jd: JobDir) -> int:
-    terminated = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: terminated.set())
+    signal.signal(signal.SIGTERM, lambda *_: _terminated.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     cg = JobCgroup(Path(req["cgroup"]["path"]), req["cgroup"]["version"]) if req.get("cgroup") else None
@@ -129,7 +129,7 @@ def _supervise(req: dict[str, Any], jd: JobDir) -> int:
                 why = stop
             elif timeout and now - started > float(timeout):
                 why = "timeout"
-            elif terminated.is_set():
+            elif _terminated.is_set():
                 why = "shim terminated"
             if why:
                 _signal_tree(pid, meter, signal.SIGTERM)
@@ -288,7 +288,7 @@ def main_forked(req: dict[str, Any], channel: socket.socket | None = None) -> No
     while True:
         _run_logged(req, devnull)
         jobs += 1
-        if channel is None or jobs >= JOBS_PER_SHIM:
+        if channel is None or jobs >= JOBS_PER_SHIM or _terminated.is_set():
             return
         next_req = _next_request(channel)
         if next_req is None:

@@ -244,3 +244,17 @@ def test_an_idle_shim_ends_with_its_host_and_one_killed_idle_is_replaced(tmp_pat
     finally:
         h.close()
     wait_for(lambda: _gone(second), 5, what="the idle shim to end with its host")
+
+
+def test_a_shim_sent_sigterm_stops_its_job_and_takes_no_other(own_host, tmp_path):
+    jd = _job(tmp_path, "ta")
+    _start(own_host, jd, ["sh", "-c", TREE])
+    pids = _pids(jd, 3)
+    shim = wait_for(lambda: read_json(jd.shim_json), 10, what="shim.json")["shim"]
+    os.kill(shim, signal.SIGTERM)
+    rec = _exit(jd)
+    assert rec["stopped"] == "shim terminated" and all(_gone(p) for p in pids)
+    wait_for(lambda: _gone(shim), 5, what="the terminated shim to exit rather than wait for another job")
+    nxt = _job(tmp_path, "tb")
+    _start(own_host, nxt, ["true"])
+    assert _ended(nxt)["exit_code"] == 0 and read_json(nxt.shim_json)["shim"] != shim
