@@ -38,7 +38,8 @@ FIRST_SAMPLE = 0.1
 # short job a thread, a sample of the host and a file (see docs/worker.md)
 METRICS_AFTER = 1.0
 JOBS_PER_SHIM = 1000  # then a fresh fork: whatever a long life gathers (fragmented heap, caches) starts again
-MAX_REQUEST = 1 << 20  # a request larger than the host can send in one packet gets a fresh fork instead
+MAX_REQUEST = 1 << 20  # above a packet's most (the send buffer's size): the host forks for a request too large to send
+IDLE = b"idle"  # what a shim whose job ended says to the shim host on its pair
 
 
 _notify: socket.socket | None = None
@@ -329,7 +330,7 @@ def _next_request(channel: socket.socket) -> dict[str, Any] | None:
     # idle, a SIGTERM ends the shim (it holds no job); each job sets its own handler again
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        channel.send(b"idle")
+        channel.send(IDLE)
         raw = channel.recv(MAX_REQUEST)
     except OSError:
         return None

@@ -40,7 +40,6 @@ from piloop_worker import cgroups, shim, tasks  # imported here, once, so every 
 
 
 IDLE_SECONDS = 60.0  # an idle shim held longer than this is let go: a burst's shims do not stay forever
-IDLE = b"idle"
 
 
 @dataclass
@@ -92,10 +91,12 @@ class Host:
 
     def hand_to_idle(self, req: dict[str, Any]) -> bool:
         """Send `req` to the idle shim idle the shortest (its pages the warmest); whether one took it."""
+        idle = sorted(((sh.idle_since, fd) for fd, sh in self.shims.items() if sh.idle_since is not None), reverse=True)
+        if not idle:
+            return False
         data = json.dumps(req).encode()
-        for fd, sh in sorted(self.shims.items(), key=lambda kv: -(kv[1].idle_since or -1.0)):
-            if sh.idle_since is None:
-                continue
+        for _, fd in idle:
+            sh = self.shims[fd]
             try:
                 sh.sock.send(data)
             except OSError as e:
@@ -116,7 +117,7 @@ class Host:
             return  # an event for the fd's earlier holder, dropped in this round: nothing waits
         except OSError:
             got = b""
-        if got == IDLE and sh.generation == self.generation:
+        if got == shim.IDLE and sh.generation == self.generation:
             sh.idle_since = time.monotonic()
         else:
             self.drop(fd)  # it ended, or it lacks a module imported since: it exits when its pair closes
