@@ -208,6 +208,9 @@ class ReportsRequest(Message):
     lookup for all the blobs they name. Each is still its own report, answered on its own."""
     protocol: int
     reports: list[ReportRequest] = Field(min_length=1, max_length=REPORTS_PER_CALL)
+    claim: ClaimRequest | None = Field(None, description=(
+        "A claim made after the reports, in the same call (the slots they free are free for it); it never waits "
+        "(`wait_seconds` is not heeded)."))
 
 
 class ReportAnswer(Message):
@@ -220,6 +223,9 @@ class ReportAnswer(Message):
 
 class ReportsResponse(Message):
     answers: list[ReportAnswer] = Field(description="One per report, in the order sent.")
+    claim: ClaimResponse | None = Field(None, description=(
+        "The answer to the request's claim; none when it had none or the claim failed (the worker claims alone "
+        "next, and hears why)."))
 
 
 class LogAppend(Message):

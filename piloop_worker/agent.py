@@ -389,19 +389,27 @@ class Worker:
                  rec.get("exit_code"))
 
     def _send_all(self, ready: list[Held]) -> None:
-        """The reports of jobs that ended since the last look: one call for one, one call for up to 64."""
-        if len(ready) <= 1:
-            for h in ready:
-                self._send(h)
+        """The reports of jobs that ended since the last look, up to 64 a call, the last call carrying the claim for
+        the slots they free: a busy worker's round is one call, not a report and a claim."""
+        if not ready:
+            return
+        ask = None if self.stopping.is_set() or self.refused is not None else self._claim_ask(wait=0.0)
+        if ask is None and len(ready) == 1:
+            self._send(ready[0])
             return
         for i in range(0, len(ready), REPORTS_PER_CALL):
             batch = ready[i:i + REPORTS_PER_CALL]
-            answers = self.send_reports([h.report for h in batch if h.report is not None])
+            last = i + REPORTS_PER_CALL >= len(ready)
+            claim = ask[0] if ask is not None and last else None
+            answers, got = self.send_reports([h.report for h in batch if h.report is not None], claim)
             for h, answer in zip(batch, answers):
                 try:
                     self._sent(h, answer)
                 except OSError as e:
                     log.warning("event=job.disk_error job=%s worker=%s error=%s", h.job, self.name, e)
+            if claim is not None and got is not None:
+                assert ask is not None
+                self._claimed(got, *ask)
 
     def _send(self, h: Held) -> None:
         assert h.report is not None
@@ -440,21 +448,24 @@ class Worker:
         log.info("event=job.reported job=%s outcome=%s answer=%s", report.job, report.outcome, got.answer)
         return got.answer
 
-    def send_reports(self, reports: list[ReportRequest]) -> list[str | None]:
-        """Send spooled reports in one call; each one's answer (its spool file gone), or None to try it again later."""
+    def send_reports(self, reports: list[ReportRequest],
+                     claim: ClaimRequest | None = None) -> tuple[list[str | None], ClaimResponse | None]:
+        """Send spooled reports in one call, and `claim` after them; each report's answer (its spool file gone), or
+        None to try it again later, and the claim's answer (None: not claimed, the loop claims alone)."""
         assert self.spool is not None and self.timing is not None
         try:
             got: ReportsResponse = self.api.call("POST", "/v1/worker/reports",
-                                                 ReportsRequest(protocol=PROTOCOL, reports=reports),
+                                                 ReportsRequest(protocol=PROTOCOL, reports=reports, claim=claim),
                                                  model=ReportsResponse, timeout=self.timing.request_timeout_seconds)
         except Refused as e:
             self.refuse(e.message)
-            return [None] * len(reports)
+            return [None] * len(reports), None
         except BadRequest:
-            return [self.send_report(r) for r in reports]  # the call as a whole refused: each alone says which
+            # the call as a whole refused (or a server without claims in reports): each alone says which
+            return [self.send_report(r) for r in reports], None
         except (PiloopError, OSError) as e:
             self.reach.failed(e, self.name)
-            return [None] * len(reports)
+            return [None] * len(reports), None
         out: list[str | None] = []
         for report, a in zip(reports, got.answers):
             if a.error is None:
@@ -469,7 +480,7 @@ class Worker:
             else:
                 self.reach.failed(from_payload({"error": a.error, "message": a.message}, 500), self.name)
                 out.append(None)
-        return out
+        return out, got.claim
 
     def send_spool(self) -> None:
         """Send every spooled report that no job of ours is sending right now."""
@@ -503,24 +514,31 @@ class Worker:
         granted = self.granted_mb()
         return self.room.measure(available_mb(), granted, self.timing.memory_reserve_mb, idle=not self.grants)
 
+    def _claim_ask(self, wait: float | None = None) -> tuple[ClaimRequest, float, int] | None:
+        """The claim to send now, when and the room it offers; None when the host's memory pressure admits none (the
+        next is put off a renew period). Idle, a claim waits at the server for a job (a long poll) instead of coming
+        back a renew period later; a worker with jobs never waits there, so its main loop keeps tending them."""
+        assert self.timing is not None
+        if pressure.admission(self.host_sample(), self.timing.memory_pressure_max):
+            self.next_claim = time.monotonic() + self.timing.renew_seconds
+            return None
+        sent = time.monotonic()
+        if wait is None:
+            with self.lock:
+                wait = 0.0 if self.held else min(self.timing.renew_seconds, LONG_POLL_MAX)
+        room = self.room_mb()
+        return ClaimRequest(protocol=PROTOCOL, want={"agent": 1, "evaluation": EVALUATIONS_PER_CLAIM},
+                            wait_seconds=wait, room_mb=room), sent, room
+
     def claim(self) -> None:
         assert self.timing is not None
-        sample = self.host_sample()
-        if pressure.admission(sample, self.timing.memory_pressure_max):
-            self.next_claim = time.monotonic() + self.timing.renew_seconds
+        ask = self._claim_ask()
+        if ask is None:
             return
-        sent = time.monotonic()
-        # idle, a claim waits at the server for a job (a long poll) instead of coming back a renew period later;
-        # a worker with jobs never waits there, so its main loop keeps tending them
-        with self.lock:
-            wait = 0.0 if self.held else min(self.timing.renew_seconds, LONG_POLL_MAX)
-        room = self.room_mb()
+        req, sent, _ = ask
         try:
-            resp: ClaimResponse = self.api.call(
-                "POST", "/v1/worker/claim",
-                ClaimRequest(protocol=PROTOCOL, want={"agent": 1, "evaluation": EVALUATIONS_PER_CLAIM},
-                             wait_seconds=wait, room_mb=room),
-                model=ClaimResponse, timeout=self.timing.request_timeout_seconds + wait)
+            resp: ClaimResponse = self.api.call("POST", "/v1/worker/claim", req, model=ClaimResponse,
+                                                timeout=self.timing.request_timeout_seconds + req.wait_seconds)
         except Refused as e:
             self.refuse(e.message)
             return
@@ -531,11 +549,20 @@ class Worker:
             self.reach.failed(e, self.name)
             self.next_claim = sent + self.timing.renew_seconds
             return
+        self._claimed(resp, *ask)
+
+    def _claimed(self, resp: ClaimResponse, req: ClaimRequest, sent: float, room: int) -> None:
+        """Start what a claim leased, and say when to claim next."""
+        assert self.timing is not None
         for a in resp.leases:
             self.start_job(a, sent, room)
             room -= a.memory_mb or 0
-        if resp.leases or (wait and resp.reason == "nothing"):
-            self.next_claim = sent + 0.05 if resp.leases else 0.0  # a long poll that ended empty: poll again
+        with self.lock:
+            idle = not self.held
+        if resp.leases:
+            self.next_claim = sent + 0.05
+        elif resp.reason == "nothing" and (req.wait_seconds or idle):
+            self.next_claim = 0.0  # nothing queued: an idle worker waits for a job at the server (again)
         else:
             self.next_claim = sent + max(0.5, self.timing.renew_seconds)
 

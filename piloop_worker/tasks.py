@@ -83,6 +83,16 @@ def run(target: str, jd: JobDir) -> int:
     return 0
 
 
+def _become(env: dict[str, str]) -> None:
+    """Make the process's environment `env`, touching only what differs: a job's env is mostly the worker's, which
+    the shim host inherited, and each variable set or unset costs a task ~20 µs in the pages it copies."""
+    for name in [name for name in os.environ if name not in env]:
+        del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+
+
 def child(req: dict[str, Any], jd: JobDir, cgroup_join: Path | None) -> None:
     """The forked task process, up to its `os._exit`: its own process group, the job's log as stdout and stderr,
     the job's env and cwd, default signals, none of the shim's descriptors (its lock above all)."""
@@ -101,8 +111,7 @@ def child(req: dict[str, Any], jd: JobDir, cgroup_join: Path | None) -> None:
             signal.signal(sig, signal.SIG_DFL)
         os.chdir(jd.work)
         env = req["env"]
-        os.environ.clear()
-        os.environ.update(env)
+        _become(env)
         for p in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
             if p not in sys.path:
                 sys.path.insert(0, p)

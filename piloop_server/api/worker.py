@@ -234,9 +234,26 @@ def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep, request: Requ
 
 
 @router.post("/reports", response_model=ReportsResponse)
-def reports(body: ReportsRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> Response:
-    """Several reports in one call, each answered on its own: one refused (a bad report) leaves the others be."""
+async def reports(body: ReportsRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> Response:
+    """Several reports in one call, each answered on its own: one refused (a bad report) leaves the others be; then
+    the claim the call carries, if any, into the slots they freed (one round trip a round for a busy worker)."""
     _check(rt, caller, body)
+    answers, wake = await run_in_threadpool(_reports, body, rt, caller)
+    if wake:
+        wakeup.notify(request.app)
+    got = None
+    if body.claim is not None:
+        try:
+            _check(rt, caller, body.claim)
+            got = await _claim_for(body.claim.model_copy(update={"wait_seconds": 0}), rt, caller, request)
+        except Refused:
+            raise  # the worker's, as for a claim alone
+        except PiloopError:
+            got = None  # the reports stand; the worker's own claim next hears what is wrong
+    return _json(ReportsResponse(answers=answers, claim=got))
+
+
+def _reports(body: ReportsRequest, rt: Runtime, caller: Caller) -> tuple[list[ReportAnswer], bool]:
     present = _present(rt, body.reports)
     answers, wake = [], False
     for one in body.reports:
@@ -250,9 +267,7 @@ def reports(body: ReportsRequest, rt: RuntimeDep, caller: WorkerDep, request: Re
             continue
         wake = wake or resp.state == "queued"
         answers.append(ReportAnswer(answer=resp.answer, state=resp.state))
-    if wake:
-        wakeup.notify(request.app)
-    return _json(ReportsResponse(answers=answers))
+    return answers, wake
 
 
 def _named(body: ReportRequest) -> list[str]:

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from tests.helpers.simworker import SimWorker
-from tests.helpers.workers import kill_tree_of, state, submit, tcp_server, token, worker_api
+from tests.helpers.workers import kill_tree_of, state, submit, tcp_server, token, view, worker_api
 
 TWO = "\n[plugins.executor.pools.gpu]\nagents = 0\nevaluations = 2\nmax_load = 1000\nmin_memory_gb = 0\n"
 
@@ -50,3 +50,33 @@ def test_reports_in_one_call_are_answered_one_by_one_and_a_resend_gets_the_same_
         assert api.call("POST", "/v1/worker/reports", batch)["answers"] == got  # idempotent, as one report is
     for job in jobs:
         assert state(d, job)["state"] == "succeeded"
+
+
+def test_reports_carry_a_claim_into_the_slots_they_free(server):
+    d = server
+    tok = token(d, "wc")
+    with d.api() as api:
+        cas_id = api.call("GET", "/v1/status")["cas"]["id"]
+    jobs = [submit(d, "true") for _ in range(3)]
+    with worker_api(d, tok) as api:
+        w = SimWorker(api, "gpu", cas_id)
+        w.register()
+        held: dict[str, str] = {}
+        for _ in range(10):
+            held |= {lease["job"]: lease["token"] for lease in w.claim(evaluation=2)["leases"]}
+            if len(held) == 2:
+                break
+        assert len(held) == 2, held
+        claim = {"protocol": 1, "want": {"evaluation": 2}, "wait_seconds": 30}
+        # both slots full: a claim alone gets nothing, as a claim carried by reports that free no slot
+        assert w.claim(evaluation=2)["reason"] == "slots"
+        first = next(iter(held))
+        one = _report(first, held[first])
+        got = api.call("POST", "/v1/worker/reports", {"protocol": 1, "reports": [one], "claim": claim})
+        assert [x["answer"] for x in got["answers"]] == ["accepted"], got
+        (lease,) = got["claim"]["leases"]  # the slot the report freed, taken in the same call; no wait (30 s asked)
+        (third,) = set(jobs) - set(held)
+        assert lease["job"] == third and view(d, third)["state"] == "leased"
+        plain = api.call("POST", "/v1/worker/reports", {"protocol": 1, "reports": [one]})
+        assert plain["claim"] is None and plain["answers"][0]["answer"] == "accepted"  # a resend: the same answer
+    assert state(d, first)["state"] == "succeeded"

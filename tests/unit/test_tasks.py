@@ -55,3 +55,33 @@ def test_runner_records_an_exception_with_its_traceback(tmp_path, capsys):
     assert not (jd.outputs / "result.json").exists()
     for bad in ("tests.helpers.tasks_mod", "tests.helpers.tasks_mod:nothing", "no_such_module_x:f"):
         assert runner.run(bad, jd) == runner.FAILED
+
+
+def test_a_task_process_gets_exactly_its_jobs_environment(monkeypatch):
+    """What `_become` leaves is the job's env: a variable only the worker has is gone, one the job changes is its,
+    and the C environment that a task's own subprocess inherits says the same."""
+    import os
+    import subprocess
+
+    monkeypatch.setenv("PILOOP_HTTPS_TOKEN", "worker-only")
+    monkeypatch.setenv("SHARED", "worker")
+    env = {k: v for k, v in os.environ.items() if k != "PILOOP_HTTPS_TOKEN"} | {"SHARED": "job", "PILOOP_JOB": "j1"}
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # as the task's process is: a fork, its environment made the job's
+        code = 1
+        try:
+            runner._become(env)
+            out = subprocess.run(["env", "-0"], capture_output=True, check=True).stdout
+            os.write(w, json.dumps([dict(os.environ), out.decode()]).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        seen, c_env = json.loads(f.read())
+    assert os.waitpid(pid, 0)[1] == 0
+    assert seen == env
+    inherited = dict(line.split("=", 1) for line in c_env.split("\0") if line)
+    # (libraries may setenv in C what os.environ never saw, e.g. a terminal's size: those are not the job's to judge)
+    assert {k: inherited.get(k) for k in env} == env and "PILOOP_HTTPS_TOKEN" not in inherited
