@@ -1,9 +1,11 @@
 """Worker tokens: `plt_` + 32 random bytes, shown once, kept as a SHA-256 hash.
 
 The server keeps the tokens it verified in memory (`TokenStore(cache_seconds=…)`): a worker's heartbeat then costs
-no Redis read for its token. Each cached token is read back from Redis (one HMGET for all of them) every half of
-`cache_seconds`, and one not confirmed within `cache_seconds` is checked in Redis again: a token revoked, replaced or
-deleted by anyone is refused within `cache_seconds`; one revoked through this server at once; an expired one at once.
+no Redis read for its token. Every half of `cache_seconds` the cache is confirmed: one GET of the tokens' version
+(a counter each create and revoke bumps, in the same transaction) says whether any token changed since the records
+were last read back; only then are they all read back (one HMGET for all of them). A token not confirmed within
+`cache_seconds` is checked in Redis again: a token revoked or replaced by anyone is refused within `cache_seconds`;
+one revoked through this server at once; an expired one at once.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class _Verified:
     raw: bytes  # the record as Redis held it: what each confirmation compares
     seen: float  # monotonic: when the read that found it live was sent
     used: float
+    version: bytes | None  # the tokens' version read just before that read (None: none yet, so read it back)
 
 
 class TokenStore:
@@ -65,6 +68,7 @@ class TokenStore:
         self._lock = threading.Lock()
         self._confirming: threading.Thread | None = None
         self._forgotten = 0  # bumped by each revoke here: a check whose read began before one caches nothing
+        self._version: bytes | None = None  # the tokens' version when the cache was last read back whole
 
     def create(self, name: str, *, by: str, pool: str | None = None, expires_seconds: float | None = None,
                rename: bool = False) -> str:
@@ -81,6 +85,7 @@ class TokenStore:
             pipe.hdel(self.k.token_hashes(), old.hash)
         pipe.hset(self.k.tokens(), name, json.dumps(asdict(rec)))
         pipe.hset(self.k.token_hashes(), rec.hash, name)
+        pipe.incr(self.k.tokens_version())
         pipe.execute()
         if old is not None:
             self._forget(old.hash)
@@ -98,7 +103,10 @@ class TokenStore:
         if rec is None:
             raise NotFound(f"no token named {name} (see `piloop token list`)")
         rec.revoked = True
-        self.r.hset(self.k.tokens(), name, json.dumps(asdict(rec)))
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(self.k.tokens(), name, json.dumps(asdict(rec)))
+        pipe.incr(self.k.tokens_version())
+        pipe.execute()
         self._forget(rec.hash)
         return rec
 
@@ -121,7 +129,10 @@ class TokenStore:
         if rec is None:
             h = hash_token(token)
             sent, forgotten = time.monotonic(), self._forgotten
-            name = self.r.hget(self.k.token_hashes(), h)
+            pipe = self.r.pipeline(transaction=False)
+            pipe.get(self.k.tokens_version())  # before the record: a write after it shows as a new version
+            pipe.hget(self.k.token_hashes(), h)
+            version, name = pipe.execute()
             raw = self.r.hget(self.k.tokens(), name) if name else None
             rec = TokenRecord(**json.loads(raw)) if raw else None
             # compare in constant time even though the lookup was by hash: the record is the truth
@@ -130,16 +141,16 @@ class TokenStore:
             if rec.revoked:
                 raise Refused(f"token {rec.name} was revoked")
             if self.cache_seconds:
-                self._remember(h, rec, raw, sent, forgotten)  # type: ignore[arg-type]
+                self._remember(h, _Verified(rec, raw, sent, time.monotonic(), version), forgotten)  # type: ignore[arg-type]
         if rec.expires_ms is not None and rec.expires_ms < time.time() * 1000:
             raise Refused(f"token {rec.name} expired")
         return rec
 
-    def _remember(self, h: str, rec: TokenRecord, raw: bytes, sent: float, forgotten: int) -> None:
+    def _remember(self, h: str, verified: _Verified, forgotten: int) -> None:
         with self._lock:
             if forgotten != self._forgotten:
                 return
-            self._cache[h] = _Verified(rec, raw, sent, time.monotonic())
+            self._cache[h] = verified
             if self._confirming is None or not self._confirming.is_alive():
                 self._confirming = threading.Thread(target=self._confirm_forever, name="token-cache", daemon=True)
                 self._confirming.start()
@@ -159,21 +170,30 @@ class TokenStore:
                 log.warning("event=tokens.confirm_failed error=%s", e)
 
     def confirm(self) -> None:
-        """Read every cached token's record back: unchanged ones are live for another `cache_seconds`, the others
-        (revoked, replaced, deleted) are dropped; tokens unused for IDLE_SECONDS are forgotten."""
+        """Confirm every cached token: one whose record was read at the tokens' version Redis still holds is live for
+        another `cache_seconds` as it is (no token was written since); the others are read back, and live on if
+        unchanged, else (revoked, replaced) are dropped. Tokens unused for IDLE_SECONDS are forgotten."""
         now = time.monotonic()
         with self._lock:
             for h in [h for h, v in self._cache.items() if now - v.used > IDLE_SECONDS]:
                 del self._cache[h]
             items = list(self._cache.items())
-        for i in range(0, len(items), READ_BATCH):
-            batch = items[i:i + READ_BATCH]
+        sent = time.monotonic()
+        version = self.r.get(self.k.tokens_version())
+        current = version is not None
+        with self._lock:
+            for _, v in items:
+                if current and v.version == version:
+                    v.seen = sent  # with 1,000 workers, one GET a second where reading back parsed every record
+        stale = [(h, v) for h, v in items if not (current and v.version == version)]
+        for i in range(0, len(stale), READ_BATCH):
+            batch = stale[i:i + READ_BATCH]
             sent = time.monotonic()
             raws = self.r.hmget(self.k.tokens(), [v.rec.name for _, v in batch])
             with self._lock:
                 for (h, v), raw in zip(batch, raws):
                     if raw == v.raw:
-                        v.seen = sent
+                        v.seen, v.version = sent, version  # the version was read before this read
                     elif self._cache.get(h) is v:
                         del self._cache[h]
 

@@ -80,3 +80,35 @@ def test_a_cached_token_is_refused_once_it_expires(server, store):
     w.heartbeat()
     # expiry is checked on every call, cached or not: no bound beyond the call itself
     wait_for(lambda: refusal(w) == "token w4 expired", 1.5 + SLACK_SECONDS, interval=0.05, what="the token expired")
+
+
+def test_confirming_unchanged_tokens_reads_one_key_and_a_write_anywhere_reads_them_back(redis_server, namespace, store):
+    """The cache's confirmation each second: while no token was written, one GET of the tokens' version confirms
+    every cached one (no record read back: with 1,000 workers that read parsed every record each second); a
+    revoke by another server bumps the version, and the next confirmation reads back and drops that token."""
+    c = redis.Redis.from_url(redis_server.url)
+    cached = TokenStore(c, Keys(namespace), cache_seconds=3600)  # confirmed only when this test says
+    toks = {n: store.create(n, by="test") for n in ("c1", "c2")}
+    for t in toks.values():
+        cached.check(t)
+
+    reads: list[object] = []
+    hmget = c.hmget
+    c.hmget = lambda *a, **kw: reads.append(a) or hmget(*a, **kw)  # type: ignore[method-assign]
+
+    def record_reads() -> int:
+        return len(reads)
+
+    before = record_reads()
+    cached.confirm()
+    assert record_reads() == before and all(cached.cached(t) is not None for t in toks.values())
+    store.revoke("c1")  # another server: this one is not told, only the version moves
+    cached.confirm()
+    assert record_reads() == before + 1
+    assert cached.cached(toks["c1"]) is None and cached.cached(toks["c2"]) is not None
+    with pytest.raises(Refused, match="token c1 was revoked"):
+        cached.check(toks["c1"])
+    before = record_reads()
+    cached.confirm()  # c2 was read back at the new version: nothing to read again
+    assert record_reads() == before and cached.cached(toks["c2"]) is not None
+    c.close()
