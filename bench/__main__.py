@@ -171,6 +171,10 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             other=("rq heartbeat", s["rq_heartbeats_per_second"]), note="rq: Worker.heartbeat() straight to Redis")
         row(f"  CPU, {w:,} workers beating every 10 s: server / Redis", "% core", "lower", 100 * s["paced_cpu"]["server"],
             other=("Redis", 100 * s["paced_cpu"]["redis"]), compare=False, note=f"{s['paced_heartbeats_per_second']:.0f} beats/s")
+        if "floor_cpu" in s:
+            row("  CPU of those beats: server / a bare uvicorn app", "% core", "lower", 100 * s["paced_cpu"]["server"],
+                other=("bare uvicorn", 100 * s["floor_cpu"]),
+                note="the floor: uvicorn as piloop runs it, answering the same requests with a constant (bench/floor.py)")
     c = res.get("cas")
     if c:
         big, small = c["large"], c["small"]

@@ -12,7 +12,9 @@ and heartbeats/s flat out (8 client threads), then heartbeats paced at the produ
 from __future__ import annotations
 
 import argparse
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -187,6 +189,55 @@ def once_more(fn: Any) -> Any:
         return fn()
 
 
+def paced(sims: list[SimWorker], rate: float, seconds: float, threads: int,
+          pids: dict[str, int]) -> tuple[int, dict[str, float]]:
+    """Heartbeats from `sims` in turn, `rate` a second for `seconds`, spread evenly; how many were sent, and the CPU
+    `pids` spent meanwhile."""
+    sent = 0
+    with ThreadPoolExecutor(threads) as ex, Cpu(pids) as cpu:
+        t0 = time.perf_counter()
+        futures = []
+        while (el := time.perf_counter() - t0) < seconds:
+            due = int(el * rate)
+            while sent < due:
+                futures.append(ex.submit(once_more, sims[sent % len(sims)].heartbeat))
+                sent += 1
+            time.sleep(0.005)
+        for f in futures:
+            f.result()
+    return sent, cpu.share
+
+
+def floor_cpu(workers: int, rate: float, seconds: float, threads: int, cas_id: str) -> float:
+    """The share of a core a bare uvicorn app (`bench/floor.py`) spends on the same paced heartbeats from as many
+    kept-alive connections: what the HTTP server alone costs on this machine now."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parent / "floor.py"), str(port)],
+                            stdin=subprocess.DEVNULL)
+    sims: list[SimWorker] = []
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("bench/floor.py did not start") from None
+                time.sleep(0.05)
+        sims = [SimWorker(ApiClient(url=f"http://127.0.0.1:{port}"), "bench", cas_id) for _ in range(workers)]
+        for s in sims:
+            s.sample = sample()
+        with ThreadPoolExecutor(threads) as ex:
+            list(ex.map(lambda s: once_more(s.heartbeat), sims))  # each connection made, as piloop's were
+        return paced(sims, rate, seconds, threads, {"floor": proc.pid})[1]["floor"]
+    finally:
+        for s in sims:
+            s.api.close()
+        proc.terminate()
+        proc.wait(10)
+
+
 def server_load(rp: RedisProcess, workers: int = 1000, paced_seconds: float = 10.0, threads: int = 8) -> dict[str, Any]:
     """Claims/s and heartbeats/s of one `piloop serve` with `workers` simulated workers, with its and Redis's CPU."""
     ns = "h" + uuid.uuid4().hex[:8]
@@ -248,23 +299,12 @@ min_memory_gb = 0
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
-        sent = 0
-        with ThreadPoolExecutor(threads) as ex, Cpu(pids) as cpu:
-            t0 = time.perf_counter()
-            futures = []
-            while (el := time.perf_counter() - t0) < paced_seconds:
-                due = int(el * rate)
-                while sent < due:
-                    futures.append(ex.submit(once_more, sims[sent % workers].heartbeat))
-                    sent += 1
-                time.sleep(0.005)
-            for f in futures:
-                f.result()
+        sent, out["paced_cpu"] = paced(sims, rate, paced_seconds, threads, pids)
         stop.set()
         watcher.join()
         out["paced_heartbeats_per_second"] = sent / paced_seconds
-        out["paced_cpu"] = cpu.share
         out["server_rss_load_mib"] = peak[0]
+        out["floor_cpu"] = floor_cpu(workers, rate, paced_seconds, threads, cas_id)
         out["rq_heartbeats_per_second"] = rq_heartbeats(r, workers)
         out["rq_dequeues_per_second"] = rq_rate(r, workers)
         for s in sims:
