@@ -19,8 +19,12 @@ venv: $(BIN)/.installed
 demo: venv
 	PATH="$(abspath $(BIN)):$$PATH" PILOOP_HOME="$(DEMO_HOME)" sh bench/demo.sh
 
+# two tests at a time: each starts its own redis-server, daemons and workers, and spends much of its time waiting
+# on them (a lease to expire, a fence); two halve the run on 2 CPUs. TEST_JOBS=0 runs them one after another.
+TEST_JOBS ?= 2
+
 test: venv
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS))
 
 # piloop beside rq and Celery on one Redis, one table (docs/performance.md); BENCH_ARGS=--quick for a one-minute run
 bench: venv
