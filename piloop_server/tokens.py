@@ -3,9 +3,10 @@
 The server keeps the tokens it verified in memory (`TokenStore(cache_seconds=…)`): a worker's heartbeat then costs
 no Redis read for its token. Every half of `cache_seconds` the cache is confirmed: one GET of the tokens' version
 (a counter each create and revoke bumps, in the same transaction) says whether any token changed since the records
-were last read back; only then are they all read back (one HMGET for all of them). A token not confirmed within
-`cache_seconds` is checked in Redis again: a token revoked or replaced by anyone is refused within `cache_seconds`;
-one revoked through this server at once; an expired one at once.
+were last read back; only then (and every READ_BACK_SECONDS) are they all read back (one HMGET for all of them).
+A token not confirmed within `cache_seconds` is checked in Redis again: a token revoked or replaced by any piloop is
+refused within `cache_seconds`; one revoked through this server at once; an expired one at once; one changed by
+hand in Redis within READ_BACK_SECONDS.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ PREFIX = "plt_"
 CACHE_SECONDS = 2.0  # the server's bound: a token revoked elsewhere is refused within this
 IDLE_SECONDS = 60.0  # a cached token unused this long is forgotten (a heartbeat comes every renew_seconds)
 READ_BATCH = 1000  # token records per HMGET when the cache is confirmed
+# every cached record is read back this often even when the version says nothing changed: a hand edit in Redis
+# that does not bump the version is seen within this
+READ_BACK_SECONDS = 60.0
 
 log = logging.getLogger("piloop.tokens")
 
@@ -68,7 +72,7 @@ class TokenStore:
         self._lock = threading.Lock()
         self._confirming: threading.Thread | None = None
         self._forgotten = 0  # bumped by each revoke here: a check whose read began before one caches nothing
-        self._version: bytes | None = None  # the tokens' version when the cache was last read back whole
+        self._read_back = time.monotonic()  # when every cached record was last read back
 
     def create(self, name: str, *, by: str, pool: str | None = None, expires_seconds: float | None = None,
                rename: bool = False) -> str:
@@ -180,7 +184,9 @@ class TokenStore:
             items = list(self._cache.items())
         sent = time.monotonic()
         version = self.r.get(self.k.tokens_version())
-        current = version is not None
+        current = version is not None and sent - self._read_back < READ_BACK_SECONDS
+        if not current:
+            self._read_back = sent
         with self._lock:
             for _, v in items:
                 if current and v.version == version:
