@@ -74,3 +74,18 @@ def test_a_worker_not_registered_is_answered_alike(server, worker):
     both(server, tok, worker.hello())  # the token verified, so the next fast call is the fast path's
     fast, routed = both(server, tok, worker.hello())
     assert fast == routed and fast[0] == 404 and "register again" in fast[1]["message"], (fast, routed)
+
+
+def test_a_heartbeat_with_no_stated_length_or_a_large_body_goes_to_the_app_and_is_answered_alike(server, worker):
+    """The fast path takes a body only of a stated length up to FAST_BODY (it sits in front of the app's body limit):
+    a chunked heartbeat and one padded past that are the app's, which answers them as the fast path answers a
+    plain one, and one over the server's limit is refused by size."""
+    good = json.dumps(worker.hello()).encode()
+    headers = {"content-type": FAST, "authorization": f"Bearer {worker.tok}"}
+    chunked = httpx.post(server.url + "/v1/worker/heartbeat", content=iter([good[:10], good[10:]]), headers=headers,
+                         timeout=10)
+    padded = httpx.post(server.url + "/v1/worker/heartbeat", content=good[:-1] + b" " * (70 * 1024) + b"}",
+                        headers=headers, timeout=10)
+    assert (chunked.status_code, chunked.json()) == (padded.status_code, padded.json()) == (200, {"jobs": {}})
+    huge = httpx.post(server.url + "/v1/worker/heartbeat", content=b" " * (17 * 2**20), headers=headers, timeout=30)
+    assert huge.status_code == 413 and huge.json()["error"] == "too_large"
