@@ -26,6 +26,18 @@ def _report(job: str, tok: str, report_id: str | None = None) -> dict:
             "outcome": "succeeded", "exit_code": 0}
 
 
+def _holding_two(api, cas_id: str) -> tuple[SimWorker, dict[str, str]]:
+    """A registered worker and the two jobs it leased (job -> token), its pool's two slots full."""
+    w = SimWorker(api, "gpu", cas_id)
+    w.register()
+    held: dict[str, str] = {}
+    for _ in range(10):
+        held |= {lease["job"]: lease["token"] for lease in w.claim(evaluation=2)["leases"]}
+        if len(held) == 2:
+            break
+    return w, held
+
+
 def test_reports_in_one_call_are_answered_one_by_one_and_a_resend_gets_the_same_answers(server):
     d = server
     tok = token(d, "wb")
@@ -33,13 +45,7 @@ def test_reports_in_one_call_are_answered_one_by_one_and_a_resend_gets_the_same_
         cas_id = api.call("GET", "/v1/status")["cas"]["id"]
     jobs = [submit(d, "true"), submit(d, "true")]
     with worker_api(d, tok) as api:
-        w = SimWorker(api, "gpu", cas_id)
-        w.register()
-        held: dict[str, str] = {}
-        for _ in range(10):
-            held |= {lease["job"]: lease["token"] for lease in w.claim(evaluation=2)["leases"]}
-            if len(held) == 2:
-                break
+        _, held = _holding_two(api, cas_id)
         assert set(held) == set(jobs), held
         a, b = jobs
         batch = {"protocol": 1, "reports": [_report(a, held[a]), _report(b, "0-1", report_id="wrong-token"),
@@ -59,13 +65,7 @@ def test_reports_carry_a_claim_into_the_slots_they_free(server):
         cas_id = api.call("GET", "/v1/status")["cas"]["id"]
     jobs = [submit(d, "true") for _ in range(3)]
     with worker_api(d, tok) as api:
-        w = SimWorker(api, "gpu", cas_id)
-        w.register()
-        held: dict[str, str] = {}
-        for _ in range(10):
-            held |= {lease["job"]: lease["token"] for lease in w.claim(evaluation=2)["leases"]}
-            if len(held) == 2:
-                break
+        w, held = _holding_two(api, cas_id)
         assert len(held) == 2, held
         claim = {"protocol": 1, "want": {"evaluation": 2}, "wait_seconds": 30}
         # both slots full: a claim alone gets nothing, as a claim carried by reports that free no slot
