@@ -187,11 +187,13 @@ class TokenStore:
         current = version is not None and sent - self._read_back < READ_BACK_SECONDS
         if not current:
             self._read_back = sent
+        stale = []
         with self._lock:
-            for _, v in items:
+            for h, v in items:
                 if current and v.version == version:
                     v.seen = sent  # with 1,000 workers, one GET a second where reading back parsed every record
-        stale = [(h, v) for h, v in items if not (current and v.version == version)]
+                else:
+                    stale.append((h, v))
         for i in range(0, len(stale), READ_BATCH):
             batch = stale[i:i + READ_BATCH]
             sent = time.monotonic()

@@ -399,17 +399,16 @@ class Worker:
             return
         for i in range(0, len(ready), REPORTS_PER_CALL):
             batch = ready[i:i + REPORTS_PER_CALL]
-            last = i + REPORTS_PER_CALL >= len(ready)
-            claim = ask[0] if ask is not None and last else None
-            answers, got = self.send_reports([h.report for h in batch if h.report is not None], claim)
+            carried = ask if i + REPORTS_PER_CALL >= len(ready) else None  # the claim rides the last call
+            answers, got = self.send_reports([h.report for h in batch if h.report is not None],
+                                             carried[0] if carried is not None else None)
             for h, answer in zip(batch, answers):
                 try:
                     self._sent(h, answer)
                 except OSError as e:
                     log.warning("event=job.disk_error job=%s worker=%s error=%s", h.job, self.name, e)
-            if claim is not None and got is not None:
-                assert ask is not None
-                self._claimed(got, *ask)
+            if carried is not None and got is not None:
+                self._claimed(got, *carried)
 
     def _send(self, h: Held) -> None:
         assert h.report is not None

@@ -72,6 +72,11 @@ def read_json(path: Path) -> Any | None:
         return None
 
 
+def _path(name: str) -> cached_property:
+    """A path in the job's dir, made on first use and kept."""
+    return cached_property(lambda self: self.root / name)
+
+
 class JobDir:
     """The paths of one job's directory, and the small protocol on them."""
 
@@ -86,21 +91,21 @@ class JobDir:
         return f"JobDir({self.root})"
 
     # -- paths ----------------------------------------------------------------------------
-    # made once each: the worker's loop asks for some of them on every tick, for every job it holds
-    job_json = cached_property(lambda self: self.root / "job.json")
-    deadline_file = cached_property(lambda self: self.root / "deadline")
-    stop_file = cached_property(lambda self: self.root / "stop")
-    lock_file = cached_property(lambda self: self.root / "lock")
-    shim_json = cached_property(lambda self: self.root / "shim.json")
-    exit_json = cached_property(lambda self: self.root / "exit.json")
-    output_log = cached_property(lambda self: self.root / "output.log")
-    metrics = cached_property(lambda self: self.root / "metrics.jsonl")
-    log_state = cached_property(lambda self: self.root / "log.json")
-    inputs = cached_property(lambda self: self.root / "inputs")
-    outputs = cached_property(lambda self: self.root / "outputs")
-    work = cached_property(lambda self: self.root / "work")
-    workspace = cached_property(lambda self: self.root / "workspace")  # a campaign agent's copy of the shared workspace
-    fetched_file = cached_property(lambda self: self.root / "fetched_bytes")
+    # made once each (`_path`): the worker's loop asks for some of them on every tick, for every job it holds
+    job_json = _path("job.json")
+    deadline_file = _path("deadline")
+    stop_file = _path("stop")
+    lock_file = _path("lock")
+    shim_json = _path("shim.json")
+    exit_json = _path("exit.json")
+    output_log = _path("output.log")
+    metrics = _path("metrics.jsonl")
+    log_state = _path("log.json")
+    inputs = _path("inputs")
+    outputs = _path("outputs")
+    work = _path("work")
+    workspace = _path("workspace")  # a campaign agent's copy of the shared workspace
+    fetched_file = _path("fetched_bytes")
 
     def create(self, job_record: dict[str, Any], deadline: float | None = None) -> None:
         """The dir with `work/` and `outputs/` (`inputs/` comes with the first input), `job.json` and the first

@@ -264,7 +264,7 @@ async def reports(body: ReportsRequest, rt: RuntimeDep, caller: WorkerDep, reque
         except Refused:
             raise  # the worker's, as for a claim alone
         except PiloopError:
-            got = None  # the reports stand; the worker's own claim next hears what is wrong
+            pass  # the reports stand (`claim: null`); the worker's own claim next hears what is wrong
     return _json(ReportsResponse(answers=answers, claim=got))
 
 
