@@ -42,6 +42,12 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def _live(rec: TokenRecord) -> TokenRecord:
+    if rec.expires_ms is not None and rec.expires_ms < time.time() * 1000:
+        raise Refused(f"token {rec.name} expired")
+    return rec
+
+
 @dataclass
 class TokenRecord:
     name: str
@@ -125,30 +131,35 @@ class TokenStore:
         v.used = now
         return v.rec
 
-    def check(self, token: str) -> TokenRecord:
-        """The record of a live token, or Refused saying why it is not one."""
+    def known(self, token: str) -> TokenRecord | None:
+        """`check` without reading Redis: the record of a token verified within `cache_seconds`, None when it must
+        be read (Refused as `check` when it is no token or has expired)."""
         if not token.startswith(PREFIX):
             raise Refused("this is not a piloop token (they start with plt_)")
         rec = self.cached(token)
-        if rec is None:
-            h = hash_token(token)
-            sent, forgotten = time.monotonic(), self._forgotten
-            pipe = self.r.pipeline(transaction=False)
-            pipe.get(self.k.tokens_version())  # before the record: a write after it shows as a new version
-            pipe.hget(self.k.token_hashes(), h)
-            version, name = pipe.execute()
-            raw = self.r.hget(self.k.tokens(), name) if name else None
-            rec = TokenRecord(**json.loads(raw)) if raw else None
-            # compare in constant time even though the lookup was by hash: the record is the truth
-            if rec is None or not hmac.compare_digest(rec.hash, h):
-                raise Refused("the server does not know this token")
-            if rec.revoked:
-                raise Refused(f"token {rec.name} was revoked")
-            if self.cache_seconds:
-                self._remember(h, _Verified(rec, raw, sent, time.monotonic(), version), forgotten)  # type: ignore[arg-type]
-        if rec.expires_ms is not None and rec.expires_ms < time.time() * 1000:
-            raise Refused(f"token {rec.name} expired")
-        return rec
+        return None if rec is None else _live(rec)
+
+    def check(self, token: str) -> TokenRecord:
+        """The record of a live token, or Refused saying why it is not one."""
+        rec = self.known(token)
+        if rec is not None:
+            return rec
+        h = hash_token(token)
+        sent, forgotten = time.monotonic(), self._forgotten
+        pipe = self.r.pipeline(transaction=False)
+        pipe.get(self.k.tokens_version())  # before the record: a write after it shows as a new version
+        pipe.hget(self.k.token_hashes(), h)
+        version, name = pipe.execute()
+        raw = self.r.hget(self.k.tokens(), name) if name else None
+        rec = TokenRecord(**json.loads(raw)) if raw else None
+        # compare in constant time even though the lookup was by hash: the record is the truth
+        if rec is None or not hmac.compare_digest(rec.hash, h):
+            raise Refused("the server does not know this token")
+        if rec.revoked:
+            raise Refused(f"token {rec.name} was revoked")
+        if self.cache_seconds:
+            self._remember(h, _Verified(rec, raw, sent, time.monotonic(), version), forgotten)  # type: ignore[arg-type]
+        return _live(rec)
 
     def _remember(self, h: str, verified: _Verified, forgotten: int) -> None:
         with self._lock:

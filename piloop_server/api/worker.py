@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from typing import Any
@@ -11,7 +10,6 @@ from typing import Any
 import redis
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
-from starlette.requests import ClientDisconnect
 from starlette.concurrency import run_in_threadpool
 
 from piloop_common.errors import LeaseLost, NotFound, PiloopError, Refused
@@ -24,9 +22,9 @@ from piloop_server import pools
 from piloop_server.api import wakeup
 from piloop_server.api.answers import error_answer, replaying
 from piloop_server.api.deps import RuntimeDep, WorkerDep
-from piloop_server.auth import Caller, identify, reads_redis, require_worker
+from piloop_server.auth import Caller, known, require_worker
 from piloop_server.runtime import Runtime
-from piloop_server.state.leases import KINDS, Lease
+from piloop_server.state.leases import KINDS, Beat, Lease
 
 router = APIRouter(prefix="/v1/worker", tags=["worker"])
 HEARTBEAT = "/v1/worker/heartbeat"
@@ -91,63 +89,73 @@ def _beat(body: WorkerHello, rt: Runtime, caller: Caller) -> HeartbeatResponse:
 
 
 async def _abeat(body: WorkerHello, rt: Runtime, caller: Caller) -> HeartbeatResponse:
-    """`_beat` on the event loop, through the asyncio Redis client where the runtime has one: no thread hop, which
-    cost about as much as the script."""
-    scripts = rt.async_scripts()
-    if scripts is None:
+    """`_beat` on the event loop, through the asyncio Redis client where the runtime has one (no thread hop, which
+    cost about as much as the script), in a script call shared with the beats that come with it."""
+    beats = rt.beats()
+    if beats is None:
         return await run_in_threadpool(_beat, body, rt, caller)
     _check(rt, caller, body)
-    _, statuses = await rt.leases.aheartbeat(scripts, caller.name, _sample(body),
-                                             [Lease(j.job, j.token) for j in body.jobs])
+    _, statuses = await beats.beat(Beat(caller.name, _sample(body), [Lease(j.job, j.token) for j in body.jobs]))
     return HeartbeatResponse(jobs=statuses)
 
 
 class FastBeat:
     """`POST /v1/worker/heartbeat` in its common case in front of the FastAPI app, without its middleware, routing,
-    dependencies and body handling (a trivial route costs ~0.7 ms of CPU a call more under them than a bare ASGI
-    app; 100 heartbeats a second come from 1,000 workers): a JSON body of a stated length up to FAST_BODY that
-    validates, from a caller known without reading Redis. Anything else (a bad or large body, a token to read,
-    another route) goes on to the app, which answers as ever; the answers here (the heartbeat's, a PiloopError's,
-    Redis down) are the app's own."""
+    dependencies and request and response objects (a trivial route costs ~0.7 ms of CPU a call more under them than
+    a bare ASGI app; 100 heartbeats a second come from 1,000 workers): a JSON body of a stated length up to
+    FAST_BODY that validates, from a caller known without reading Redis. Anything else (a bad or large body, a token
+    to read, another route) goes on to the app, which answers as ever; the answers here (the heartbeat's, a
+    PiloopError's, Redis down) are the app's own."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if (scope["type"] != "http" or scope["path"] != HEARTBEAT or scope["method"] != "POST"
-                or not _small(scope["headers"])):
+        if scope["type"] != "http" or scope["path"] != HEARTBEAT or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        scope["app"] = self.app  # as the app sets it: a request's `.app` (its runtime) is read from the scope
-        request = Request(scope, receive)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        length = headers.get("content-length", "")
+        # a header given twice goes to the app, which reads the first of them (here the last would win)
+        if (headers.get("content-type") != "application/json" or not length.isdigit() or int(length) > FAST_BODY
+                or len(headers) != len(scope["headers"])):
+            await self.app(scope, receive, send)
+            return
+        rt = self.app.state.runtime
+        body = await _body(receive)
+        if body is None:
+            return  # the client went away: no one to answer
         try:
-            body = await request.body()
-        except ClientDisconnect:
-            return  # no one to answer
-        hello = None
-        if request.headers.get("content-type") == "application/json" and not reads_redis(request):
-            with contextlib.suppress(ValueError):  # pydantic's ValidationError: the app says what is wrong
-                hello = WorkerHello.model_validate_json(body)
-        if hello is None:
+            hello = WorkerHello.model_validate_json(body)
+            caller = known(rt, scope, headers)
+        except (ValueError, PiloopError):  # pydantic's ValidationError, a caller refused: the app says what is wrong
+            caller = None
+        if caller is None:
             await self.app(scope, replaying(body, receive), send)
             return
         try:
-            caller = require_worker(identify(request))
-            answer = _json(await _abeat(hello, scope["app"].state.runtime, caller))
+            answer = (await _abeat(hello, rt, require_worker(caller))).model_dump_json().encode()
         except (PiloopError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
-            answer = error_answer(e)
-        await answer(scope, receive, send)
+            await error_answer(e)(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"%d" % len(answer)), (b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": answer})
 
 
 FAST_BODY = 64 * 1024  # a heartbeat names its jobs and a host sample: a few KiB
 
 
-def _small(headers: list[tuple[bytes, bytes]]) -> bool:
-    """Whether the request states a body length up to FAST_BODY (the app's own limit checks any other)."""
-    for name, value in headers:
-        if name == b"content-length":
-            return value.isdigit() and int(value) <= FAST_BODY
-    return False
+async def _body(receive: Any) -> bytes | None:
+    """The request's body read whole; None when the client went away first."""
+    chunks = []
+    while True:
+        msg = await receive()
+        if msg["type"] != "http.request":
+            return None
+        chunks.append(msg.get("body", b""))
+        if not msg.get("more_body"):
+            return b"".join(chunks)
 
 
 @router.post("/claim", response_model=ClaimResponse)

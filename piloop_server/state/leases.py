@@ -24,6 +24,15 @@ class Lease:
     token: str
 
 
+@dataclass(frozen=True)
+class Beat:
+    """One worker's heartbeat: its host sample and the leases it holds."""
+
+    worker: str
+    sample: dict[str, Any]
+    held: list[Lease]
+
+
 @dataclass
 class Claim:
     leases: list[Lease] = field(default_factory=list)
@@ -54,8 +63,17 @@ def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _heartbeat_reply(held: list[Lease], reply: list[Any]) -> tuple[int, dict[str, str]]:
-    return int(reply[0]), {lease.job: _s(st) for lease, st in zip(held, reply[1:])}
+def _heartbeat_answers(beats: list[Beat], reply: list[Any]) -> list[tuple[int, dict[str, str]] | NotFound]:
+    now = int(reply[0])
+    return [(now, {lease.job: _s(st) for lease, st in zip(b.held, answer[1:])}) if int(answer[0])
+            else NotFound(f"worker {b.worker} is not registered: register again")
+            for b, answer in zip(beats, reply[1:])]
+
+
+def _answered(answer: tuple[int, dict[str, str]] | NotFound) -> tuple[int, dict[str, str]]:
+    if isinstance(answer, NotFound):
+        raise answer
+    return answer
 
 
 class Leases:
@@ -95,20 +113,26 @@ class Leases:
 
     def heartbeat(self, name: str, sample: dict[str, Any], held: list[Lease]) -> tuple[int, dict[str, str]]:
         """Renew the worker and each lease it names; the status of each job: ok, cancel or lost."""
-        return _heartbeat_reply(held, self.scripts.run("heartbeat", *self._heartbeat_call(name, sample, held)))
+        return _answered(self.heartbeats([Beat(name, sample, held)])[0])
 
-    async def aheartbeat(self, scripts: AsyncScripts, name: str, sample: dict[str, Any],
-                         held: list[Lease]) -> tuple[int, dict[str, str]]:
-        """`heartbeat` through an asyncio Redis client's scripts."""
-        return _heartbeat_reply(held, await scripts.run("heartbeat", *self._heartbeat_call(name, sample, held)))
+    def heartbeats(self, beats: list[Beat]) -> list[tuple[int, dict[str, str]] | NotFound]:
+        """`heartbeat` for many workers in one script: each one's answer, or NotFound for one not registered."""
+        return _heartbeat_answers(beats, self.scripts.run("heartbeat", *self._heartbeat_call(beats)))
 
-    def _heartbeat_call(self, name: str, sample: dict[str, Any], held: list[Lease]) -> tuple[list[str], list[Any]]:
+    async def aheartbeats(self, scripts: AsyncScripts, beats: list[Beat]) -> list[tuple[int, dict[str, str]] | NotFound]:
+        """`heartbeats` through an asyncio Redis client's scripts."""
+        return _heartbeat_answers(beats, await scripts.run("heartbeat", *self._heartbeat_call(beats)))
+
+    def _heartbeat_call(self, beats: list[Beat]) -> tuple[list[str], list[Any]]:
         k = self.k
-        keys = [k.worker(name), k.worker_alive(name), k.deadlines(), k.daemon()]
-        for lease in held:
-            keys += [k.lease(lease.job), k.job(lease.job)]
-        args: list[Any] = [self.t.grace_ms, self.t.toleration_ms, json.dumps(sample), len(held)]
-        args += [lease.token for lease in held] + [lease.job for lease in held]
+        keys = [k.deadlines(), k.daemon()]
+        args: list[Any] = [self.t.grace_ms, self.t.toleration_ms, len(beats)]
+        for b in beats:
+            keys += [k.worker(b.worker), k.worker_alive(b.worker)]
+            for lease in b.held:
+                keys += [k.lease(lease.job), k.job(lease.job)]
+            args += [json.dumps(b.sample), len(b.held), *(lease.token for lease in b.held),
+                     *(lease.job for lease in b.held)]
         return keys, args
 
     def claim(self, name: str, pool: str, kind: str, *, slots: int, image: str, most: int = 1,
