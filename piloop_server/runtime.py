@@ -17,7 +17,6 @@ from piloop_common.config import ExecutorConfig, Settings
 from piloop_server.events import Events
 from piloop_server.limits import Limits
 from piloop_server.secrets import Secrets
-from piloop_server.state.beats import Beats
 from piloop_server.state.keys import Keys
 from piloop_server.state.leases import Leases, Timings
 from piloop_server.state.scripts import AsyncScripts
@@ -41,8 +40,8 @@ class Runtime:
     server_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     executor: ExecutorConfig = field(init=False)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    redis_url: str | None = None  # for `beats`; without it the hot routes call Redis from a thread
-    _async: tuple[asyncio.AbstractEventLoop, Beats] | None = field(default=None, init=False, repr=False)
+    redis_url: str | None = None  # for `async_scripts`; without it the hot routes call Redis from a thread
+    _async: tuple[asyncio.AbstractEventLoop, AsyncScripts] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.keys = Keys(self.settings.namespace)
@@ -54,16 +53,16 @@ class Runtime:
         self.secrets = Secrets(self.redis, self.keys, self.home)  # refuses a key file others can read
         self.refresh_limits()
 
-    def beats(self) -> Beats | None:
-        """The heartbeats of the running loop, gathered into shared script calls on an asyncio client made at its
-        first use there (a client's connections belong to one loop); None without `redis_url`."""
+    def async_scripts(self) -> AsyncScripts | None:
+        """The scripts on an asyncio client of the running loop, made at its first use there (a client's
+        connections belong to one loop); None without `redis_url`."""
         if self.redis_url is None:
             return None
         loop = asyncio.get_running_loop()
         if self._async is None or self._async[0] is not loop:
             client = redis.asyncio.Redis.from_url(self.redis_url, socket_timeout=10, socket_connect_timeout=5,
                                                   health_check_interval=30)
-            self._async = (loop, Beats(self.leases, AsyncScripts(client)))
+            self._async = (loop, AsyncScripts(client))
         return self._async[1]
 
     def refresh_limits(self) -> list[str]:

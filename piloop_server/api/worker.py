@@ -20,10 +20,12 @@ from piloop_common.protocol import (
 )
 from piloop_server import pools
 from piloop_server.api import wakeup
+from piloop_server.api.beats import Beats
 from piloop_server.api.answers import error_answer, replaying
 from piloop_server.api.deps import RuntimeDep, WorkerDep
 from piloop_server.auth import Caller, known, require_worker
 from piloop_server.runtime import Runtime
+from piloop_server.state.scripts import AsyncScripts
 from piloop_server.state.leases import KINDS, Beat, Lease
 
 router = APIRouter(prefix="/v1/worker", tags=["worker"])
@@ -88,27 +90,18 @@ def _beat(body: WorkerHello, rt: Runtime, caller: Caller) -> HeartbeatResponse:
     return HeartbeatResponse(jobs=statuses)
 
 
-async def _abeat(body: WorkerHello, rt: Runtime, caller: Caller) -> HeartbeatResponse:
-    """`_beat` on the event loop, through the asyncio Redis client where the runtime has one (no thread hop, which
-    cost about as much as the script), in a script call shared with the beats that come with it."""
-    beats = rt.beats()
-    if beats is None:
-        return await run_in_threadpool(_beat, body, rt, caller)
-    _check(rt, caller, body)
-    _, statuses = await beats.beat(Beat(caller.name, _sample(body), [Lease(j.job, j.token) for j in body.jobs]))
-    return HeartbeatResponse(jobs=statuses)
-
-
 class FastBeat:
     """`POST /v1/worker/heartbeat` in its common case in front of the FastAPI app, without its middleware, routing,
     dependencies and request and response objects (a trivial route costs ~0.7 ms of CPU a call more under them than
     a bare ASGI app; 100 heartbeats a second come from 1,000 workers): a JSON body of a stated length up to
-    FAST_BODY that validates, from a caller known without reading Redis. Anything else (a bad or large body, a token
-    to read, another route) goes on to the app, which answers as ever; the answers here (the heartbeat's, a
-    PiloopError's, Redis down) are the app's own."""
+    FAST_BODY that validates, from a caller known without reading Redis. The beats that come close together are
+    handled as one batch (`api.beats`, `_batch`). Anything else (a bad or large body, a token to read, another
+    route) goes on to the app, which answers as ever; the answers here (the heartbeat's, a PiloopError's, Redis
+    down) are the app's own."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
+        self._beats: tuple[asyncio.AbstractEventLoop, Beats] | None = None
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] != HEARTBEAT or scope["method"] != "POST":
@@ -116,31 +109,69 @@ class FastBeat:
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         length = headers.get("content-length", "")
+        beats = self._gathered()
         # a header given twice goes to the app, which reads the first of them (here the last would win)
-        if (headers.get("content-type") != "application/json" or not length.isdigit() or int(length) > FAST_BODY
-                or len(headers) != len(scope["headers"])):
+        if (beats is None or headers.get("content-type") != "application/json" or not length.isdigit()
+                or int(length) > FAST_BODY or len(headers) != len(scope["headers"])):
             await self.app(scope, receive, send)
             return
-        rt = self.app.state.runtime
         body = await _body(receive)
         if body is None:
             return  # the client went away: no one to answer
+        answer = await beats.beat((scope, headers, body))
+        if answer is None:
+            await self.app(scope, replaying(body, receive), send)
+        elif isinstance(answer, bytes):
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-length", b"%d" % len(answer)), (b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": answer})
+        else:
+            await answer(scope, receive, send)
+
+    def _gathered(self) -> Beats | None:
+        """The running loop's gathering of beats; None where the runtime has no asyncio Redis client."""
+        rt = self.app.state.runtime
+        scripts = rt.async_scripts()
+        if scripts is None:
+            return None
+        loop = asyncio.get_running_loop()
+        if self._beats is None or self._beats[0] is not loop:
+            self._beats = (loop, Beats(lambda batch: _batch(rt, scripts, batch)))
+        return self._beats[1]
+
+
+async def _batch(rt: Runtime, scripts: AsyncScripts, batch: list[tuple[dict, dict[str, str], bytes]]) -> list[Any]:
+    """Each heartbeat of a batch validated and its caller named, then all of them in one `heartbeat.lua` call. For
+    each, in order: its answer's body, an error's answer, or None for the app to answer (a body that does not
+    validate, a caller refused or to be read from Redis: the app says what is wrong)."""
+    out: list[Any] = [None] * len(batch)
+    beats: list[Beat] = []
+    where: list[int] = []
+    for i, (scope, headers, body) in enumerate(batch):
         try:
             hello = WorkerHello.model_validate_json(body)
             caller = known(rt, scope, headers)
-        except (ValueError, PiloopError):  # pydantic's ValidationError, a caller refused: the app says what is wrong
-            caller = None
+        except (ValueError, PiloopError):  # pydantic's ValidationError is a ValueError
+            continue
         if caller is None:
-            await self.app(scope, replaying(body, receive), send)
-            return
+            continue
         try:
-            answer = (await _abeat(hello, rt, require_worker(caller))).model_dump_json().encode()
-        except (PiloopError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
-            await error_answer(e)(scope, receive, send)
-            return
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-length", b"%d" % len(answer)), (b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": answer})
+            _check(rt, require_worker(caller), hello)
+        except PiloopError as e:
+            out[i] = error_answer(e)
+            continue
+        beats.append(Beat(caller.name, _sample(hello), [Lease(j.job, j.token) for j in hello.jobs]))
+        where.append(i)
+    if not beats:
+        return out
+    try:
+        answers = await rt.leases.aheartbeats(scripts, beats)
+    except (PiloopError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+        answers = [e] * len(beats)
+    for i, answer in zip(where, answers):
+        out[i] = (error_answer(answer) if isinstance(answer, Exception)
+                  else HeartbeatResponse(jobs=answer[1]).model_dump_json().encode())
+    return out
 
 
 FAST_BODY = 64 * 1024  # a heartbeat names its jobs and a host sample: a few KiB

@@ -119,7 +119,8 @@ class Leases:
         """`heartbeat` for many workers in one script: each one's answer, or NotFound for one not registered."""
         return _heartbeat_answers(beats, self.scripts.run("heartbeat", *self._heartbeat_call(beats)))
 
-    async def aheartbeats(self, scripts: AsyncScripts, beats: list[Beat]) -> list[tuple[int, dict[str, str]] | NotFound]:
+    async def aheartbeats(self, scripts: AsyncScripts,
+                          beats: list[Beat]) -> list[tuple[int, dict[str, str]] | NotFound]:
         """`heartbeats` through an asyncio Redis client's scripts."""
         return _heartbeat_answers(beats, await scripts.run("heartbeat", *self._heartbeat_call(beats)))
 

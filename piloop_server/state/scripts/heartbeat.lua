@@ -1,5 +1,5 @@
 -- heartbeat: for each worker named, renew its alive key and each lease it names under a matching token. The
--- heartbeats that reach the server within a few ms of each other share one call (`state/beats.py`).
+-- heartbeats that reach the server within a few ms of each other share one call (`api/beats.py`).
 -- KEYS[1] deadlines  KEYS[2] daemon hash; then for each worker: its hash, its alive key, and for each job it names
 -- the job's lease and the job's hash.
 -- ARGV[1] grace (ms)  ARGV[2] toleration (ms)  ARGV[3] m workers; then for each worker: its sample (JSON), n jobs,
