@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-WINDOW = 0.05  # seconds: the longest a beat waits for others
+WINDOW = 0.1  # seconds: the longest a beat waits for others
 QUIET = 2.0  # a batch goes when no beat came for this many usual gaps
 MOST = 128  # beats a batch: a batch this full goes at once
 SMOOTHING = 0.2  # the weight of the newest gap in the running means
