@@ -7,7 +7,6 @@ import json
 import time
 from typing import Any
 
-import redis
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
@@ -20,13 +19,13 @@ from piloop_common.protocol import (
 )
 from piloop_server import pools
 from piloop_server.api import wakeup
-from piloop_server.api.beats import Beats
 from piloop_server.api.answers import error_answer, replaying
+from piloop_server.api.beats import Beats
 from piloop_server.api.deps import RuntimeDep, WorkerDep
 from piloop_server.auth import Caller, known, require_worker
 from piloop_server.runtime import Runtime
-from piloop_server.state.scripts import AsyncScripts
 from piloop_server.state.leases import KINDS, Beat, Lease
+from piloop_server.state.scripts import AsyncScripts
 
 router = APIRouter(prefix="/v1/worker", tags=["worker"])
 HEARTBEAT = "/v1/worker/heartbeat"
@@ -166,7 +165,7 @@ async def _batch(rt: Runtime, scripts: AsyncScripts, batch: list[tuple[dict, dic
         return out
     try:
         answers = await rt.leases.aheartbeats(scripts, beats)
-    except (PiloopError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+    except PiloopError as e:  # the scripts say Redis out of reach as Unavailable
         answers = [e] * len(beats)
     for i, answer in zip(where, answers):
         out[i] = (error_answer(answer) if isinstance(answer, Exception)
