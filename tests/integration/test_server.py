@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -100,6 +103,29 @@ def test_non_loopback_listen_without_tls_is_refused(redis_server, namespace):
     assert not (home / "piloop.sock").exists()
 
 
+@contextlib.contextmanager
+def _beating(*workers: SimWorker, every: float = 0.5) -> Iterator[None]:
+    """The workers beat now, and every `every` s on a thread until the block ends."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        for w in workers:
+            w.heartbeat()
+
+    def keep() -> None:
+        while not stop.wait(every):
+            beat()
+
+    beat()
+    thread = threading.Thread(target=keep, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
+
+
 def test_worker_list_columns_and_reasons(tcp_daemon):
     d = tcp_daemon
     cas = _cas_id(d)
@@ -114,9 +140,9 @@ def test_worker_list_columns_and_reasons(tcp_daemon):
     low = SimWorker(ApiClient(url=d.url, token=_token(d, "gpu3")), "gpu", cas)
     low.sample = sample(load1=1, cpus=32, mem=2.0, disk=10)
     low.register()
-    for w in (busy, idle, low):
-        w.heartbeat()
-    out = d.cli("worker", "list").stdout.splitlines()
+    with _beating(busy, idle, low):  # alive through both CLI calls: grace is 2 s, a CLI's start ~1 s on a busy box
+        out = d.cli("worker", "list").stdout.splitlines()
+        js = d.cli("worker", "list", "--json").stdout
     header = out[0]
     names = ["worker", "pool", "seen", "load", "memory", "disk", "agents", "evaluations", "no lease"]
     starts = [header.index(n) for n in names]
@@ -130,7 +156,6 @@ def test_worker_list_columns_and_reasons(tcp_daemon):
             # every cell starts under its header, two spaces apart, as the spec prints them
             assert re.fullmatch(cell, line[start:end].rstrip()), (name, cell, line)
     assert rows["gpu3"].endswith("memory")
-    js = d.cli("worker", "list", "--json").stdout
     assert '"no_lease": "load"' in js
 
 
