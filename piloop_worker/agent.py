@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import socket
 import threading
@@ -35,7 +34,7 @@ from piloop_common.protocol import (
 from piloop_worker import pressure
 from piloop_worker.cgroups import Cgroups
 from piloop_worker.heartbeat import Heartbeat, Reachability, orphaned
-from piloop_worker.jobdir import JobDir, read_json, scan
+from piloop_worker.jobdir import JobDir, read_json, run_dir_for, scan
 from piloop_worker.logs import LogShipper
 from piloop_worker.relay import Relay, socket_path
 from piloop_worker.room import Room, available_mb
@@ -131,6 +130,7 @@ class Worker:
         self.name = name or ""
         self.workdir_arg = workdir
         self.workdir: Path | None = workdir or (home / "work" / name if name else None)
+        self.rundir: Path | None = run_dir_for(self.workdir) if self.workdir else None
         self.store, self.host = store, host
         self.repos = Repos(home / "repos", store)
         self.api = api_factory()
@@ -198,7 +198,7 @@ class Worker:
             st = statuses.get(h.job, "lost")
             try:
                 if st == "ok":
-                    if h.jd.root.exists():
+                    if h.jd.run.exists():
                         h.jd.write_deadline(deadline)
                 elif st == "cancel":
                     h.jd.request_stop("cancelled")
@@ -237,6 +237,7 @@ class Worker:
         self.reach.ok(self.name)
         if self.workdir is None:
             self.workdir = self.home / "work" / self.name
+            self.rundir = run_dir_for(self.workdir)
             self.sampler.disk_path = self.workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.cgroups.available:
@@ -264,7 +265,7 @@ class Worker:
         for h in found:
             st = statuses.get(h.job, "lost")
             if st == "ok" and not h.jd.exit_json.exists():
-                self._relay_for(h.job, h.token, Path((h.jd.record() or {}).get("relay") or socket_path(h.jd.root)))
+                self._relay_for(h.job, h.token, Path((h.jd.record() or {}).get("relay") or socket_path(h.jd.run)))
             log.info("event=job.reattached job=%s token=%s status=%s", h.job, h.token, st)
         self.heartbeat = Heartbeat(self, self.api_factory())
         self.heartbeat.start()
@@ -273,10 +274,10 @@ class Worker:
         """Job dirs left by an earlier worker: live shims to re-attach, ended jobs to report."""
         assert self.workdir is not None
         out = []
-        for jd in scan(self.workdir):
+        for jd in scan(self.workdir, self.rundir):
             rec = jd.record()
             if not rec or "job" not in rec:
-                shutil.rmtree(jd.root, ignore_errors=True)  # died before its lease was written down
+                jd.remove()  # died before its lease was written down, or its run dir went with a reboot
                 continue
             if not jd.shim_alive() and not jd.exit_json.exists():
                 self._shim_gone(jd)
@@ -423,7 +424,7 @@ class Worker:
             self.held.pop(h.job, None)
         if self.relay is not None:
             self.relay.remove(h.job)
-        shutil.rmtree(h.jd.root, ignore_errors=True)
+        h.jd.remove()
         self.next_claim = 0.0  # a slot is free
 
     def send_report(self, report: ReportRequest) -> str | None:
@@ -492,7 +493,7 @@ class Worker:
             if self.send_report(report) is None:
                 return
             assert self.workdir is not None
-            shutil.rmtree(JobDir.for_lease(self.workdir, report.job, report.token).root, ignore_errors=True)
+            JobDir.for_lease(self.workdir, report.job, report.token, self.rundir).remove()
 
     # -- claims and starts ------------------------------------------------------------------
     def granted_mb(self) -> int:
@@ -579,18 +580,18 @@ class Worker:
                 # register again (it filters claims by that record) rather than be handed the job again
                 self.register_with(self.api, self.snapshot())
             return
-        jd = JobDir.for_lease(self.workdir, a.job, a.token)
+        jd = JobDir.for_lease(self.workdir, a.job, a.token, self.rundir)
         record = a.model_dump(mode="json", exclude={"secrets"})
         record["secret_names"] = sorted(a.secrets)
         record["claimed_at"] = time.time()
-        relay_at = socket_path(jd.root)
+        relay_at = socket_path(jd.run)
         record["relay"] = str(relay_at)
         try:
             # the claim renewed nothing yet: the lease's clock started at most when the claim was sent
             jd.create(record, fence_deadline(sent, self.timing))
         except OSError as e:
             # a full --dir: nothing ran, so give the job back (not an attempt) and claim nothing for a while
-            shutil.rmtree(jd.root, ignore_errors=True)
+            jd.remove()
             log.warning("event=job.released job=%s reason=dir worker=%s error=%s", a.job, self.name, e)
             with contextlib.suppress(PiloopError, OSError):
                 self.api.call("POST", "/v1/worker/release",
@@ -632,8 +633,9 @@ class Worker:
         env = {**self.environ, **a.spec.env, **a.secrets, "PILOOP_JOB": a.job, "PILOOP_LEASE_TOKEN": a.token,
                "PILOOP_JOB_DIR": str(jd.root), "PILOOP_RELAY": str(relay_at), "PILOOP_HOME": str(self.home), **camp_env}
         h.requested_at = time.monotonic()
-        self.host.run_job({"dir": str(jd.root), "argv": a.spec.argv, "env": env, "timeout": a.spec.timeout_seconds,
-                           "kill_grace": self.timing.kill_grace_seconds, "cgroup": cgroup, "metrics_seconds": 5,
+        self.host.run_job({"dir": str(jd.root), "run": str(jd.run), "argv": a.spec.argv, "env": env,
+                           "timeout": a.spec.timeout_seconds, "kill_grace": self.timing.kill_grace_seconds,
+                           "cgroup": cgroup, "metrics_seconds": 5,
                            "task": a.spec.argv[0] if a.spec.runner == "task" else None})
 
     def _prepare_campaign(self, a: Assignment, jd: JobDir) -> dict[str, str]:
@@ -720,3 +722,7 @@ class Worker:
         self.host.close()
         with contextlib.suppress(Exception):
             self.store.close()
+        if self.rundir is not None:  # a worker that holds no job leaves nothing in /dev/shm
+            with contextlib.suppress(OSError):
+                (self.rundir / "jobs").rmdir()
+                self.rundir.rmdir()

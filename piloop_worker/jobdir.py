@@ -1,25 +1,32 @@
 """One job directory per lease: what the worker and the job's shim share on disk.
 
-Layout of `<dir>/jobs/<job>.<token>/`:
+Layout of `<dir>/jobs/<job>.<token>/`, the job's data, and `<run dir>/jobs/<job>.<token>/`, its control files:
 
-    job.json      the assignment, minus secret values          (worker, before the shim starts)
-    deadline      a CLOCK_MONOTONIC float: fence after it       (worker, at each acknowledged renewal)
-    stop          why the worker wants the job stopped          (worker: lost, cancelled, refused, lease_lost)
-    lock          flock'd by the shim for as long as it lives   (shim)
-    shim.json     the shim's and the job's pids                 (shim)
-    exit.json     how the job ended, with its usage             (shim, atomically, last)
+    job.json      the assignment, minus secret values          (worker, before the shim starts)       control
+    deadline      a CLOCK_MONOTONIC float: fence after it       (worker, at each acknowledged renewal) control
+    stop          why the worker wants the job stopped          (worker)                               control
+    lock          flock'd by the shim for as long as it lives   (shim)                                 control
+    shim.json     the shim's and the job's pids                 (shim)                                 control
+    shim.log      the shim's own output while it runs the job   (shim)                                 control
+    exit.json     how the job ended, with its usage             (shim, atomically, last)               control
+    log.json      how much of output.log is in the CAS          (worker)                               control
+    relay.sock    the job's relay                               (worker)                               control
     output.log    the job's stdout and stderr                   (job)
     metrics.jsonl host metrics every few seconds                (shim)
-    log.json      how much of output.log is in the CAS          (worker)
     inputs/ outputs/ work/                                      (worker, with the first input / job / job's cwd)
 
+The run dir is on a RAM filesystem (`run_dir_for`), as containerd keeps its shims' state under /run and its data
+under /var/lib: the control files are small, made and removed for every job, and read by processes of this boot
+only, and on a disk each create and unlink costs ~0.1-0.5 ms of CPU (ext4 without a journal searches past every
+inode deleted in the last half minute). What a job writes stays on the disk: it may be large, and tmpfs pages are
+memory. Without a run dir (`run=None`) both kinds live in the one directory.
+
 Every file another process reads is written atomically (a temp file, then a rename), so a reader sees the old
-content or the new, never a part. Only what must outlive a crash of the machine is fsynced first: `exit.json` (how
-the job ended, reported after a reboot). The rest is read by processes of the same boot only (the deadline is a
-CLOCK_MONOTONIC time, meaningless after a reboot; `shim.json` names pids; `stop` asks a shim that a reboot killed;
-`log.json` lost means chunks uploaded again, which the CAS dedups; a `job.json` lost makes the worker drop the dir,
-and the lease, never renewed, expires and the job is queued again), so the hot path skips their fsyncs (each ~1-4 ms
-of the worker's loop on a busy disk).
+content or the new, never a part. Nothing in the control files has to outlive a crash of the machine: the deadline
+is a CLOCK_MONOTONIC time, meaningless after a reboot; `shim.json` names pids; `stop` asks a shim that a reboot
+killed; `log.json` lost means chunks uploaded again, which the CAS dedups. After a reboot the run dir is empty: the
+worker finds job dirs without a `job.json` and drops them, and each lease, never renewed, expires and its job is
+queued again, as when a worker dies. `exit.json` is still fsynced where it is on a disk (no run dir).
 """
 
 from __future__ import annotations
@@ -27,9 +34,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from functools import cached_property
 from pathlib import Path
@@ -73,51 +82,96 @@ def read_json(path: Path) -> Any | None:
 
 
 def _path(name: str) -> cached_property:
-    """A path in the job's dir, made on first use and kept."""
+    """A path in the job's data dir, made on first use and kept."""
     return cached_property(lambda self: self.root / name)
 
 
-class JobDir:
-    """The paths of one job's directory, and the small protocol on them."""
+def _control(name: str) -> cached_property:
+    """A path in the job's run dir (its control files), made on first use and kept."""
+    return cached_property(lambda self: self.run / name)
 
-    def __init__(self, root: Path) -> None:
+
+RUN_BASE = Path("/dev/shm")
+FULL_BELOW = 1 << 20  # a data dir with less room than this is full: no job starts there, and one that failed ran out
+
+
+def run_dir_for(workdir: Path) -> Path | None:
+    """The run dir of the worker whose `--dir` is `workdir`: `/dev/shm/piloop-<uid>/<hash of the dir>`, the same
+    for a restarted worker; None (control files in the job dirs) where /dev/shm is missing or not ours alone."""
+    if not RUN_BASE.is_dir() or not os.access(RUN_BASE, os.W_OK | os.X_OK):
+        return None
+    mine = RUN_BASE / f"piloop-{os.getuid()}"
+    with contextlib.suppress(FileExistsError, OSError):
+        mine.mkdir(mode=0o700)
+    try:
+        st = os.lstat(mine)
+    except OSError:
+        return None
+    # /dev/shm is everyone's: a dir someone else made for us, or a symlink, would hand them our jobs' control
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        return None
+    return mine / hashlib.sha256(os.fsencode(workdir.absolute())).hexdigest()[:16]
+
+
+class JobDir:
+    """The paths of one job's directories, and the small protocol on them."""
+
+    def __init__(self, root: Path, run: Path | None = None) -> None:
         self.root = root
+        self.run = run if run is not None else root
 
     @classmethod
-    def for_lease(cls, workdir: Path, job: str, token: str) -> "JobDir":
-        return cls(workdir / "jobs" / f"{job}.{token}")
+    def for_lease(cls, workdir: Path, job: str, token: str, rundir: Path | None = None) -> "JobDir":
+        name = f"{job}.{token}"
+        return cls(workdir / "jobs" / name, rundir / "jobs" / name if rundir is not None else None)
 
     def __repr__(self) -> str:
-        return f"JobDir({self.root})"
+        return f"JobDir({self.root})" if self.run == self.root else f"JobDir({self.root}, run={self.run})"
 
     # -- paths ----------------------------------------------------------------------------
-    # made once each (`_path`): the worker's loop asks for some of them on every tick, for every job it holds
-    job_json = _path("job.json")
-    deadline_file = _path("deadline")
-    stop_file = _path("stop")
-    lock_file = _path("lock")
-    shim_json = _path("shim.json")
-    exit_json = _path("exit.json")
+    # made once each: the worker's loop asks for some of them on every tick, for every job it holds
+    job_json = _control("job.json")
+    deadline_file = _control("deadline")
+    stop_file = _control("stop")
+    lock_file = _control("lock")
+    shim_json = _control("shim.json")
+    shim_log = _control("shim.log")
+    exit_json = _control("exit.json")
+    log_state = _control("log.json")
+    fetched_file = _control("fetched_bytes")
     output_log = _path("output.log")
     metrics = _path("metrics.jsonl")
-    log_state = _path("log.json")
     inputs = _path("inputs")
     outputs = _path("outputs")
     work = _path("work")
     workspace = _path("workspace")  # a campaign agent's copy of the shared workspace
-    fetched_file = _path("fetched_bytes")
+
+    @property
+    def durable(self) -> bool:
+        """Whether the control files are on the disk (no run dir), where `exit.json` is fsynced."""
+        return self.run == self.root
 
     def create(self, job_record: dict[str, Any], deadline: float | None = None) -> None:
-        """The dir with `work/` and `outputs/` (`inputs/` comes with the first input), `job.json` and the first
+        """The dirs with `work/` and `outputs/` (`inputs/` comes with the first input), `job.json` and the first
         deadline. Those two are written in place, not through a temp file and a rename (a file made and one
         deleted, per job): no shim reads them yet, and a worker that dies halfway leaves a `job.json` it cannot
         read, so it drops the dir, and the lease, never renewed, expires and the job is queued again."""
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.full():  # where a mkdir still succeeds on a full disk (tmpfs), the job's first write would not
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.root))
         for d in (self.outputs, self.work):
             d.mkdir(exist_ok=True)
+        if not self.durable:
+            self.run.mkdir(parents=True, exist_ok=True, mode=0o700)
         _write_new(self.job_json, json.dumps(job_record, sort_keys=True))
         if deadline is not None:
             _write_new(self.deadline_file, repr(float(deadline)))
+
+    def remove(self) -> None:
+        """Both dirs, the data first: a run dir left alone by a crash halfway is dropped by the next `scan`."""
+        shutil.rmtree(self.root, ignore_errors=True)
+        if not self.durable:
+            shutil.rmtree(self.run, ignore_errors=True)
 
     def record(self) -> dict[str, Any] | None:
         return read_json(self.job_json)
@@ -175,25 +229,43 @@ class JobDir:
     def exit_record(self) -> dict[str, Any] | None:
         return read_json(self.exit_json)
 
-    def write_exit(self, record: dict[str, Any]) -> None:
-        """Write the exit record; on a full disk, first free the job's scratch `work/` (never reported, removed with
-        the dir once reported anyway), so a job that filled its worker's dir still ends with a record."""
+    def full(self) -> bool:
+        """Whether the job's data dir is (all but) out of room: a job that failed there most likely failed for it."""
         try:
-            atomic_json(self.exit_json, record)
+            st = os.statvfs(self.root)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize < FULL_BELOW
+
+    def write_exit(self, record: dict[str, Any]) -> None:
+        """Write the exit record, with `disk_full` where a job that failed left its data dir full. Where the record
+        itself meets a full disk (no run dir), first free the job's scratch `work/` (never reported, removed with
+        the dir once reported anyway), so a job that filled its worker's dir still ends with a record."""
+        if record.get("exit_code") != 0 and not record.get("disk_full") and self.full():
+            record = _disk_full(record, "No space left on device")
+        try:
+            atomic_json(self.exit_json, record, durable=self.durable)
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             shutil.rmtree(self.work, ignore_errors=True)
-            record = {**record, "disk_full": True}
-            if record.get("exit_code") != 0 and not record.get("reason"):
-                record["reason"] = f"the worker's dir is full ({e.strerror})"
-            atomic_json(self.exit_json, record)
+            atomic_json(self.exit_json, _disk_full(record, e.strerror), durable=self.durable)
 
 
-def scan(workdir: Path) -> list[JobDir]:
-    """Every job directory under `workdir`, oldest first."""
+def _disk_full(record: dict[str, Any], why: str) -> dict[str, Any]:
+    record = {**record, "disk_full": True}
+    if record.get("exit_code") != 0 and not record.get("reason"):
+        record["reason"] = f"the worker's dir is full ({why})"
+    return record
+
+
+def scan(workdir: Path, rundir: Path | None = None) -> list[JobDir]:
+    """Every job directory under `workdir`, oldest first; run dirs without a job dir are removed."""
     jobs = workdir / "jobs"
-    if not jobs.is_dir():
-        return []
-    dirs = [JobDir(p) for p in jobs.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    names = [p.name for p in jobs.iterdir() if p.is_dir() and not p.name.startswith(".")] if jobs.is_dir() else []
+    if rundir is not None and (rundir / "jobs").is_dir():
+        for p in (rundir / "jobs").iterdir():
+            if p.name not in names:
+                shutil.rmtree(p, ignore_errors=True)
+    dirs = [JobDir(jobs / n, rundir / "jobs" / n if rundir is not None else None) for n in names]
     return sorted(dirs, key=lambda d: d.root.stat().st_mtime)

@@ -64,10 +64,14 @@ def notify(name: str) -> None:
             _notify.send(name.encode())
 
 
+def _job_dir(req: dict[str, Any]) -> JobDir:
+    return JobDir(Path(req["dir"]), Path(req["run"]) if req.get("run") else None)
+
+
 def run(req: dict[str, Any]) -> int:
     """Run the job `req` describes (see `ShimHost.run_job`) to its end, and write `exit.json`; the dir's lock is
     held until then (the worker reads a dir without a held lock and without a record as a shim gone)."""
-    jd = JobDir(Path(req["dir"]))
+    jd = _job_dir(req)
     lock_fd = os.open(jd.lock_file, os.O_CREAT | os.O_RDWR, 0o600)
     try:
         try:
@@ -300,9 +304,9 @@ def main_forked(req: dict[str, Any], channel: socket.socket | None = None) -> No
 def _run_logged(req: dict[str, Any], devnull: int) -> None:
     """`run`, its output to the job's `shim.log`, its failure in the record, never a silent death; then the output
     back to /dev/null, so nothing an idle shim writes lands in a job's dir."""
-    jd = JobDir(Path(req["dir"]))
+    jd = _job_dir(req)
     try:
-        out = os.open(jd.root / "shim.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        out = os.open(jd.shim_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(out, 1)
         os.dup2(out, 2)
         os.close(out)
@@ -314,7 +318,8 @@ def _run_logged(req: dict[str, Any], devnull: int) -> None:
                 atomic_json(jd.exit_json, {"exit_code": None, "signal": None, "oom": False, "stopped": "",
                                            "reason": f"the shim failed: {type(e).__name__}: {e}",
                                            "usage": {"peak_rss_bytes": 0, "cpu_seconds": 0.0},
-                                           "started": time.time(), "ended": time.time(), "duration_seconds": 0.0})
+                                           "started": time.time(), "ended": time.time(), "duration_seconds": 0.0},
+                            durable=jd.durable)
         if not isinstance(e, Exception):
             raise  # SystemExit, KeyboardInterrupt: this shim ends here
     finally:

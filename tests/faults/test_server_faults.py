@@ -13,7 +13,7 @@ import time
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import cli_env
 from tests.helpers.workers import (
-    GRACE, TOLERATION, events, job_pgids, marker_job, marker_runs, overlapping, pgid_alive, state, token, view,
+    GRACE, TOLERATION, events, job_dirs, job_pgids, marker_job, marker_runs, overlapping, pgid_alive, state, token,
 )
 
 
@@ -27,9 +27,9 @@ def test_the_server_does_not_answer_the_worker_fences_its_job_before_the_lease_e
     paused = time.monotonic()
     # the last acknowledged heartbeat wrote the deadline = its send time + toleration − 2 × renew (CLOCK_MONOTONIC,
     # the same clock for every process here); one in flight at the pause times out after request_timeout (1 s)
-    (jd,) = (w.home / "work" / "wa" / "jobs").iterdir()
+    (jd,) = job_dirs(w.home / "work" / "wa")
     wait_for(lambda: "event=worker.unreachable" in w.output(), 5, what="the worker to log worker.unreachable")
-    last_ack_sent = float((jd / "deadline").read_text()) - (TOLERATION - 1.0)
+    last_ack_sent = float(jd.deadline_file.read_text()) - (TOLERATION - 1.0)
     assert last_ack_sent <= paused
     wait_for(lambda: not pgid_alive(first["pgid"]), TOLERATION + 2, interval=0.05, what="the job to be fenced")
     gone = time.monotonic()
@@ -70,7 +70,7 @@ def test_the_machine_sleeps_a_gap_longer_than_grace_is_the_daemons_absence_nothi
     job = marker_job(d, marker, pool="serve", seconds=3)
     run = wait_for(lambda: (r := marker_runs(marker).get(job)) and r[0], 20, interval=0.05, what="the job to start")
     state(d, job, "running")
-    shims = [json.loads(p.read_text()) for p in (d.home / "work" / "serve" / "jobs").glob("*/shim.json")]
+    shims = [json.loads(jd.shim_json.read_text()) for jd in job_dirs(d.home / "work" / "serve")]
     assert [s["pgid"] for s in shims] == [run["pgid"]]
     # everything on the machine stops at once: the daemon and its worker and shim host (one process group), the
     # job's shim and the job (Redis is elsewhere and runs on, its lease TTLs counting down)

@@ -10,7 +10,8 @@ import time
 from piloop_common.cas.local import LocalStore
 from tests.helpers.redis import wait_for
 from tests.helpers.workers import (
-    FENCE_AFTER, KILL_GRACE, TOLERATION, events, marker_job, marker_runs, overlapping, pgid_alive, state, token, view,
+    FENCE_AFTER, KILL_GRACE, TOLERATION, events, job_dirs, marker_job, marker_runs, overlapping, pgid_alive, state,
+    token, view,
 )
 
 
@@ -73,7 +74,7 @@ def test_the_shim_dies_during_an_evaluation_it_is_queued_again_not_ended_lost(se
     w = workers(d, token(d, "wa")).start()
     job = marker_job(d, marker, first_forever=True)
     first = _running_on(marker, job)
-    (shim,) = [json.loads(p.read_text()) for p in (w.home / "work" / "wa" / "jobs").glob("*/shim.json")]
+    (shim,) = [json.loads(jd.shim_json.read_text()) for jd in job_dirs(w.home / "work" / "wa")]
     os.kill(shim["shim"], signal.SIGKILL)  # the job's supervisor dies without a record; the worker lives
     # the worker finds the shim gone, kills what it left and reports the run lost: for an evaluation that is a lost
     # run (queued again under a new token, not an attempt), not the end of the job

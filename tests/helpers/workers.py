@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 
 from piloop_common.client import ApiClient
+from piloop_worker.jobdir import JobDir, run_dir_for
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
 
@@ -165,15 +166,25 @@ def pgid_alive(pgid: int) -> bool:
     return False
 
 
+def job_dirs(workdir: Path) -> list[JobDir]:
+    """The job dirs of the worker whose `--dir` is `workdir`, each with its run dir (read only: unlike `scan`,
+    this removes nothing)."""
+    rundir = run_dir_for(workdir)
+    jobs = workdir / "jobs"
+    names = sorted(p.name for p in jobs.iterdir()) if jobs.is_dir() else []
+    return [JobDir(jobs / n, rundir / "jobs" / n if rundir is not None else None) for n in names]
+
+
 def job_pgids(*homes: Path) -> dict[str, int]:
     """Each live job dir's job process group, from the shim's record: {job dir name: pgid}."""
     out = {}
     for home in homes:
-        for shim in home.glob("work/*/jobs/*/shim.json"):
-            try:
-                out[shim.parent.name] = int(json.loads(shim.read_text())["pgid"])
-            except (OSError, ValueError, KeyError):
-                continue
+        for workdir in home.glob("work/*"):
+            for jd in job_dirs(workdir):
+                try:
+                    out[jd.root.name] = int(json.loads(jd.shim_json.read_text())["pgid"])
+                except (OSError, ValueError, KeyError):
+                    continue
     return out
 
 

@@ -32,15 +32,15 @@ def host():
 
 
 def _job(tmp_path: Path, name: str = "j1") -> JobDir:
-    jd = JobDir.for_lease(tmp_path, name, "1")
+    jd = JobDir.for_lease(tmp_path / "data", name, "1", tmp_path / "run")  # its control files apart, as a worker's
     jd.create({"job": name, "token": "1"})
     return jd
 
 
 def _start(host: ShimHost, jd: JobDir, argv: list[str], deadline_in: float = 60.0, **req) -> None:
     jd.write_deadline(time.monotonic() + deadline_in)
-    host.run_job({"dir": str(jd.root), "argv": argv, "env": {**os.environ, **req.pop("env", {})},
-                  "kill_grace": req.pop("kill_grace", 0.3), **req})
+    host.run_job({"dir": str(jd.root), "run": str(jd.run), "argv": argv,
+                  "env": {**os.environ, **req.pop("env", {})}, "kill_grace": req.pop("kill_grace", 0.3), **req})
 
 
 def _pids(jd: JobDir, n: int) -> list[int]:
@@ -128,9 +128,10 @@ OWNER = textwrap.dedent("""
     from piloop_worker.jobdir import JobDir
     from piloop_worker.shimhost import ShimHost
     h = ShimHost().start()
-    jd = JobDir(Path(sys.argv[1]))
-    jd.write_deadline(time.monotonic() + float(sys.argv[2]))
-    h.run_job({"dir": str(jd.root), "argv": ["sh", "-c", sys.argv[3]], "env": dict(os.environ), "kill_grace": 0.3})
+    jd = JobDir(Path(sys.argv[1]), Path(sys.argv[2]))
+    jd.write_deadline(time.monotonic() + float(sys.argv[3]))
+    h.run_job({"dir": str(jd.root), "run": str(jd.run), "argv": ["sh", "-c", sys.argv[4]], "env": dict(os.environ),
+               "kill_grace": 0.3})
     print(h.pid, flush=True)
     time.sleep(1000)
 """)
@@ -139,7 +140,8 @@ OWNER = textwrap.dedent("""
 @pytest.mark.parametrize("victim", ["worker", "shim host"])
 def test_sigkilled_worker_or_host_still_fences_its_job_by_the_deadline(tmp_path, victim):
     jd = _job(tmp_path)
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(jd.root), "3", TREE], stdout=subprocess.PIPE, text=True)
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(jd.root), str(jd.run), "3", TREE],
+                             stdout=subprocess.PIPE, text=True)
     try:
         host_pid = int(owner.stdout.readline())
         pids = _pids(jd, 3)
@@ -210,14 +212,14 @@ def test_a_shim_whose_job_ended_runs_the_next_job_and_fences_it_alike(own_host, 
     _start(own_host, a, ["sh", "-c", "echo a; echo $(ps -o sid= -p $$) > sid"])
     assert _ended(a)["exit_code"] == 0
     shim = read_json(a.shim_json)["shim"]
-    log_a = (a.root / "shim.log").stat().st_size
+    log_a = a.shim_log.stat().st_size
     _start(own_host, b, ["sh", "-c", "echo b; echo $(ps -o sid= -p $$) > sid"])
     assert _ended(b)["exit_code"] == 0
     assert read_json(b.shim_json)["shim"] == shim  # the same shim, not a new fork
     assert read_json(b.shim_json)["pid"] != read_json(a.shim_json)["pid"]
     assert int((b.work / "sid").read_text()) == int((a.work / "sid").read_text()) == shim  # its session, as before
     assert a.output_log.read_text() == "a\n" and b.output_log.read_text() == "b\n"
-    assert (a.root / "shim.log").stat().st_size == log_a  # nothing of the second job in the first one's dir
+    assert a.shim_log.stat().st_size == log_a  # nothing of the second job in the first one's dir
     # the third job on the same shim: fenced at its deadline, its whole tree with it
     _start(own_host, c, ["sh", "-c", TREE], deadline_in=1.0)
     pids = _pids(c, 3)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
+import stat
 import time
 from pathlib import Path
 
@@ -13,7 +15,8 @@ from piloop_common.cas.local import LocalStore
 from piloop_common.hostinfo import Sampler, memory_pressure, parse_psi, sample
 from piloop_common.protocol import PROTOCOL, HostSample, ReportRequest
 from piloop_worker.agent import outcome_of, report_id_for
-from piloop_worker.jobdir import JobDir, scan
+from piloop_worker import jobdir
+from piloop_worker.jobdir import JobDir, run_dir_for, scan
 from piloop_worker.logs import LogShipper
 from piloop_worker.pressure import admission
 from piloop_worker.spool import Spool
@@ -77,6 +80,47 @@ def test_job_dir_deadline_stop_and_lock(tmp_path: Path) -> None:
     os.close(fd)  # the lock dies with its holder's descriptor
     assert not jd.shim_alive()
     assert [d.root for d in scan(tmp_path)] == [jd.root]
+
+
+def test_job_dir_with_a_run_dir_keeps_control_files_apart(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    jd = JobDir.for_lease(tmp_path / "data", "j1", "7", run)
+    jd.create({"job": "j1", "token": "7"}, deadline=99.5)
+    assert sorted(p.name for p in jd.root.iterdir()) == ["outputs", "work"]  # the job's data only
+    assert sorted(p.name for p in jd.run.iterdir()) == ["deadline", "job.json"]
+    assert not jd.durable and JobDir(tmp_path / "x").durable
+    jd.write_exit({"exit_code": 0})
+    assert jd.exit_record() == {"exit_code": 0} and jd.exit_json.parent == jd.run
+    (found,) = scan(tmp_path / "data", run)
+    assert (found.root, found.run, found.record()) == (jd.root, jd.run, {"job": "j1", "token": "7"})
+    # a reboot empties the run dir: the job dir is found without its record (the worker drops it)
+    other = JobDir.for_lease(tmp_path / "data", "j2", "1", run)
+    other.create({"job": "j2", "token": "1"})
+    shutil.rmtree(other.run)
+    assert {d.root.name: d.record() for d in scan(tmp_path / "data", run)}["j2.1"] is None
+    # a run dir whose job dir is gone (a crash between the two removals) is dropped by the next scan
+    jd.remove()
+    assert not jd.root.exists() and not jd.run.exists()
+    stray = run / "jobs" / "j3.1"
+    stray.mkdir()
+    scan(tmp_path / "data", run)
+    assert not stray.exists()
+
+
+def test_run_dir_is_private_and_stable(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(jobdir, "RUN_BASE", tmp_path)
+    a, b = run_dir_for(tmp_path / "w1"), run_dir_for(tmp_path / "w2")
+    assert a is not None and a.parent == tmp_path / f"piloop-{os.getuid()}" and a != b
+    assert run_dir_for(tmp_path / "w1") == a  # a restarted worker finds its jobs' control files again
+    assert stat.S_IMODE(a.parent.stat().st_mode) == 0o700
+    a.parent.chmod(0o755)  # readable by others: not ours alone
+    assert run_dir_for(tmp_path / "w1") is None
+    a.parent.rmdir()
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    a.parent.symlink_to(tmp_path / "elsewhere")  # someone's link in a shared /dev/shm
+    assert run_dir_for(tmp_path / "w1") is None
+    monkeypatch.setattr(jobdir, "RUN_BASE", tmp_path / "missing")
+    assert run_dir_for(tmp_path / "w1") is None
 
 
 def _report(job: str = "j1") -> ReportRequest:
