@@ -172,10 +172,35 @@ class CpuWatch:
 def with_children(procs: Sequence[psutil.Process]) -> list[psutil.Process]:
     out = list(procs)
     for p in procs:
+        for c in child_pids(p):
+            try:
+                out.append(psutil.Process(c))
+            except psutil.Error:
+                pass
+    return out
+
+
+def child_pids(p: psutil.Process) -> list[int]:
+    """`p`'s children from `/proc/PID/task/*/children`: psutil's `children()` reads every process's stat in /proc,
+    which 10 times a second for three groups took ~12 % of a CPU from the drains it measures."""
+    try:
+        tids = os.listdir(f"/proc/{p.pid}/task")
+    except OSError:
+        return []
+    out: list[int] = []
+    for tid in tids:
         try:
-            out += p.children(recursive=False)
-        except psutil.Error:
-            pass
+            with open(f"/proc/{p.pid}/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN (or the thread ended): ask psutil
+            if not os.path.exists(f"/proc/{p.pid}/task/{tid}"):
+                continue
+            try:
+                return [c.pid for c in p.children(recursive=False)]
+            except psutil.Error:
+                return []
+        except OSError:
+            continue
     return out
 
 
