@@ -34,7 +34,7 @@ from piloop_common.protocol import (
 from piloop_worker import pressure
 from piloop_worker.cgroups import Cgroups
 from piloop_worker.heartbeat import Heartbeat, Reachability, orphaned
-from piloop_worker.jobdir import JobDir, read_json, run_dir_for, scan
+from piloop_worker.jobdir import JobDir, SpareDirs, read_json, run_dir_for, scan
 from piloop_worker.logs import LogShipper
 from piloop_worker.relay import Relay, socket_path
 from piloop_worker.room import Room, available_mb
@@ -131,6 +131,7 @@ class Worker:
         self.workdir_arg = workdir
         self.workdir: Path | None = workdir or (home / "work" / name if name else None)
         self.rundir: Path | None = run_dir_for(self.workdir) if self.workdir else None
+        self.spare: SpareDirs | None = None
         self.store, self.host = store, host
         self.repos = Repos(home / "repos", store)
         self.api = api_factory()
@@ -240,6 +241,8 @@ class Worker:
             self.rundir = run_dir_for(self.workdir)
             self.sampler.disk_path = self.workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # a dir it cannot make there: each job dir is made and removed, as before
+            self.spare = SpareDirs(self.workdir)
         if self.cgroups.available:
             log.info("event=worker.cgroups worker=%s version=%d base=%s", self.name, self.cgroups.version,
                      self.cgroups.base)
@@ -424,7 +427,7 @@ class Worker:
             self.held.pop(h.job, None)
         if self.relay is not None:
             self.relay.remove(h.job)
-        h.jd.remove()
+        h.jd.remove(self.spare)
         self.next_claim = 0.0  # a slot is free
 
     def send_report(self, report: ReportRequest) -> str | None:
@@ -588,7 +591,7 @@ class Worker:
         record["relay"] = str(relay_at)
         try:
             # the claim renewed nothing yet: the lease's clock started at most when the claim was sent
-            jd.create(record, fence_deadline(sent, self.timing))
+            jd.create(record, fence_deadline(sent, self.timing), self.spare)
         except OSError as e:
             # a full --dir: nothing ran, so give the job back (not an attempt) and claim nothing for a while
             jd.remove()

@@ -151,25 +151,32 @@ class JobDir:
         """Whether the control files are on the disk (no run dir), where `exit.json` is fsynced."""
         return self.run == self.root
 
-    def create(self, job_record: dict[str, Any], deadline: float | None = None) -> None:
-        """The dirs with `work/` and `outputs/` (`inputs/` comes with the first input), `job.json` and the first
-        deadline. Those two are written in place, not through a temp file and a rename (a file made and one
-        deleted, per job): no shim reads them yet, and a worker that dies halfway leaves a `job.json` it cannot
-        read, so it drops the dir, and the lease, never renewed, expires and the job is queued again."""
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    def create(self, job_record: dict[str, Any], deadline: float | None = None, spare: "SpareDirs | None" = None,
+               ) -> None:
+        """The dirs with `work/` and `outputs/` (`inputs/` comes with the first input; a `spare` dir, emptied by an
+        earlier job, where there is one), `job.json` and the first deadline. Those two are written in place, not
+        through a temp file and a rename (a file made and one deleted, per job): no shim reads them yet, and a worker
+        that dies halfway leaves a `job.json` it cannot read, so it drops the dir, and the lease, never renewed,
+        expires and the job is queued again."""
+        fresh = spare is None or not spare.take(self.root)
+        if fresh:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         if self.full():  # where a mkdir still succeeds on a full disk (tmpfs), the job's first write would not
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.root))
-        for d in (self.outputs, self.work):
-            d.mkdir(exist_ok=True)
+        if fresh:
+            for d in (self.outputs, self.work):
+                d.mkdir(exist_ok=True)
         if not self.durable:
             self.run.mkdir(parents=True, exist_ok=True, mode=0o700)
         _write_new(self.job_json, json.dumps(job_record, sort_keys=True))
         if deadline is not None:
             _write_new(self.deadline_file, repr(float(deadline)))
 
-    def remove(self) -> None:
-        """Both dirs, the data first: a run dir left alone by a crash halfway is dropped by the next `scan`."""
-        shutil.rmtree(self.root, ignore_errors=True)
+    def remove(self, spare: "SpareDirs | None" = None) -> None:
+        """Both dirs, the data first (emptied and kept as a `spare` where it takes it): a run dir left alone by a
+        crash halfway is dropped by the next `scan`."""
+        if spare is None or not spare.give(self.root):
+            shutil.rmtree(self.root, ignore_errors=True)
         if not self.durable:
             shutil.rmtree(self.run, ignore_errors=True)
 
@@ -257,6 +264,79 @@ def _disk_full(record: dict[str, Any], why: str) -> dict[str, Any]:
     if record.get("exit_code") != 0 and not record.get("reason"):
         record["reason"] = f"the worker's dir is full ({why})"
     return record
+
+
+class SpareDirs:
+    """Job data dirs emptied down to their `work/` and `outputs/`, kept in `<dir>/jobs/.spare/` for the next jobs.
+
+    On a disk each directory made and removed costs a block allocated and freed (and, mounted with `discard`, a
+    discard sent to the device); three per job were most of what the job dirs still cost once the control files
+    moved to the run dir. A dir is given back only after its job's exit record, when the shim has killed and reaped
+    every process of the job, so nothing of the old job writes there; what the job left is removed first, and a dir
+    that cannot be emptied, or whose directories grew large (ext4's never shrink), is removed as before.
+    """
+
+    MOST = 16  # about a worker's slots: more is memory of dirs nobody takes
+    LARGEST = 64 * 1024  # bytes of a directory's own entries: past it, a fresh one is cheaper to search
+
+    def __init__(self, workdir: Path) -> None:
+        self.root = workdir / "jobs" / ".spare"
+        shutil.rmtree(self.root, ignore_errors=True)  # an earlier worker's: in whatever state it left them
+        self.root.mkdir(parents=True, mode=0o777)
+        # what mkdir makes of 0o777 under this process's umask: a spare's work/ and outputs/ get it back
+        self.mode = stat.S_IMODE(self.root.stat().st_mode)
+        self.free: list[Path] = []
+        self.made = 0
+
+    def take(self, dest: Path) -> bool:
+        """Move a spare to `dest`; whether there was one."""
+        while self.free:
+            p = self.free.pop()
+            try:
+                os.rename(p, dest)
+                os.utime(dest)  # `scan` orders job dirs by it
+                return True
+            except OSError:
+                shutil.rmtree(p, ignore_errors=True)
+        return False
+
+    def give(self, root: Path) -> bool:
+        """Empty `root` down to its `work/` and `outputs/` and keep it; whether it was kept (else left as it is)."""
+        if len(self.free) >= self.MOST:
+            return False
+        try:
+            kept = 0
+            with os.scandir(root) as entries:
+                for e in entries:
+                    if e.name in ("work", "outputs") and e.is_dir(follow_symlinks=False):
+                        if e.stat(follow_symlinks=False).st_size > self.LARGEST:
+                            return False
+                        _empty(e.path)
+                        os.chmod(e.path, self.mode)
+                        kept += 1
+                    elif e.is_dir(follow_symlinks=False):
+                        shutil.rmtree(e.path)
+                    else:
+                        os.unlink(e.path)
+            if kept != 2:
+                return False
+            os.chmod(root, 0o700)
+            dest = self.root / str(self.made)
+            self.made += 1
+            os.rename(root, dest)
+        except OSError:
+            return False
+        self.free.append(dest)
+        return True
+
+
+def _empty(path: str) -> None:
+    with os.scandir(path) as entries:
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                shutil.rmtree(e.path)
+            else:
+                os.unlink(e.path)
 
 
 def scan(workdir: Path, rundir: Path | None = None) -> list[JobDir]:

@@ -14,7 +14,7 @@ import pytest
 
 from piloop_common.cas.local import LocalStore
 from tests.helpers.redis import wait_for
-from tests.helpers.workers import FENCE_AFTER, pgid_alive, state, submit, token, view
+from tests.helpers.workers import FENCE_AFTER, job_dirs, pgid_alive, state, submit, token, view
 
 # The `server` (a TCP `piloop serve` with a `gpu` pool) and `workers` fixtures are in tests/conftest.py.
 
@@ -58,7 +58,7 @@ def test_a_remote_worker_runs_an_evaluation(server, workers, tmp_path):
     assert "cpu_percent" in json.loads(store.get_bytes(r["metrics"]).splitlines()[0])
     short = state(d, submit(d, "true"), "succeeded", "failed", "lost")
     assert short["state"] == "succeeded" and short["result"]["metrics"] is None, short  # within its first second
-    wait_for(lambda: not w.spool("gpu1") and not list((w.home / "work" / "gpu1" / "jobs").iterdir()), 20,
+    wait_for(lambda: not w.spool("gpu1") and not job_dirs(w.home / "work" / "gpu1"), 20,
              what="the spool and job dir to be cleared")
     rows = d.cli("worker", "list").stdout
     assert any(line.split()[:2] == ["gpu1", "gpu"] for line in rows.splitlines()), rows

@@ -16,7 +16,7 @@ from piloop_common.hostinfo import Sampler, memory_pressure, parse_psi, sample
 from piloop_common.protocol import PROTOCOL, HostSample, ReportRequest
 from piloop_worker.agent import outcome_of, report_id_for
 from piloop_worker import jobdir
-from piloop_worker.jobdir import JobDir, run_dir_for, scan
+from piloop_worker.jobdir import JobDir, SpareDirs, run_dir_for, scan
 from piloop_worker.logs import LogShipper
 from piloop_worker.pressure import admission
 from piloop_worker.spool import Spool
@@ -105,6 +105,39 @@ def test_job_dir_with_a_run_dir_keeps_control_files_apart(tmp_path: Path) -> Non
     stray.mkdir()
     scan(tmp_path / "data", run)
     assert not stray.exists()
+
+
+def test_spare_dirs_are_emptied_kept_and_taken(tmp_path: Path) -> None:
+    spare = SpareDirs(tmp_path)
+    a = JobDir.for_lease(tmp_path, "a", "1", tmp_path / "run")
+    a.create({"job": "a", "token": "1"}, spare=spare)  # none spare yet: made
+    (a.work / "sub").mkdir()
+    (a.work / "sub" / "f").write_text("x")
+    (a.outputs / "result.txt").write_text("42")
+    a.output_log.write_text("hello\n")
+    a.inputs.mkdir()
+    (a.inputs / "args.json").write_text("{}")
+    a.work.chmod(0o500)  # the job made its cwd read-only
+    inode = a.root.stat().st_ino
+    a.remove(spare)
+    assert not a.root.exists() and not a.run.exists() and len(spare.free) == 1
+    assert scan(tmp_path) == []  # a spare is no job dir
+    b = JobDir.for_lease(tmp_path, "b", "1", tmp_path / "run")
+    b.create({"job": "b", "token": "1"}, deadline=5.0, spare=spare)
+    assert b.root.stat().st_ino == inode and not spare.free  # the same dir, emptied of a's every file
+    assert sorted(p.name for p in b.root.iterdir()) == ["outputs", "work"]
+    assert list(b.work.iterdir()) == [] and list(b.outputs.iterdir()) == []
+    assert stat.S_IMODE(b.work.stat().st_mode) == spare.mode and b.record() == {"job": "b", "token": "1"}
+    # a dir without its work/ (the job removed it) is not kept; nor more than MOST
+    shutil.rmtree(b.work)
+    b.remove(spare)
+    assert not b.root.exists() and not spare.free
+    # a new worker's SpareDirs drops what an earlier one left
+    c = JobDir.for_lease(tmp_path, "c", "1")
+    c.create({"job": "c", "token": "1"}, spare=spare)
+    c.remove(spare)
+    assert len(spare.free) == 1
+    assert SpareDirs(tmp_path).free == [] and list((tmp_path / "jobs" / ".spare").iterdir()) == []
 
 
 def test_run_dir_is_private_and_stable(tmp_path: Path, monkeypatch) -> None:
