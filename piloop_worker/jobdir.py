@@ -266,8 +266,12 @@ def _disk_full(record: dict[str, Any], why: str) -> dict[str, Any]:
     return record
 
 
+KEPT = ("work", "outputs", "inputs")  # a spare's directories, emptied
+
+
 class SpareDirs:
-    """Job data dirs emptied down to their `work/` and `outputs/`, kept in `<dir>/jobs/.spare/` for the next jobs.
+    """Job data dirs emptied down to their `work/`, `outputs/` and `inputs/`, kept in `<dir>/jobs/.spare/` for the next
+    jobs (a job without inputs may so find an empty `inputs/`).
 
     On a disk each directory made and removed costs a block allocated and freed (and, mounted with `discard`, a
     discard sent to the device); three per job were most of what the job dirs still cost once the control files
@@ -301,19 +305,20 @@ class SpareDirs:
         return False
 
     def give(self, root: Path) -> bool:
-        """Empty `root` down to its `work/` and `outputs/` and keep it; whether it was kept (else left as it is)."""
+        """Empty `root` down to its `work/`, `outputs/` and `inputs/` and keep it; whether it was kept (else left as
+        it is)."""
         if len(self.free) >= self.MOST:
             return False
         try:
             kept = 0
             with os.scandir(root) as entries:
                 for e in entries:
-                    if e.name in ("work", "outputs") and e.is_dir(follow_symlinks=False):
+                    if e.name in KEPT and e.is_dir(follow_symlinks=False):
                         if e.stat(follow_symlinks=False).st_size > self.LARGEST:
                             return False
                         _empty(e.path)
                         os.chmod(e.path, self.mode)
-                        kept += 1
+                        kept += e.name != "inputs"  # made for a job's first input: a spare may have it or not
                     elif e.is_dir(follow_symlinks=False):
                         shutil.rmtree(e.path)
                     else:

@@ -125,8 +125,8 @@ def test_spare_dirs_are_emptied_kept_and_taken(tmp_path: Path) -> None:
     b = JobDir.for_lease(tmp_path, "b", "1", tmp_path / "run")
     b.create({"job": "b", "token": "1"}, deadline=5.0, spare=spare)
     assert b.root.stat().st_ino == inode and not spare.free  # the same dir, emptied of a's every file
-    assert sorted(p.name for p in b.root.iterdir()) == ["outputs", "work"]
-    assert list(b.work.iterdir()) == [] and list(b.outputs.iterdir()) == []
+    assert sorted(p.name for p in b.root.iterdir()) == ["inputs", "outputs", "work"]
+    assert list(b.work.iterdir()) == list(b.outputs.iterdir()) == list(b.inputs.iterdir()) == []
     assert stat.S_IMODE(b.work.stat().st_mode) == spare.mode and b.record() == {"job": "b", "token": "1"}
     # a dir without its work/ (the job removed it) is not kept; nor more than MOST
     shutil.rmtree(b.work)
