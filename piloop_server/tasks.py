@@ -51,6 +51,10 @@ TIMEOUT_SECONDS = 600  # a task still running then is killed (rq's death penalty
 FAILURE_TTL_SECONDS = 86_400  # how long rq keeps a task that failed its last retry, for inspection
 ENDED = (b"finished", b"failed", b"stopped", b"canceled")
 RESTART_MAX_SECONDS = 60.0
+# how often `Workers.watch` looks for queued tasks when nothing woke it: a submit in this process (the pass, the
+# API) wakes it at once; one from another process (a task that submits to another queue) is seen within this
+WATCH_SECONDS = 1.0
+_submitted = threading.Event()
 
 _rt: Runtime | None = None  # a worker process's Runtime, built once by main()
 
@@ -125,6 +129,7 @@ def submit(rt: Runtime, func: str, *args: Any, key: str, queue: str = DEFAULT) -
                            retry=Retry(max=len(intervals), interval=intervals),
                            on_failure=Callback("piloop_server.tasks._failed"),
                            meta={"namespace": rt.keys.namespace}, description=f"{func} key={key}")
+            _submitted.set()
             return True
         except DuplicateJobError:
             if not _clear_ended(rt.redis, job_cls.key_for(jid)):
@@ -351,8 +356,12 @@ class Workers:
 
     def watch(self, stop: threading.Event) -> None:
         due: dict[str, float] = {}
-        while not stop.wait(0.25):
-            if self.stopping:
+        while not stop.is_set():
+            # woken by a submit in this process, else once a WATCH_SECONDS: an idle server asked Redis 4 times a
+            # second whether any queue had work, and a submitted task waited up to 0.25 s for its worker
+            _submitted.wait(min([WATCH_SECONDS, *(max(0.0, t - time.monotonic()) for t in due.values())]))
+            _submitted.clear()
+            if self.stopping or stop.is_set():
                 return
             try:
                 for name in self._wanted():
