@@ -110,7 +110,7 @@ def run_dir_for(workdir: Path) -> Path | None:
     # /dev/shm is everyone's: a dir someone else made for us, or a symlink, would hand them our jobs' control
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
         return None
-    return mine / hashlib.sha256(os.fsencode(workdir.absolute())).hexdigest()[:16]
+    return mine / hashlib.sha256(os.fsencode(workdir.resolve())).hexdigest()[:16]  # one dir, one run dir
 
 
 class JobDir:

@@ -145,6 +145,9 @@ def test_run_dir_is_private_and_stable(tmp_path: Path, monkeypatch) -> None:
     a, b = run_dir_for(tmp_path / "w1"), run_dir_for(tmp_path / "w2")
     assert a is not None and a.parent == tmp_path / f"piloop-{os.getuid()}" and a != b
     assert run_dir_for(tmp_path / "w1") == a  # a restarted worker finds its jobs' control files again
+    (tmp_path / "w1").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "w1")
+    assert run_dir_for(tmp_path / "alias") == a  # and so does one given the same dir by another path
     assert stat.S_IMODE(a.parent.stat().st_mode) == 0o700
     a.parent.chmod(0o755)  # readable by others: not ours alone
     assert run_dir_for(tmp_path / "w1") is None
