@@ -16,7 +16,7 @@ import psutil
 from piloop_common.client import ApiClient
 from piloop_worker.jobdir import JobDir, run_dir_for
 from tests.helpers.redis import free_port, wait_for
-from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
+from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, drop_run_dirs, short_home
 
 # FAST_EXECUTOR: renew 0.5 s, grace 2 s, toleration 6 s, kill grace 0.5 s.
 RENEW, GRACE, TOLERATION, KILL_GRACE = 0.5, 2.0, 6.0, 0.5
@@ -94,6 +94,8 @@ class RemoteWorker:
             _signal_group(self.proc.pid, signal.SIGCONT)
         self.kill()
         kill_tree_of(str(self.home))
+        given = [Path(self.args[i + 1]) for i, a in enumerate(self.args[:-1]) if a == "--dir"]
+        drop_run_dirs(*(self.home / "work").glob("*"), *given)
 
 
 def _signal_group(pid: int, sig: int) -> None:
