@@ -122,7 +122,11 @@ class JobDir:
 
     @classmethod
     def for_lease(cls, workdir: Path, job: str, token: str, rundir: Path | None = None) -> "JobDir":
-        name = f"{job}.{token}"
+        return cls.named(workdir, f"{job}.{token}", rundir)
+
+    @classmethod
+    def named(cls, workdir: Path, name: str, rundir: Path | None = None) -> "JobDir":
+        """The job dir `name` of the worker whose `--dir` is `workdir` and whose run dir is `rundir`."""
         return cls(workdir / "jobs" / name, rundir / "jobs" / name if rundir is not None else None)
 
     def __repr__(self) -> str:
@@ -314,15 +318,17 @@ class SpareDirs:
             with os.scandir(root) as entries:
                 for e in entries:
                     if e.name in KEPT and e.is_dir(follow_symlinks=False):
-                        if e.stat(follow_symlinks=False).st_size > self.LARGEST:
+                        st = e.stat(follow_symlinks=False)
+                        if st.st_size > self.LARGEST:
                             return False
-                        _empty(e.path)
-                        os.chmod(e.path, self.mode)
+                        with os.scandir(e.path) as inside:
+                            for f in inside:
+                                _remove(f)
+                        if stat.S_IMODE(st.st_mode) != self.mode:
+                            os.chmod(e.path, self.mode)
                         kept += e.name != "inputs"  # made for a job's first input: a spare may have it or not
-                    elif e.is_dir(follow_symlinks=False):
-                        shutil.rmtree(e.path)
                     else:
-                        os.unlink(e.path)
+                        _remove(e)
             if kept != 2:
                 return False
             os.chmod(root, 0o700)
@@ -335,13 +341,11 @@ class SpareDirs:
         return True
 
 
-def _empty(path: str) -> None:
-    with os.scandir(path) as entries:
-        for e in entries:
-            if e.is_dir(follow_symlinks=False):
-                shutil.rmtree(e.path)
-            else:
-                os.unlink(e.path)
+def _remove(e: os.DirEntry) -> None:
+    if e.is_dir(follow_symlinks=False):
+        shutil.rmtree(e.path)
+    else:
+        os.unlink(e.path)
 
 
 def scan(workdir: Path, rundir: Path | None = None) -> list[JobDir]:
@@ -352,5 +356,5 @@ def scan(workdir: Path, rundir: Path | None = None) -> list[JobDir]:
         for p in (rundir / "jobs").iterdir():
             if p.name not in names:
                 shutil.rmtree(p, ignore_errors=True)
-    dirs = [JobDir(jobs / n, rundir / "jobs" / n if rundir is not None else None) for n in names]
+    dirs = [JobDir.named(workdir, n, rundir) for n in names]
     return sorted(dirs, key=lambda d: d.root.stat().st_mtime)

@@ -315,11 +315,10 @@ def _run_logged(req: dict[str, Any], devnull: int) -> None:
         with contextlib.suppress(Exception):
             os.write(2, f"shim failed: {type(e).__name__}: {e}\n".encode())
             if not jd.exit_json.exists():
-                atomic_json(jd.exit_json, {"exit_code": None, "signal": None, "oom": False, "stopped": "",
-                                           "reason": f"the shim failed: {type(e).__name__}: {e}",
-                                           "usage": {"peak_rss_bytes": 0, "cpu_seconds": 0.0},
-                                           "started": time.time(), "ended": time.time(), "duration_seconds": 0.0},
-                            durable=jd.durable)
+                jd.write_exit({"exit_code": None, "signal": None, "oom": False, "stopped": "",
+                               "reason": f"the shim failed: {type(e).__name__}: {e}",
+                               "usage": {"peak_rss_bytes": 0, "cpu_seconds": 0.0},
+                               "started": time.time(), "ended": time.time(), "duration_seconds": 0.0})
         if not isinstance(e, Exception):
             raise  # SystemExit, KeyboardInterrupt: this shim ends here
     finally:

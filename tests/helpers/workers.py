@@ -174,7 +174,7 @@ def job_dirs(workdir: Path) -> list[JobDir]:
     rundir = run_dir_for(workdir)
     jobs = workdir / "jobs"
     names = sorted(p.name for p in jobs.iterdir() if not p.name.startswith(".")) if jobs.is_dir() else []  # .spare
-    return [JobDir(jobs / n, rundir / "jobs" / n if rundir is not None else None) for n in names]
+    return [JobDir.named(workdir, n, rundir) for n in names]
 
 
 def job_pgids(*homes: Path) -> dict[str, int]:
