@@ -24,6 +24,10 @@ def _worker(leases: Leases, name: str = "w1", pool: str = "p", image: str = "") 
     leases.register(name, pool, image, "cas1", {"load": 0.1}, protocol=1, by=f"worker:{name}")
 
 
+def _s(b: bytes | str) -> str:
+    return b.decode() if isinstance(b, bytes) else b
+
+
 def _state(leases: Leases, job: str) -> str:
     return leases.r.hget(leases.k.job(job), "state").decode()
 
@@ -39,6 +43,31 @@ def test_claim_takes_oldest_first_and_respects_slots(leases):
     again = leases.claim("w1", "p", "evaluation", slots=2, image="", most=5)
     assert again.leases == [] and again.reason == "slots"
     assert _state(leases, "j0") == "leased"
+
+
+def test_claim_reads_past_jobs_it_may_not_run_in_pages_and_keeps_their_order(leases):
+    """The claim reads the queue as deep as it needs (as many as it wants, then pages of 16): the jobs it cannot run
+    (another image, a grant past the worker's room) stay queued in order, and the ones it leases do not make it skip
+    any (a lease moves the rest of the queue up)."""
+    _worker(leases, image="img:1")
+    other = [f"x{i}" for i in range(3)] + [f"y{i}" for i in range(14)]  # for another image's workers
+    plan = [(f"a{i}", "", 0) for i in range(3)] + [(x, "img:2", 0) for x in other[:3]]  # the first read: 6
+    plan += [(f"b{i}", "img:1", 100) for i in range(2)] + [(y, "img:2", 0) for y in other[3:]]  # the next 16
+    plan += [(f"big{i}", "", 4096) for i in range(2)] + [(f"c{i}", "", 0) for i in range(3)]
+    for job, image, mb in plan:
+        leases.enqueue(job, "evaluation", "p", {"argv": ["true"], **({"memory_mb": mb} if mb else {})},
+                       by="human:t", image=image)
+        time.sleep(0.002)  # distinct enqueue scores
+    c = leases.claim("w1", "p", "evaluation", slots=10, image="img:1", most=6, room_mb=1024)
+    assert [lease.job for lease in c.leases] == ["a0", "a1", "a2", "b0", "b1", "c0"]
+    c = leases.claim("w1", "p", "evaluation", slots=10, image="img:1", most=6, room_mb=1024)
+    assert [lease.job for lease in c.leases] == ["c1", "c2"]
+    queued = [_s(j) for j in leases.r.zrange(leases.k.queue("p", "evaluation"), 0, -1)]
+    assert queued == other + ["big0", "big1"]
+    assert leases.claim("w1", "p", "evaluation", slots=10, image="img:1", most=6, room_mb=1024).reason == "memory"
+    _worker(leases, name="w2", image="img:2")
+    c = leases.claim("w2", "p", "evaluation", slots=30, image="img:2", most=30, room_mb=1024)
+    assert [lease.job for lease in c.leases] == other
 
 
 def test_claim_reasons(leases):

@@ -28,27 +28,12 @@ local prefix, worker, kind, image = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
 local tol = tonumber(ARGV[6])
 local room, default_mb = tonumber(ARGV[9] or '-1'), tonumber(ARGV[10] or '0')
 if room >= 0 then redis.call('HSET', KEYS[1], 'room_mb', room) end
-local ids = redis.call('ZRANGE', KEYS[4], 0, tonumber(ARGV[8]) - 1)
+local depth = tonumber(ARGV[8])
+-- agents: every job within the depth (they are picked by campaign); evaluations: as many as are wanted, then
+-- pages of 16 more only while the jobs wanted are not all found (each job read is ~7 us of Redis)
+local page = kind == 'agent' and depth or math.min(depth, want)
+local ids = redis.call('ZRANGE', KEYS[4], 0, page - 1)
 if #ids == 0 then return {'none', 'nothing'} end
-
--- The candidates this worker may run: the job's image is empty or the worker's.
-local cands = {}
-for _, id in ipairs(ids) do
-  local job = prefix .. 'job:' .. id
-  local f = redis.call('HMGET', job, 'image', 'campaign', 'grant_mb')
-  if f[1] == false or f[1] == '' or f[1] == image then
-    local grant = tonumber(f[3])
-    if grant == nil then
-      -- read the spec's grant once; later claims (and a raise after an OOM) use the field
-      local ok, spec = pcall(cjson.decode, redis.call('HGET', job, 'spec') or '{}')
-      grant = ok and type(spec) == 'table' and tonumber(spec.memory_mb) or 0
-      redis.call('HSET', job, 'grant_mb', grant)
-    end
-    if grant <= 0 then grant = default_mb end
-    cands[#cands + 1] = {id = id, campaign = f[2] or '', grant = grant}
-  end
-end
-if #cands == 0 then return {'none', 'image'} end
 
 -- What the worker has granted already, from its leases of both kinds (derived, never a counter to drift).
 local granted = 0
@@ -59,46 +44,88 @@ if room >= 0 then
     end
   end
 end
-local function fits(c)
-  return room < 0 or granted + c.grant <= room
+local function fits(grant)
+  return room < 0 or granted + grant <= room
+end
+
+-- A queued job this worker may run (its image is empty or the worker's), with its grant; nil when it may not.
+local function candidate(id)
+  local job = prefix .. 'job:' .. id
+  local f = redis.call('HMGET', job, 'image', 'campaign', 'grant_mb')
+  if not (f[1] == false or f[1] == '' or f[1] == image) then return nil end
+  local grant = tonumber(f[3])
+  if grant == nil then
+    -- read the spec's grant once; later claims (and a raise after an OOM) use the field
+    local ok, spec = pcall(cjson.decode, redis.call('HGET', job, 'spec') or '{}')
+    grant = ok and type(spec) == 'table' and tonumber(spec.memory_mb) or 0
+    redis.call('HSET', job, 'grant_mb', grant)
+  end
+  if grant <= 0 then grant = default_mb end
+  return {id = id, campaign = f[2] or '', grant = grant}
 end
 
 local out = {'ok'}
-local taken = {}
-for _ = 1, want do
-  local pick = nil
-  if kind == 'agent' then
-    -- the campaign with the fewest live agents; ties go to the oldest job
-    local best = nil
+local function lease(c)
+  granted = granted + c.grant
+  local token = string.format('%d%012d', tonumber(gen), redis.call('INCR', KEYS[7]))
+  redis.call('ZREM', KEYS[4], c.id)
+  redis.call('SET', prefix .. 'lease:' .. c.id, token, 'PX', tol)
+  redis.call('ZADD', KEYS[5], now + tol, c.id)
+  redis.call('SADD', KEYS[3], c.id)
+  redis.call('SADD', KEYS[6], c.id)
+  redis.call('HSET', prefix .. 'job:' .. c.id, 'state', 'leased', 'worker', worker, 'token', token,
+    'leased', now, 'updated', now, 'cancel', '0', 'granted_mb', c.grant)
+  if kind == 'agent' then redis.call('HINCRBY', KEYS[10], c.campaign, 1) end
+  redis.call('XADD', KEYS[9], 'MAXLEN', '~', 100000, '*',
+    'type', 'lease.granted', 'by', 'worker:' .. worker, 'job', c.id, 'token', token, 'worker', worker)
+  out[#out + 1] = c.id
+  out[#out + 1] = token
+end
+
+local any = false
+if kind == 'agent' then
+  -- the campaign with the fewest live agents, ties to the oldest job
+  local cands = {}
+  for _, id in ipairs(ids) do
+    local c = candidate(id)
+    if c then cands[#cands + 1] = c end
+  end
+  any = #cands > 0
+  local taken = {}
+  for _ = 1, want do
+    local pick, best = nil, nil
     for i, c in ipairs(cands) do
-      if not taken[i] and fits(c) then
+      if not taken[i] and fits(c.grant) then
         local live = tonumber(redis.call('HGET', KEYS[10], c.campaign) or '0')
         if best == nil or live < best then best, pick = live, i end
       end
     end
-  else
-    for i, c in ipairs(cands) do
-      if not taken[i] and fits(c) then pick = i; break end
-    end
+    if pick == nil then break end
+    taken[pick] = true
+    lease(cands[pick])
   end
-  if pick == nil then break end
-  taken[pick] = true
-  local id, campaign, grant = cands[pick].id, cands[pick].campaign, cands[pick].grant
-  granted = granted + grant
-  local token = string.format('%d%012d', tonumber(gen), redis.call('INCR', KEYS[7]))
-  local job = prefix .. 'job:' .. id
-  redis.call('ZREM', KEYS[4], id)
-  redis.call('SET', prefix .. 'lease:' .. id, token, 'PX', tol)
-  redis.call('ZADD', KEYS[5], now + tol, id)
-  redis.call('SADD', KEYS[3], id)
-  redis.call('SADD', KEYS[6], id)
-  redis.call('HSET', job, 'state', 'leased', 'worker', worker, 'token', token,
-    'leased', now, 'updated', now, 'cancel', '0', 'granted_mb', grant)
-  if kind == 'agent' then redis.call('HINCRBY', KEYS[10], campaign, 1) end
-  redis.call('XADD', KEYS[9], 'MAXLEN', '~', 100000, '*',
-    'type', 'lease.granted', 'by', 'worker:' .. worker, 'job', id, 'token', token, 'worker', worker)
-  out[#out + 1] = id
-  out[#out + 1] = token
+else
+  -- the oldest jobs that fit, in order (a grant that did not fit never fits later in this call: what is granted
+  -- only grows); a page leased from the queue's head moves the rest up, so the next page starts at the kept ones
+  local seen, kept = 0, 0
+  while true do
+    for _, id in ipairs(ids) do
+      seen = seen + 1
+      local c = candidate(id)
+      if c then any = true end
+      if c and fits(c.grant) then
+        lease(c)
+        if (#out - 1) / 2 >= want then break end
+      else
+        kept = kept + 1
+      end
+    end
+    if (#out - 1) / 2 >= want or seen >= depth or #ids < page then break end
+    page = math.min(math.max(want, 16), depth - seen)
+    ids = redis.call('ZRANGE', KEYS[4], kept, kept + page - 1)
+    if #ids == 0 then break end
+  end
 end
+if not any then return {'none', 'image'} end
 if #out == 1 then return {'none', 'memory'} end
 return out
