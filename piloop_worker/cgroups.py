@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from piloop_worker.jobdir import read_file, write_file
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 OOM_KILL = re.compile(r"^oom_kill (\d+)$", re.M)  # compiled here, in the shim host: each shim would compile it again
 
@@ -56,7 +58,7 @@ class JobCgroup:
             yield False
             return
         try:
-            self.join_path().write_text(me)
+            write_file(self.join_path(), me)
         except OSError:
             yield False
             return
@@ -64,7 +66,7 @@ class JobCgroup:
             yield True
         finally:
             try:
-                own.write_text(me)
+                write_file(own, me)
             except OSError as e:  # never raised: the job is spawned by now, and the shim must go on to supervise it
                 print(f"shim: cannot leave the job's cgroup {self.path} ({e}): it may be killed with the job",
                       file=sys.stderr, flush=True)
@@ -97,7 +99,7 @@ class JobCgroup:
         """SIGKILL every process in the group, even those that left the job's process group."""
         if self.version == 2 and (self.path / "cgroup.kill").exists():
             with contextlib.suppress(OSError):
-                (self.path / "cgroup.kill").write_text("1")
+                write_file(self.path / "cgroup.kill", "1")
                 return
         for pid in self.pids():
             with contextlib.suppress(OSError):
@@ -148,7 +150,7 @@ def own_procs(version: int, root: Path = CGROUP_ROOT) -> Path | None:
 
 def _read(p: Path) -> str:
     try:
-        return p.read_text()
+        return read_file(p)
     except OSError:
         return ""
 
@@ -221,13 +223,13 @@ class Cgroups:
         path.mkdir(exist_ok=True)
         limit = str(memory_mb * 1024 * 1024)
         if self.version == 2:
-            (path / "memory.max").write_text(limit)
+            write_file(path / "memory.max", limit)
             with contextlib.suppress(OSError):
-                (path / "memory.swap.max").write_text("0")
+                write_file(path / "memory.swap.max", "0")
         else:
-            (path / "memory.limit_in_bytes").write_text(limit)
+            write_file(path / "memory.limit_in_bytes", limit)
             with contextlib.suppress(OSError):
-                (path / "memory.memsw.limit_in_bytes").write_text(limit)
+                write_file(path / "memory.memsw.limit_in_bytes", limit)
             with contextlib.suppress(OSError):
-                (path / "memory.swappiness").write_text("0")
+                write_file(path / "memory.swappiness", "0")
         return JobCgroup(path, self.version)

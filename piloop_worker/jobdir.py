@@ -39,24 +39,53 @@ import json
 import os
 import shutil
 import stat
-import tempfile
 from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+
+def write_file(path: str | os.PathLike, data: bytes | str, flags: int = os.O_TRUNC, mode: int = 0o600) -> None:
+    """`data` into `path` through the os alone: pathlib's `write_text` costs ~55 us a call here (its text layer), this
+    ~13, and a job's start and end make a dozen such writes."""
+    raw = data.encode() if isinstance(data, str) else data
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, mode)
+    try:
+        view = memoryview(raw)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def read_file(path: str | os.PathLike) -> str:
+    """`path`'s text through the os alone (as `write_file`)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
 
 
 def atomic_write(path: Path, data: bytes | str, mode: int = 0o600, durable: bool = True) -> None:
     """Write `path` so a reader sees the old content or the new, never a part; `durable`: fsynced before the rename,
     so a crash of the machine leaves the old content or the new too."""
     raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    # a temporary name of 12 random bytes, made with O_EXCL (what `tempfile.mkstemp` does, at a third of its cost)
+    tmp = os.path.join(path.parent, f".{path.name}.{os.urandom(12).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-            f.flush()
+        try:
+            view = memoryview(raw)
+            while view:
+                view = view[os.write(fd, view):]
             if durable:
-                os.fsync(f.fileno())
-        os.chmod(tmp, mode)
+                os.fsync(fd)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -68,15 +97,9 @@ def atomic_json(path: Path, obj: Any, durable: bool = True) -> None:
     atomic_write(path, json.dumps(obj, sort_keys=True), durable=durable)
 
 
-def _write_new(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-
-
 def read_json(path: Path) -> Any | None:
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_file(path))
     except (OSError, ValueError):
         return None
 
@@ -172,9 +195,9 @@ class JobDir:
                 d.mkdir(exist_ok=True)
         if not self.durable:
             self.run.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _write_new(self.job_json, json.dumps(job_record, sort_keys=True))
+        write_file(self.job_json, json.dumps(job_record, sort_keys=True))
         if deadline is not None:
-            _write_new(self.deadline_file, repr(float(deadline)))
+            write_file(self.deadline_file, repr(float(deadline)))
 
     def remove(self, spare: "SpareDirs | None" = None) -> None:
         """Both dirs, the data first (emptied and kept as a `spare` where it takes it): a run dir left alone by a
@@ -192,7 +215,7 @@ class JobDir:
 
     def read_fetched(self) -> int:
         try:
-            return int(self.fetched_file.read_text())
+            return int(read_file(self.fetched_file))
         except (OSError, ValueError):
             return 0
 
@@ -202,7 +225,7 @@ class JobDir:
 
     def read_deadline(self) -> float | None:
         try:
-            return float(self.deadline_file.read_text())
+            return float(read_file(self.deadline_file))
         except (OSError, ValueError):
             return None
 
@@ -214,7 +237,7 @@ class JobDir:
 
     def stop_reason(self) -> str | None:
         try:
-            return self.stop_file.read_text().strip() or "stopped"
+            return read_file(self.stop_file).strip() or "stopped"
         except OSError:
             return None
 

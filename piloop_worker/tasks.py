@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from piloop_worker.jobdir import JobDir
+from piloop_worker.jobdir import JobDir, write_file
 
 SERIALIZERS = ("json", "pickle")
 FAILED = 1
@@ -100,7 +100,7 @@ def child(req: dict[str, Any], jd: JobDir, cgroup_join: Path | None) -> None:
     try:
         os.setpgid(0, 0)
         if cgroup_join is not None:
-            cgroup_join.write_text(str(os.getpid()))
+            write_file(cgroup_join, str(os.getpid()))
         devnull = os.open(os.devnull, os.O_RDONLY)
         out = os.open(jd.output_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(devnull, 0)
