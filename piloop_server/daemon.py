@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -33,6 +34,9 @@ class Pass:
         self.bad_limits: set[str] = set()
         self.count = 0
         self.provisioner: Any = None  # piloop_server.provisioner.Provisioner, when serve gives one
+        # called when a pass queued jobs or freed slots: serve wakes the claims waiting at its API (long polls), which
+        # would otherwise find those jobs only when their wait ends (up to a renew period)
+        self.wake: Callable[[], None] = lambda: None
 
     def check_generation(self) -> None:
         rt = self.rt
@@ -72,16 +76,19 @@ class Pass:
             rt.events.add("limit.ignored", "service:daemon", key=key, reason="it no longer fits config.toml")
         self.bad_limits = bad
         res = rt.leases.expire(self.held_pools())
+        moved = 0 if res.rearmed else res.count  # evaluations queued again, slots freed
         if res.rearmed:
             log.warning("event=daemon.rearmed leases=%d (the daemon was away longer than grace_seconds)", res.count)
         for job in res.lost:
             rt.events.escalate("job.lost", f"evaluation {job} was lost {rt.executor.max_lost} times in a row", job=job)
-        rt.leases.due()  # failed jobs whose backoff has passed go back to their queues
+        moved += rt.leases.due()  # failed jobs whose backoff has passed go back to their queues
         if self.provisioner is not None:
             # decides from Redis only: its platform calls are background tasks (piloop_server.tasks), off the pass
             self.provisioner.run_once()
         # campaigns last: agents go into the slots this pass's expiries freed; git work is handed to rq
-        campaigns.tend(rt)
+        moved += campaigns.tend(rt)
+        if moved:
+            self.wake()
         self.count += 1
 
 

@@ -28,6 +28,7 @@ from piloop_common.errors import Unavailable
 from piloop_common.listen import check_listen, uvicorn_tls
 from piloop_common.prctl import set_name
 from piloop_server import embedded
+from piloop_server.api import wakeup
 from piloop_server.app import create_app, served, via_socket
 from piloop_server.daemon import Pass, run as run_pass
 from piloop_server.redisconn import check_policy, connect, state_url
@@ -155,7 +156,9 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
         if tcp_addr:
             servers_socks.append(_tcp_socket(*tcp_addr))
         info = {"pid": os.getpid(), "socket": str(sock_path), "listen": listen or "", "started_ms": int(time.time() * 1000)}
-        app = served(create_app(rt, info))
+        api = create_app(rt, info)
+        app = served(api)
+        the_pass.wake = lambda: wakeup.notify(api)
         servers = [_Server(uvicorn.Config(via_socket(app), lifespan="off", log_level="warning", access_log=False,
                                           timeout_keep_alive=SERVER_KEEPALIVE_SECONDS))]
         if tcp_addr:

@@ -1,8 +1,10 @@
 """Wake claims that wait: an idle worker's claim waits (up to its `wait_seconds`) for a job to be queued.
 
-Routes that queue a job or free a slot call `notify(app)` from any thread; a waiting claim takes the current
-event before it looks (so a job queued while it looks is never missed) and tries again when it fires.
-Jobs queued by the pass or another server are found at the next poll, as before.
+Routes that queue a job or free a slot call `notify(app)` from any thread, and so does the pass when it queued jobs
+(a retry whose backoff passed, an evaluation whose lease expired, a campaign's agent) or freed slots; a waiting claim
+takes the current event before it looks (so a job queued while it looks is never missed) and tries again when it
+fires. Jobs queued by another server are found when the wait ends (the claim's `wait_seconds`; piloop's worker
+asks for at most 5 s).
 """
 
 from __future__ import annotations
