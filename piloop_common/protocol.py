@@ -270,6 +270,9 @@ class JobView(Message):
     progress: list[dict[str, Any]] = Field(default_factory=list, description="The job's own notes: note, by, at_ms.")
     memory_mb: int = Field(0, description="The grant (MiB) of the job's current or next attempt; 0: none of its own.")
     retry_ms: int = Field(0, description="A failed job waiting to be tried again: when it goes back to the queue.")
+    waiting: str = Field("", description="Why a queued job has no lease, where the live workers of its pool tell (none "
+                                         "is live, none runs its image, its grant exceeds every one's room); "
+                                         "`job show` only.")
 
 
 class ProgressNote(Message):

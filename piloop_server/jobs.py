@@ -65,6 +65,39 @@ def view(rt: Runtime, job_id: str) -> JobView:
         retry_ms=int(f.get("retry_at") or 0))
 
 
+def waiting(rt: Runtime, v: JobView) -> str:
+    """Why queued job `v` has no lease where the live workers of its pool tell (what claim.lua checks of each): none
+    is live (and no provisioner starts one), none runs its image, or its grant is larger than every one's room. Empty
+    when one could take it, or the job waits out a backoff. It stays queued either way: a worker may come."""
+    from piloop_common.sizes import format_memory
+
+    if v.state != "queued" or v.retry_ms:
+        return ""
+    names = [_s(n) for n in rt.redis.smembers(rt.keys.workers())]
+    pipe = rt.redis.pipeline(transaction=False)
+    for n in names:
+        pipe.hmget(rt.keys.worker(n), "pool", "image", "room_mb", "draining")
+        pipe.exists(rt.keys.worker_alive(n))
+    got = pipe.execute()
+    live = [(_s(f[1]), _s(f[2])) for f, alive in zip(got[::2], got[1::2])
+            if alive and _s(f[0]) == v.pool and _s(f[3]) != "1"]
+    pool = rt.executor.pools.get(v.pool)
+    if not live:
+        if pool is not None and pool.provisioner is not None:
+            return ""  # the provisioner starts workers for what is queued
+        return f"no live worker in pool {v.pool}"
+    if v.image:
+        live = [w for w in live if w[0] == v.image]
+        if not live:
+            return f"no live worker of pool {v.pool} runs image {v.image}"
+    grant = v.memory_mb or int(v.spec.get("memory_mb") or 0) or (pool.memory_mb if pool is not None else 0) or 0
+    rooms = [int(room) for _, room in live if room]
+    if grant and rooms and len(rooms) == len(live) and grant > max(rooms):  # a worker that sent no room takes any
+        return (f"its grant of {format_memory(grant)} is larger than the room of every live worker of pool {v.pool} "
+                f"(the most: {format_memory(max(rooms))})")
+    return ""
+
+
 def listing(rt: Runtime, state: str | None, pool: str | None, limit: int = 200) -> list[JobView]:
     ids = [_s(x) for x in rt.redis.zrevrange(rt.keys.jobs(), 0, max(limit * 5, 1000) - 1)]
     out: list[JobView] = []

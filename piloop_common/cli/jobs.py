@@ -132,6 +132,8 @@ def show(obj, job_id, as_json) -> None:
              ("memory", _grant(j)), ("reason", j["reason"] or "-"), ("log", ", ".join(j["log"]) or "-")]
     if j.get("retry_ms"):
         lines.insert(-2, ("retry at", when(j["retry_ms"])))
+    if j.get("waiting"):
+        lines.insert(4, ("waiting", j["waiting"]))  # under its state
     for name, addr in (r.get("outputs") or {}).items():
         lines.append((f"output {name}", addr))
     for n in j.get("progress") or []:

@@ -27,7 +27,9 @@ def listing(rt: RuntimeDep, caller: ActorDep, state: str | None = None, pool: st
 
 @router.get("/{job_id}", response_model=JobView)
 def show(job_id: str, rt: RuntimeDep, caller: ActorDep) -> JobView:
-    return jobs.view(rt, job_id)
+    v = jobs.view(rt, job_id)
+    v.waiting = jobs.waiting(rt, v)  # here only: it reads every worker, which a listing of jobs would do per job
+    return v
 
 
 @router.post("/{job_id}/cancel")

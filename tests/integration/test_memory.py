@@ -66,6 +66,13 @@ def mem(redis_server, namespace, workers):
         d.cleanup()
 
 
+def _worker_or_none(d, name: str) -> dict | None:
+    """The worker's row once it is reachable and has claimed with its room."""
+    rows = json.loads(d.cli("worker", "list", "--json", check=True).stdout)
+    row = next((r for r in rows if r["name"] == name), None)
+    return row if row and row["reachable"] and row["room_mb"] else None
+
+
 def _worker(d, name: str) -> dict:
     rows = json.loads(d.cli("worker", "list", "--json", check=True).stdout)
     return next(r for r in rows if r["name"] == name)
@@ -147,3 +154,28 @@ def test_a_failed_job_waits_its_backoff_then_runs_again_and_a_cancel_ends_the_wa
     assert d.cli("job", "cancel", other, check=True).stdout.strip() == f"{other}: cancelled"
     v = view(d, other)
     assert v["state"] == "cancelled" and v["retry_ms"] == 0, v
+
+
+def test_job_show_says_why_a_queued_job_waits(mem):
+    """A queued job that no live worker of its pool can take says why, in `job show`; it stays queued (a worker may
+    come): its grant past every worker's room, an image no worker runs, a pool with no live worker."""
+    d, w = mem(2048 + 512)  # room 2 GiB
+    wait_for(lambda: _worker_or_none(d, "m1"), 30, interval=0.1, what="the worker to claim with its room")
+    big = submit(d, "true", pool="mem", opts=("--memory", "4G"))
+    v = view(d, big)
+    assert v["state"] == "queued", v
+    assert v["waiting"] == ("its grant of 4.0 GiB is larger than the room of every live worker of pool mem "
+                            "(the most: 2.0 GiB)"), v
+    shown = d.cli("job", "show", big, check=True).stdout.splitlines()
+    assert shown[3].split()[0] == "state" and shown[4].split(None, 1) == ["waiting", v["waiting"]], shown
+    other = submit(d, "true", pool="mem", opts=("--image", "other:1"))
+    assert view(d, other)["waiting"] == "no live worker of pool mem runs image other:1"
+    fits = submit(d, "true", pool="mem", opts=("--memory", "1G"))
+    assert state(d, fits, "succeeded")["waiting"] == ""  # one that fits runs, beside the ones that wait
+    assert [view(d, j)["state"] for j in (big, other)] == ["queued"] * 2
+    listed = json.loads(d.cli("job", "list", "--json", check=True).stdout)
+    assert all(j["waiting"] == "" for j in listed)  # a listing does not read the workers for each job
+    w.terminate()  # the pool's only worker goes
+    wait_for(lambda: view(d, big)["waiting"] == "no live worker in pool mem", 30, interval=0.1,
+             what="the job to say its pool has no live worker")
+    assert view(d, big)["state"] == "queued"
