@@ -33,7 +33,7 @@ from piloop_common.client import ApiClient  # noqa: E402
 from piloop_common.errors import Unavailable  # noqa: E402
 from piloop_server.state.generation import GenerationRecord, ensure_generation  # noqa: E402
 from piloop_server.state.keys import Keys  # noqa: E402
-from piloop_server.state.leases import Lease, Leases, Timings  # noqa: E402
+from piloop_server.state.leases import Leases, Timings  # noqa: E402
 from piloop_server.tokens import TokenStore  # noqa: E402
 from tests.helpers.redis import RedisProcess, free_port  # noqa: E402
 from tests.helpers.serve import Daemon, short_home  # noqa: E402

@@ -3,7 +3,6 @@ and the subreaper and parent-death settings."""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 
 PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_CHILD_SUBREAPER = 1, 15, 36

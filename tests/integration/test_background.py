@@ -3,7 +3,6 @@ their lives tied to the server's."""
 
 from __future__ import annotations
 
-import os
 import signal
 import types
 import uuid

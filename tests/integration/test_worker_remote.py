@@ -145,7 +145,7 @@ def test_a_refused_worker_exits_3_with_the_reason(server, workers, case):
     w = workers(d, tok, pool="tpu" if case == "pool" else "gpu", same_cas=case != "cas").start()
     assert w.wait(20) == 3
     expect = {"revoked": "token w1 was revoked", "pool": "unknown pool tpu", "cas": "is not the server's"}[case]
-    assert f"piloop worker: refused by the server: " in w.output() and expect in w.output()
+    assert "piloop worker: refused by the server: " in w.output() and expect in w.output()
 
 
 def test_a_token_revoked_mid_job_stops_the_job_and_exits_3(server, workers, tmp_path):
