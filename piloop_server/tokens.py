@@ -195,6 +195,10 @@ class TokenStore:
             items = list(self._cache.items())
         sent = time.monotonic()
         version = self.r.get(self.k.tokens_version())
+        if version is None:
+            # no token written since the key came in (an older server's tokens): start it, so later confirmations
+            # read one key, not every record; a write anywhere moves it as ever (INCR), before or after this
+            self.r.set(self.k.tokens_version(), 0, nx=True)
         current = version is not None and sent - self._read_back < READ_BACK_SECONDS
         if not current:
             self._read_back = sent

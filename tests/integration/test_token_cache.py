@@ -123,3 +123,29 @@ def test_confirming_unchanged_tokens_reads_one_key_and_a_write_anywhere_reads_th
     cached.confirm()
     assert record_reads() == before + 1 and cached.cached(toks["c2"]) is None
     c.close()
+
+
+def test_tokens_from_before_the_version_key_are_confirmed_by_one_key_after_a_first_read_back(redis_server, namespace,
+                                                                                           store):
+    """Tokens written without the version key (an older server's): the first confirmation reads them back and starts
+    the key, so the ones after read one key, as with a key from the start."""
+    c = redis.Redis.from_url(redis_server.url)
+    keys = Keys(namespace)
+    cached = TokenStore(c, keys, cache_seconds=3600)
+    toks = {n: store.create(n, by="test") for n in ("v1", "v2")}
+    c.delete(keys.tokens_version())
+    for t in toks.values():
+        cached.check(t)
+    reads: list[object] = []
+    hmget = c.hmget
+    c.hmget = lambda *a, **kw: reads.append(a) or hmget(*a, **kw)  # type: ignore[method-assign]
+    cached.confirm()  # no key: every cached token read back, and the key started
+    assert len(reads) == 1 and c.get(keys.tokens_version()) == b"0"
+    cached.confirm()  # read at no version: read back once more, now at version 0
+    cached.confirm()
+    cached.confirm()
+    assert len(reads) == 2 and all(cached.cached(t) is not None for t in toks.values())
+    store.revoke("v1")  # a write still moves it
+    cached.confirm()
+    assert len(reads) == 3 and cached.cached(toks["v1"]) is None and cached.cached(toks["v2"]) is not None
+    c.close()
