@@ -24,6 +24,7 @@ if free <= 0 then return {'none', 'slots'} end
 local gen = redis.call('GET', KEYS[8])
 if not gen then return redis.error_reply('PILOOP_NO_GENERATION the generation marker is gone') end
 local want = math.min(free, tonumber(ARGV[7]))
+if want <= 0 then return {'none', 'slots'} end  -- nothing asked for (and a page of 0 would read the whole queue)
 local prefix, worker, kind, image = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
 local tol = tonumber(ARGV[6])
 local room, default_mb = tonumber(ARGV[9] or '-1'), tonumber(ARGV[10] or '0')
