@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
@@ -112,8 +111,10 @@ class Store(ABC):
     def get_file(self, address: str, path: str | os.PathLike[str], durable: bool = True) -> int:
         """Write the blob to `path` atomically: a temp file beside it, renamed only once verified; `durable`: fsynced
         first (a job's inputs need not be: a machine that crashes reruns the job, which fetches them again)."""
-        target = Path(path)
-        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        target = os.fspath(path)
+        # a random name made with O_EXCL, as tempfile.mkstemp does, at a third of its cost (a task's input is one)
+        name = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.{os.urandom(12).hex()}")
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             with os.fdopen(fd, "wb") as out:
                 size = self.get_to(address, out)
@@ -122,8 +123,12 @@ class Store(ABC):
                     os.fsync(out.fileno())
             os.replace(name, target)
             return size
-        finally:
-            Path(name).unlink(missing_ok=True)
+        except BaseException:
+            try:
+                os.unlink(name)
+            except FileNotFoundError:
+                pass
+            raise
 
     def get_bytes(self, address: str) -> bytes:
         buf = io.BytesIO()
