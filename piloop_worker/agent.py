@@ -34,7 +34,8 @@ from piloop_common.protocol import (
 from piloop_worker import pressure
 from piloop_worker.cgroups import Cgroups
 from piloop_worker.heartbeat import Heartbeat, Reachability, orphaned
-from piloop_worker.jobdir import JobDir, SpareDirs, read_json, run_dir_for, scan
+from piloop_worker.jobdir import (JobDir, SpareDirs, mark_run_dir, read_json, run_dir_for, scan, sweep_run_dirs,
+                                  unmark_run_dir)
 from piloop_worker.logs import LogShipper
 from piloop_worker.relay import Relay, socket_path
 from piloop_worker.room import Room, available_mb
@@ -243,6 +244,13 @@ class Worker:
         self.workdir.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(OSError):  # a dir it cannot make there: each job dir is made and removed, as before
             self.spare = SpareDirs(self.workdir)
+        if self.rundir is not None:
+            try:
+                mark_run_dir(self.rundir, self.workdir)
+                for gone in sweep_run_dirs(self.rundir):
+                    log.info("event=worker.run_dir_removed worker=%s dir=%s (its worker dir is gone)", self.name, gone)
+            except OSError as e:  # /dev/shm full or gone: the jobs' own dirs still work
+                log.warning("event=worker.run_dir_error worker=%s dir=%s error=%s", self.name, self.rundir, e)
         if self.cgroups.available:
             log.info("event=worker.cgroups worker=%s version=%d base=%s", self.name, self.cgroups.version,
                      self.cgroups.base)
@@ -726,6 +734,4 @@ class Worker:
         with contextlib.suppress(Exception):
             self.store.close()
         if self.rundir is not None:  # a worker that holds no job leaves nothing in /dev/shm
-            with contextlib.suppress(OSError):
-                (self.rundir / "jobs").rmdir()
-                self.rundir.rmdir()
+            unmark_run_dir(self.rundir)

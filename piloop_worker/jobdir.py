@@ -136,6 +136,61 @@ def run_dir_for(workdir: Path) -> Path | None:
     return mine / hashlib.sha256(os.fsencode(workdir.resolve())).hexdigest()[:16]  # one dir, one run dir
 
 
+OWNER_FILE = "dir"  # in a run dir: the `--dir` it serves, so a run dir whose worker dir is gone can be told
+
+
+def mark_run_dir(rundir: Path, workdir: Path) -> None:
+    """Make the worker's run dir, naming in it the worker dir it serves."""
+    rundir.mkdir(mode=0o700, exist_ok=True)
+    if not (rundir / OWNER_FILE).exists():
+        atomic_write(rundir / OWNER_FILE, os.fsencode(workdir.resolve()), durable=False)
+
+
+def unmark_run_dir(rundir: Path) -> None:
+    """Remove the run dir of a worker that holds no job (one with jobs' control files left in it stays)."""
+    with contextlib.suppress(OSError):
+        (rundir / "jobs").rmdir()
+    if (rundir / "jobs").exists():
+        return
+    with contextlib.suppress(OSError):
+        (rundir / OWNER_FILE).unlink()
+        rundir.rmdir()
+
+
+def sweep_run_dirs(own: Path) -> list[Path]:
+    """Remove the run dirs beside `own` whose worker dir is gone (a worker killed and its home thrown away: nothing
+    would ever start with that dir again) and in which no shim holds a job's lock; the ones removed. A run dir that
+    names no worker dir (made before they did) is left alone."""
+    removed = []
+    for other in own.parent.iterdir() if own.parent.is_dir() else []:
+        if other == own or not other.is_dir():
+            continue
+        try:
+            owner = os.fsdecode(Path(other / OWNER_FILE).read_bytes())
+        except OSError:
+            continue
+        if os.path.exists(owner) or _any_lock_held(other / "jobs"):
+            continue
+        shutil.rmtree(other, ignore_errors=True)
+        removed.append(other)
+    return removed
+
+
+def _any_lock_held(jobs: Path) -> bool:
+    for d in jobs.iterdir() if jobs.is_dir() else []:
+        try:
+            fd = os.open(d / "lock", os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True  # a shim still supervises this job
+        finally:
+            os.close(fd)
+    return False
+
+
 class JobDir:
     """The paths of one job's directories, and the small protocol on them."""
 

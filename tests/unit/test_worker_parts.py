@@ -159,6 +159,37 @@ def test_run_dir_is_private_and_stable(tmp_path: Path, monkeypatch) -> None:
     assert run_dir_for(tmp_path / "w1") is None
 
 
+def test_run_dirs_whose_worker_dir_is_gone_are_swept_unless_a_shim_holds_a_job(tmp_path: Path, monkeypatch) -> None:
+    """A worker's run dir names its dir; a starting worker removes the run dirs beside its own whose dir is gone and
+    in which no shim holds a job's lock. Others stay: a dir that still exists, a lock held, a run dir that names
+    no dir."""
+    monkeypatch.setattr(jobdir, "RUN_BASE", tmp_path / "shm")
+    (tmp_path / "shm").mkdir()
+    homes = {n: tmp_path / n for n in ("me", "gone", "kept", "held", "old")}
+    runs = {}
+    for n, home in homes.items():
+        home.mkdir()
+        runs[n] = run_dir_for(home)
+        jobdir.mark_run_dir(runs[n], home)
+        JobDir.named(home, "j1.1", runs[n]).create({"job": "j1"}, 1.0)
+    assert (runs["me"] / "dir").read_bytes() == os.fsencode(homes["me"].resolve())
+    (runs["old"] / "dir").unlink()  # made before run dirs named their dir
+    held = os.open(runs["held"] / "jobs" / "j1.1" / "lock", os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)  # a shim supervising its job
+    for n in ("gone", "held", "old"):
+        shutil.rmtree(homes[n])
+    assert jobdir.sweep_run_dirs(runs["me"]) == [runs["gone"]]
+    assert sorted(p.name for p in runs["me"].parent.iterdir()) == sorted(runs[n].name for n in ("me", "kept", "held",
+                                                                                                 "old"))
+    os.close(held)  # the shim ended
+    assert jobdir.sweep_run_dirs(runs["me"]) == [runs["held"]]
+    # a worker holding no job removes its run dir when it stops; one with a job's control files left keeps it
+    shutil.rmtree(runs["kept"] / "jobs")
+    jobdir.unmark_run_dir(runs["kept"])
+    jobdir.unmark_run_dir(runs["me"])
+    assert not runs["kept"].exists() and (runs["me"] / "dir").exists()
+
+
 def _report(job: str = "j1") -> ReportRequest:
     return ReportRequest(protocol=PROTOCOL, report_id=report_id_for(job, "5"), job=job, token="5", outcome="succeeded",
                          exit_code=0)
