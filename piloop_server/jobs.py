@@ -8,6 +8,7 @@ from typing import Any
 
 from piloop_common.errors import BadRequest, NotFound
 from piloop_common.protocol import TERMINAL_STATES, JobView, SubmitRequest
+from piloop_common.sizes import format_memory
 from piloop_server.runtime import Runtime
 
 
@@ -69,8 +70,6 @@ def waiting(rt: Runtime, v: JobView) -> str:
     """Why queued job `v` has no lease where the live workers of its pool tell (what claim.lua checks of each): none
     is live (and no provisioner starts one), none runs its image, or its grant is larger than every one's room. Empty
     when one could take it, or the job waits out a backoff. It stays queued either way: a worker may come."""
-    from piloop_common.sizes import format_memory
-
     if v.state != "queued" or v.retry_ms:
         return ""
     names = [_s(n) for n in rt.redis.smembers(rt.keys.workers())]
