@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from piloop_worker.jobdir import read_file, write_file
+from piloop_common.files import read_file, write_file
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 OOM_KILL = re.compile(r"^oom_kill (\d+)$", re.M)  # compiled here, in the shim host: each shim would compile it again

@@ -43,44 +43,16 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-
-def write_file(path: str | os.PathLike, data: bytes | str, flags: int = os.O_TRUNC, mode: int = 0o600) -> None:
-    """`data` into `path` through the os alone: pathlib's `write_text` costs ~55 us a call here (its text layer), this
-    ~13, and a job's start and end make a dozen such writes."""
-    raw = data.encode() if isinstance(data, str) else data
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, mode)
-    try:
-        view = memoryview(raw)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
-
-
-def read_file(path: str | os.PathLike) -> str:
-    """`path`'s text through the os alone (as `write_file`)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode()
+from piloop_common.files import read_file, temp_beside, write_all, write_file
 
 
 def atomic_write(path: Path, data: bytes | str, mode: int = 0o600, durable: bool = True) -> None:
     """Write `path` so a reader sees the old content or the new, never a part; `durable`: fsynced before the rename,
     so a crash of the machine leaves the old content or the new too."""
-    raw = data.encode() if isinstance(data, str) else data
-    # a temporary name of 12 random bytes, made with O_EXCL (what `tempfile.mkstemp` does, at a third of its cost)
-    tmp = os.path.join(path.parent, f".{path.name}.{os.urandom(12).hex()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd, tmp = temp_beside(path)
     try:
         try:
-            view = memoryview(raw)
-            while view:
-                view = view[os.write(fd, view):]
+            write_all(fd, data)
             if durable:
                 os.fsync(fd)
             os.fchmod(fd, mode)
@@ -166,7 +138,7 @@ def sweep_run_dirs(own: Path) -> list[Path]:
         if other == own or not other.is_dir():
             continue
         try:
-            owner = os.fsdecode(Path(other / OWNER_FILE).read_bytes())
+            owner = os.fsdecode((other / OWNER_FILE).read_bytes())
         except OSError:
             continue
         if os.path.exists(owner) or _any_lock_held(other / "jobs"):

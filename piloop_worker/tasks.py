@@ -20,7 +20,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from piloop_worker.jobdir import JobDir, write_file
+from piloop_common.files import write_file
+from piloop_worker.jobdir import JobDir
 
 SERIALIZERS = ("json", "pickle")
 FAILED = 1

@@ -19,6 +19,7 @@ from typing import BinaryIO
 from piloop_common.cas.address import address_of, hash_file, parse_address
 from piloop_common.cas.spool import spool
 from piloop_common.errors import Corrupt
+from piloop_common.files import temp_beside
 
 
 @dataclass
@@ -111,17 +112,14 @@ class Store(ABC):
     def get_file(self, address: str, path: str | os.PathLike[str], durable: bool = True) -> int:
         """Write the blob to `path` atomically: a temp file beside it, renamed only once verified; `durable`: fsynced
         first (a job's inputs need not be: a machine that crashes reruns the job, which fetches them again)."""
-        target = os.fspath(path)
-        # a random name made with O_EXCL, as tempfile.mkstemp does, at a third of its cost (a task's input is one)
-        name = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.{os.urandom(12).hex()}")
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd, name = temp_beside(path)
         try:
             with os.fdopen(fd, "wb") as out:
                 size = self.get_to(address, out)
                 out.flush()
                 if durable:
                     os.fsync(out.fileno())
-            os.replace(name, target)
+            os.replace(name, path)
             return size
         except BaseException:
             try:
