@@ -3,6 +3,12 @@
 A report is written here before it is sent and removed only once the server answered it (accepted
 or stale), so a worker that stops or dies first sends it when it starts again. Resending the same
 JSON is safe: the server gives a report id's second copy the first one's answer.
+
+A report is fsynced only when its job ran `DURABLE_AFTER_SECONDS` or longer. What the fsync buys is the report
+through a crash of the machine (a dead worker process loses nothing: the page cache keeps the file), and without it
+the job's lease expires and the job runs again, as does a job that ended just before the crash (its exit record is
+on the RAM run dir). Running a short job again costs less than an fsync on every short job: it was a tenth of a
+no-op task's machine CPU and left the CPUs idle waiting on the disk (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from pathlib import Path
 
 from piloop_common.protocol import ReportRequest
 from piloop_worker.jobdir import atomic_write
+
+DURABLE_AFTER_SECONDS = 1.0
 
 
 class Spool:
@@ -24,7 +32,7 @@ class Spool:
 
     def write(self, report: ReportRequest) -> Path:
         p = self.path(report.report_id)
-        atomic_write(p, report.model_dump_json())
+        atomic_write(p, report.model_dump_json(), durable=report.duration_seconds >= DURABLE_AFTER_SECONDS)
         return p
 
     def pending(self) -> list[ReportRequest]:

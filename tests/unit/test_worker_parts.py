@@ -19,7 +19,7 @@ from piloop_worker import jobdir
 from piloop_worker.jobdir import JobDir, SpareDirs, run_dir_for, scan
 from piloop_worker.logs import LogShipper
 from piloop_worker.pressure import admission
-from piloop_worker.spool import Spool
+from piloop_worker.spool import DURABLE_AFTER_SECONDS, Spool
 
 PSI = "some avg10=12.50 avg60=3.00 avg300=0.75 total=123456\nfull avg10=1.25 avg60=0.00 avg300=0.00 total=99\n"
 
@@ -209,6 +209,18 @@ def test_spool_write_pending_remove(tmp_path: Path) -> None:
     sp.remove(a.report_id)
     assert [r.job for r in sp.pending()] == ["b"]
     assert sp.pending()[0] == b
+
+
+def test_spool_fsyncs_only_the_reports_of_jobs_that_ran_a_second(tmp_path: Path, monkeypatch) -> None:
+    synced: list[str] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
+    sp = Spool(tmp_path / "spool" / "w1")
+    sp.write(_report("short").model_copy(update={"duration_seconds": 0.2}))
+    assert synced == []  # run again after a crash of the machine costs less than an fsync each
+    sp.write(_report("long").model_copy(update={"duration_seconds": DURABLE_AFTER_SECONDS}))
+    assert len(synced) == 1 and ".json" in synced[0]  # the temp file, before its rename
+    assert sorted(r.job for r in sp.pending()) == ["long", "short"]
 
 
 def test_report_id_is_one_per_lease() -> None:
