@@ -331,7 +331,9 @@ class SpareDirs:
     discard sent to the device); three per job were most of what the job dirs still cost once the control files
     moved to the run dir. A dir is given back only after its job's exit record, when the shim has killed and reaped
     every process of the job, so nothing of the old job writes there; what the job left is removed first, and a dir
-    that cannot be emptied, or whose directories grew large (ext4's never shrink), is removed as before.
+    that cannot be emptied, or whose directories grew large (ext4's never shrink), is removed as before. Its
+    `output.log` is kept, emptied: on a disk without a journal each inode made searches past every one freed in the
+    last half minute, and the log was one of the four a task made and freed.
     """
 
     MOST = 16  # about a worker's slots: more is memory of dirs nobody takes
@@ -377,6 +379,8 @@ class SpareDirs:
                         if stat.S_IMODE(st.st_mode) != self.mode:
                             os.chmod(e.path, self.mode)
                         kept += e.name != "inputs"  # made for a job's first input: a spare may have it or not
+                    elif e.name == "output.log" and _truncate_own(e):
+                        pass  # kept empty: the next job appends to it, and no inode is made and freed a job
                     else:
                         _remove(e)
             if kept != 2:
@@ -389,6 +393,17 @@ class SpareDirs:
             return False
         self.free.append(dest)
         return True
+
+
+def _truncate_own(e: os.DirEntry) -> bool:
+    """Empty a regular file that has no other name (a job's hard link to a file elsewhere is removed, not emptied);
+    whether it was."""
+    st = e.stat(follow_symlinks=False)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        return False
+    if st.st_size:
+        os.truncate(e.path, 0)
+    return True
 
 
 def _remove(e: os.DirEntry) -> None:

@@ -118,16 +118,27 @@ def test_spare_dirs_are_emptied_kept_and_taken(tmp_path: Path) -> None:
     a.inputs.mkdir()
     (a.inputs / "args.json").write_text("{}")
     a.work.chmod(0o500)  # the job made its cwd read-only
-    inode = a.root.stat().st_ino
+    inode, log_inode = a.root.stat().st_ino, a.output_log.stat().st_ino
     a.remove(spare)
     assert not a.root.exists() and not a.run.exists() and len(spare.free) == 1
     assert scan(tmp_path) == []  # a spare is no job dir
     b = JobDir.for_lease(tmp_path, "b", "1", tmp_path / "run")
     b.create({"job": "b", "token": "1"}, deadline=5.0, spare=spare)
     assert b.root.stat().st_ino == inode and not spare.free  # the same dir, emptied of a's every file
-    assert sorted(p.name for p in b.root.iterdir()) == ["inputs", "outputs", "work"]
+    assert sorted(p.name for p in b.root.iterdir()) == ["inputs", "output.log", "outputs", "work"]
+    assert b.output_log.read_bytes() == b"" and b.output_log.stat().st_ino == log_inode  # emptied, not made again
     assert list(b.work.iterdir()) == list(b.outputs.iterdir()) == list(b.inputs.iterdir()) == []
     assert stat.S_IMODE(b.work.stat().st_mode) == spare.mode and b.record() == {"job": "b", "token": "1"}
+    # a log the job linked to a file elsewhere is removed, and the file it names is left as it was
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("keep me")
+    b.output_log.unlink()
+    os.link(elsewhere, b.output_log)
+    b.remove(spare)
+    assert elsewhere.read_text() == "keep me" and len(spare.free) == 1
+    b = JobDir.for_lease(tmp_path, "b", "2", tmp_path / "run")
+    b.create({"job": "b", "token": "2"}, spare=spare)
+    assert sorted(p.name for p in b.root.iterdir()) == ["inputs", "outputs", "work"]
     # a dir without its work/ (the job removed it) is not kept; nor more than MOST
     shutil.rmtree(b.work)
     b.remove(spare)
