@@ -13,7 +13,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 from pathlib import Path
 
 from piloop_common.files import read_file, write_file
@@ -37,8 +37,7 @@ def _own_path(controller: str | None) -> str:
     return "/"
 
 
-@dataclass
-class JobCgroup:
+class JobCgroup(NamedTuple):  # not a dataclass: the shim host imports this, and dataclasses brings inspect and ast
     path: Path
     version: int
 

@@ -34,10 +34,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import os
-import shutil
 import stat
 from functools import cached_property
 from pathlib import Path
@@ -105,6 +103,7 @@ def run_dir_for(workdir: Path) -> Path | None:
     # /dev/shm is everyone's: a dir someone else made for us, or a symlink, would hand them our jobs' control
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
         return None
+    import hashlib  # here: the shim host imports this module, and hashlib brings OpenSSL's libcrypto
     return mine / hashlib.sha256(os.fsencode(workdir.resolve())).hexdigest()[:16]  # one dir, one run dir
 
 
@@ -143,7 +142,7 @@ def sweep_run_dirs(own: Path) -> list[Path]:
             continue
         if os.path.exists(owner) or _any_lock_held(other / "jobs"):
             continue
-        shutil.rmtree(other, ignore_errors=True)
+        _rmtree(other, ignore_errors=True)
         removed.append(other)
     return removed
 
@@ -230,9 +229,9 @@ class JobDir:
         """Both dirs, the data first (emptied and kept as a `spare` where it takes it): a run dir left alone by a
         crash halfway is dropped by the next `scan`."""
         if spare is None or not spare.give(self.root):
-            shutil.rmtree(self.root, ignore_errors=True)
+            _rmtree(self.root, ignore_errors=True)
         if not self.durable:
-            shutil.rmtree(self.run, ignore_errors=True)
+            _rmtree(self.run, ignore_errors=True)
 
     def record(self) -> dict[str, Any] | None:
         return read_json(self.job_json)
@@ -309,7 +308,7 @@ class JobDir:
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            shutil.rmtree(self.work, ignore_errors=True)
+            _rmtree(self.work, ignore_errors=True)
             atomic_json(self.exit_json, _disk_full(record, e.strerror), durable=self.durable)
 
 
@@ -341,7 +340,7 @@ class SpareDirs:
 
     def __init__(self, workdir: Path) -> None:
         self.root = workdir / "jobs" / ".spare"
-        shutil.rmtree(self.root, ignore_errors=True)  # an earlier worker's: in whatever state it left them
+        _rmtree(self.root, ignore_errors=True)  # an earlier worker's: in whatever state it left them
         self.root.mkdir(parents=True, mode=0o777)
         # what mkdir makes of 0o777 under this process's umask: a spare's work/ and outputs/ get it back
         self.mode = stat.S_IMODE(self.root.stat().st_mode)
@@ -357,7 +356,7 @@ class SpareDirs:
                 os.utime(dest)  # `scan` orders job dirs by it
                 return True
             except OSError:
-                shutil.rmtree(p, ignore_errors=True)
+                _rmtree(p, ignore_errors=True)
         return False
 
     def give(self, root: Path) -> bool:
@@ -406,9 +405,16 @@ def _truncate_own(e: os.DirEntry) -> bool:
     return True
 
 
+def _rmtree(path: str | Path, ignore_errors: bool = False) -> None:
+    # shutil imported here, not at the top: the shim host imports this module, and shutil brings zlib, bz2 and lzma,
+    # whose libraries each task's fork copies the mappings of (docs/performance.md)
+    import shutil
+    shutil.rmtree(path, ignore_errors=ignore_errors)
+
+
 def _remove(e: os.DirEntry) -> None:
     if e.is_dir(follow_symlinks=False):
-        shutil.rmtree(e.path)
+        _rmtree(e.path)
     else:
         os.unlink(e.path)
 
@@ -420,6 +426,6 @@ def scan(workdir: Path, rundir: Path | None = None) -> list[JobDir]:
     if rundir is not None and (rundir / "jobs").is_dir():
         for p in (rundir / "jobs").iterdir():
             if p.name not in names:
-                shutil.rmtree(p, ignore_errors=True)
+                _rmtree(p, ignore_errors=True)
     dirs = [JobDir.named(workdir, n, rundir) for n in names]
     return sorted(dirs, key=lambda d: d.root.stat().st_mtime)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ GPU_FIELDS = ("index", "utilization.gpu", "memory.used", "memory.total")
 
 def gpus(timeout: float = 2.0) -> list[dict[str, Any]] | None:
     """Each GPU's utilization (%) and memory (MiB), or None where there is no `nvidia-smi`."""
+    import shutil  # here: the shim host imports this module, and shutil brings zlib, bz2 and lzma
     exe = shutil.which("nvidia-smi")
     if not exe:
         return None

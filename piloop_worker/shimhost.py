@@ -32,7 +32,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from piloop_common.prctl import set_name
@@ -42,13 +41,15 @@ from piloop_worker import cgroups, shim, tasks  # imported here, once, so every 
 IDLE_SECONDS = 60.0  # an idle shim held longer than this is let go: a burst's shims do not stay forever
 
 
-@dataclass
 class _Shim:
     """The host's end of one shim's socket pair, and what the host knows of that shim."""
 
-    sock: socket.socket
-    generation: int  # the host's imports when it was forked: a task's module imported later is not in it
-    idle_since: float | None = None
+    __slots__ = ("sock", "generation", "idle_since")
+
+    def __init__(self, sock: socket.socket, generation: int) -> None:
+        self.sock = sock
+        self.generation = generation  # the host's imports when it was forked: a task's module imported later is not in it
+        self.idle_since: float | None = None
 
 
 class Host:

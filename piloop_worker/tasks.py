@@ -16,7 +16,6 @@ import os
 import pickle
 import signal
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +73,7 @@ def run(target: str, jd: JobDir) -> int:
         value = resolve(target)(*args, **kwargs)
         data = dump_result(ser, value)
     except BaseException as e:
+        import traceback  # here, on a failure only: it brings linecache, tokenize and textwrap into the shim host
         tb = traceback.format_exc()
         sys.stderr.write(tb)
         with contextlib.suppress(Exception):
@@ -122,6 +122,7 @@ def child(req: dict[str, Any], jd: JobDir, cgroup_join: Path | None) -> None:
         code = run(req["task"], jd)
     except BaseException:
         with contextlib.suppress(BaseException):
+            import traceback
             traceback.print_exc()
     finally:
         for stream in (sys.stdout, sys.stderr):

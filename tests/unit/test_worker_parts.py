@@ -320,3 +320,18 @@ def test_fence_deadline_is_two_heartbeats_before_expiry_and_leaves_room_for_the_
     assert fence_deadline(100.0, t) == 105.0
     slow_kill = t.model_copy(update={"kill_grace_seconds": 3.0})
     assert fence_deadline(100.0, slow_kill) + 3.0 < 106.0  # SIGKILL still lands before the lease expires
+
+
+def test_the_shim_host_imports_nothing_a_task_does_not_need() -> None:
+    """Each task's process is a fork of a shim, itself a fork of the shim host: whatever the host imports, the fork
+    copies the page tables of and the exit unmaps. These came in once through a package `__init__`, a dataclass, a
+    hash and an `rmtree`, and cost a task ~0.3 ms (docs/performance.md)."""
+    import subprocess
+    import sys
+
+    code = "import sys, piloop_worker.shimhost; print(' '.join(sorted(sys.modules)))"
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    assert "piloop_worker.shim" in loaded and "piloop_worker.tasks" in loaded
+    heavy = {"piloop_worker.main", "piloop_worker.agent", "pydantic", "httpx", "logging", "dataclasses", "inspect",
+             "hashlib", "shutil", "bz2", "lzma", "traceback"}
+    assert heavy & loaded == set()
