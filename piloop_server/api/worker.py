@@ -24,7 +24,7 @@ from piloop_server.api.beats import Beats
 from piloop_server.api.deps import RuntimeDep, WorkerDep
 from piloop_server.auth import Caller, known, require_worker
 from piloop_server.runtime import Runtime
-from piloop_server.state.leases import KINDS, Beat, Lease
+from piloop_server.state.leases import KINDS, Beat, Lease, Report
 from piloop_server.state.scripts import AsyncScripts
 
 router = APIRouter(prefix="/v1/worker", tags=["worker"])
@@ -257,16 +257,24 @@ def _claim(body: ClaimRequest, rt: Runtime, caller: Caller) -> ClaimResponse:
         reason = "" if leases else pools.combine_reasons(per_kind)
     if reason != (rec[3] or b"").decode():  # a worker claiming again and again mostly has the same: no write
         rt.redis.hset(rt.keys.worker(name), "reason", reason)
-    return ClaimResponse(leases=[_assignment(rt, lease) for lease in leases], reason=reason)
+    return ClaimResponse(leases=_assignments(rt, leases), reason=reason)
 
 
-def _assignment(rt: Runtime, lease: Lease) -> Assignment:
-    f = rt.redis.hmget(rt.keys.job(lease.job), "kind", "pool", "campaign", "image", "spec", "granted_mb")
-    spec = JobSpec.model_validate_json(f[4])
-    secrets = rt.secrets.values(spec.secrets) if spec.secrets and getattr(rt, "secrets", None) else {}
-    return Assignment(job=lease.job, token=lease.token, kind=f[0].decode(), pool=f[1].decode(),
-                      campaign=(f[2] or b"").decode(), image=(f[3] or b"").decode(), spec=spec, secrets=secrets,
-                      memory_mb=int(f[5] or 0) or None)
+def _assignments(rt: Runtime, leases: list[Lease]) -> list[Assignment]:
+    """What each lease's worker needs of its job, read in one round trip."""
+    if not leases:
+        return []
+    pipe = rt.redis.pipeline(transaction=False)
+    for lease in leases:
+        pipe.hmget(rt.keys.job(lease.job), "kind", "pool", "campaign", "image", "spec", "granted_mb")
+    out = []
+    for lease, f in zip(leases, pipe.execute()):
+        spec = JobSpec.model_validate_json(f[4])
+        secrets = rt.secrets.values(spec.secrets) if spec.secrets and getattr(rt, "secrets", None) else {}
+        out.append(Assignment(job=lease.job, token=lease.token, kind=f[0].decode(), pool=f[1].decode(),
+                              campaign=(f[2] or b"").decode(), image=(f[3] or b"").decode(), spec=spec,
+                              secrets=secrets, memory_mb=int(f[5] or 0) or None))
+    return out
 
 
 @router.post("/release", response_model=dict)
@@ -307,20 +315,30 @@ async def reports(body: ReportsRequest, rt: RuntimeDep, caller: WorkerDep, reque
 
 
 def _reports(body: ReportsRequest, rt: Runtime, caller: Caller) -> tuple[list[ReportAnswer], bool]:
+    """Each report checked, then all of them run in one batch (`Leases.report_many`): two round trips to Redis for
+    the call, not two a report."""
     present = _present(rt, body.reports)
-    answers, wake = [], False
-    for one in body.reports:
+    answers: list[ReportAnswer | None] = [None] * len(body.reports)
+    batch, at = [], []
+    for i, one in enumerate(body.reports):
         try:
             _check(rt, caller, one)
-            resp = _report(one, rt, caller.name, present)
         except Refused:
             raise  # the worker's, not one report's
         except PiloopError as e:
-            answers.append(ReportAnswer(error=e.code, message=e.message))
+            answers[i] = ReportAnswer(error=e.code, message=e.message)
             continue
+        batch.append(_as_report(one, caller.name, present))
+        at.append(i)
+    wake = False
+    for i, got in zip(at, rt.leases.report_many(batch, _memory_caps(rt)) if batch else []):
+        if isinstance(got, PiloopError):
+            answers[i] = ReportAnswer(error=got.code, message=got.message)
+            continue
+        resp = ReportResponse.model_validate(got)
         wake = wake or resp.state == "queued"
-        answers.append(ReportAnswer(answer=resp.answer, state=resp.state))
-    return answers, wake
+        answers[i] = ReportAnswer(answer=resp.answer, state=resp.state)
+    return [a for a in answers if a is not None], wake
 
 
 def _named(body: ReportRequest) -> list[str]:
@@ -333,7 +351,12 @@ def _present(rt: Runtime, bodies: list[ReportRequest]) -> set[str]:
     return set(rt.store.has_many(named)) if named else set()
 
 
-def _report(body: ReportRequest, rt: Runtime, name: str, present: set[str]) -> ReportResponse:
+def _memory_caps(rt: Runtime) -> dict[str, int | None]:
+    return {p: c.memory_max_mb for p, c in rt.executor.pools.items()}
+
+
+def _as_report(body: ReportRequest, name: str, present: set[str]) -> Report:
+    """What `report.lua` is told of a report: its outcome, and the result the job keeps."""
     named = _named(body)
     outcome, reason = body.outcome, body.reason
     if outcome == "lost":
@@ -354,8 +377,13 @@ def _report(body: ReportRequest, rt: Runtime, name: str, present: set[str]) -> R
         result |= {"head": body.head, "bundle": body.bundle, "workspace": body.workspace}
     if body.score is not None:
         result["score"] = body.score
-    answer = rt.leases.report(body.report_id, body.job, body.token, name, outcome, result, reason, oom=body.oom,
-                              memory_caps={p: c.memory_max_mb for p, c in rt.executor.pools.items()})
+    return Report(body.report_id, body.job, body.token, name, outcome, result, reason, body.oom)
+
+
+def _report(body: ReportRequest, rt: Runtime, name: str, present: set[str]) -> ReportResponse:
+    r = _as_report(body, name, present)
+    answer = rt.leases.report(r.report_id, r.job, r.token, r.worker, r.outcome, r.result, r.reason, oom=r.oom,
+                              memory_caps=_memory_caps(rt))
     return ReportResponse.model_validate(answer)
 
 

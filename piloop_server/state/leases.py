@@ -8,7 +8,7 @@ from typing import Any
 
 import redis
 
-from piloop_common.errors import NotFound
+from piloop_common.errors import NotFound, PiloopError
 from piloop_server.state.keys import Keys
 from piloop_server.state.scripts import AsyncScripts, Scripts
 
@@ -37,6 +37,20 @@ class Beat:
 class Claim:
     leases: list[Lease] = field(default_factory=list)
     reason: str = ""  # why nothing (more) was leased: slots, nothing, image, draining, ...
+
+
+@dataclass(frozen=True)
+class Report:
+    """One report's part in `Leases.report_many`."""
+
+    report_id: str
+    job: str
+    token: str
+    worker: str
+    outcome: str
+    result: dict[str, Any]
+    reason: str = ""
+    oom: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,16 +189,37 @@ class Leases:
                memory_caps: dict[str, int | None] | None = None) -> dict[str, Any]:
         """Finish a lease; a failed attempt may be retried (report.lua). `memory_caps`: pool -> its cap on a
         grant raised after an out-of-memory attempt."""
+        got = self.report_many([Report(report_id, job_id, token, worker, outcome, result, reason, oom)], memory_caps)[0]
+        if isinstance(got, PiloopError):
+            raise got
+        return got
+
+    def report_many(self, reports: list["Report"], memory_caps: dict[str, int | None] | None = None,
+                    ) -> list[dict[str, Any] | PiloopError]:
+        """`report` for each, in order, in two round trips (the jobs' kind and pool, then the scripts): each answer,
+        or the PiloopError that report met (an unknown job, a lease lost), the others standing."""
         k = self.k
-        kind, pool = self._job_keys(job_id)
-        reply = self.scripts.run(
-            "report",
-            [k.report(report_id), k.lease(job_id), k.job(job_id), k.worker_leases(worker, kind),
-             k.deadlines(), k.active(pool, kind), k.campaign_live(), k.events(), k.queue(pool, kind), k.daemon(),
-             k.campaign_pending(), k.worker(worker), k.delayed()],
-            [job_id, token, worker, outcome, json.dumps(result), REPORT_TTL_SECONDS, self.t.max_lost,
-             reason, self.t.grace_ms, self.t.toleration_ms, 1 if oom else 0, (memory_caps or {}).get(pool) or 0])
-        return json.loads(_s(reply))
+        pipe = self.r.pipeline(transaction=False)
+        for rep in reports:
+            pipe.hmget(k.job(rep.job), "kind", "pool")
+        out: list[Any] = [None] * len(reports)
+        calls, at = [], []
+        for i, (rep, (kind_b, pool_b)) in enumerate(zip(reports, pipe.execute())):
+            if kind_b is None:
+                out[i] = NotFound(f"job {rep.job} does not exist")
+                continue
+            kind, pool = _s(kind_b), _s(pool_b)
+            at.append(i)
+            calls.append((
+                [k.report(rep.report_id), k.lease(rep.job), k.job(rep.job), k.worker_leases(rep.worker, kind),
+                 k.deadlines(), k.active(pool, kind), k.campaign_live(), k.events(), k.queue(pool, kind), k.daemon(),
+                 k.campaign_pending(), k.worker(rep.worker), k.delayed()],
+                [rep.job, rep.token, rep.worker, rep.outcome, json.dumps(rep.result), REPORT_TTL_SECONDS,
+                 self.t.max_lost, rep.reason, self.t.grace_ms, self.t.toleration_ms, 1 if rep.oom else 0,
+                 (memory_caps or {}).get(pool) or 0]))
+        for i, reply in zip(at, self.scripts.run_many("report", calls) if calls else []):
+            out[i] = reply if isinstance(reply, PiloopError) else json.loads(_s(reply))
+        return out
 
     def due(self) -> int:
         """Put failed jobs whose backoff has passed back in their queues (the pass); how many."""

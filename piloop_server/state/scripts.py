@@ -73,6 +73,40 @@ class Scripts:
                 raise
             raise err from e
 
+    def run_many(self, name: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """`run` for each (keys, args), in order, in one round trip: each reply, or the PiloopError a call raised
+        (the others stand). Redis out of reach raises `Unavailable` for all of them."""
+        sha = self._sha.get(name) or self._load(name)
+        out: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in (0, 1):
+            pipe = self.client.pipeline(transaction=False)
+            for i in todo:
+                keys, args = calls[i]
+                pipe.evalsha(sha, len(keys), *keys, *args)
+            try:
+                replies = pipe.execute(raise_on_error=False)
+            except redis.exceptions.RedisError as e:
+                err = _translated(e)
+                if err is e:
+                    raise
+                raise err from e
+            again = []
+            for i, reply in zip(todo, replies):
+                if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 0:
+                    again.append(i)  # Redis restarted or SCRIPT FLUSH: this call never ran; load again, once
+                elif isinstance(reply, redis.exceptions.RedisError):
+                    err = _translated(reply)
+                    if not isinstance(err, PiloopError):
+                        raise err
+                    out[i] = err
+                else:
+                    out[i] = reply
+            if not again:
+                break
+            todo, sha = again, self._load(name)
+        return out
+
 
 class AsyncScripts:
     """`Scripts` on an asyncio Redis client, for a hot route that then needs no thread (the heartbeat)."""

@@ -9,7 +9,7 @@ import pytest
 from piloop_common.errors import LeaseLost, NotFound
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Lease, Leases, Timings
+from piloop_server.state.leases import Lease, Leases, Report, Timings
 from tests.helpers.redis import wait_for
 
 
@@ -140,6 +140,29 @@ def test_report_is_idempotent_and_stale_reports_are_kept(leases):
     events = [e[1] for e in leases.r.xrange(leases.k.events())]
     assert any(e[b"type"] == b"lease.stale_report" and e[b"job"] == b"j" for e in events)
     assert _state(leases, "j") == "succeeded"
+
+
+def test_reports_in_one_batch_answer_each_in_order_and_one_error_leaves_the_others(leases):
+    _worker(leases)
+    for j in ("c", "a", "b"):
+        leases.enqueue(j, "evaluation", "p", {}, by="human:t")
+        time.sleep(0.002)
+    lc, la, lb = leases.claim("w1", "p", "evaluation", slots=3, image="", most=3).leases
+    assert leases.report("rc", "c", lc.token, "w1", "succeeded", {})["answer"] == "accepted"  # its SHA now known
+    leases.r.script_flush()  # as after a restart of Redis: every script of the batch meets NOSCRIPT, and runs once
+    got = leases.report_many([
+        Report("ra", "a", la.token, "w1", "succeeded", {"exit": 0}),
+        Report("rx", "nope", "1", "w1", "succeeded", {}),
+        Report("ra", "a", la.token, "w1", "succeeded", {"exit": 0}),  # the same report again: the same answer
+        Report("rb", "b", str(int(lb.token) + 1), "w1", "failed", {"exit": 1}),  # not b's lease
+        Report("rb2", "b", lb.token, "w1", "failed", {"exit": 1}, "boom"),
+    ])
+    assert got[0] == got[2] == {"answer": "accepted", "state": "succeeded"}
+    assert isinstance(got[1], NotFound) and "nope" in got[1].message
+    assert got[3] == {"answer": "stale"}
+    assert got[4]["answer"] == "accepted"
+    assert _state(leases, "a") == "succeeded" and _state(leases, "b") == got[4]["state"]
+    assert leases.r.hget(leases.k.job("a"), "attempts") == b"1"
 
 
 def test_expiry_requeues_evaluations_ends_agents_and_stops_after_max_lost(leases):
