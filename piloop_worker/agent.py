@@ -147,7 +147,6 @@ class Worker:
         self.cas_id = store.identity()
         # found before registering, so `info` can say; job cgroups are named by their dir, so any base name will do
         self.cgroups = Cgroups(name or socket.gethostname())
-        self.environ = dict(os.environ)  # each job's env starts from it: os.environ decodes every key on each read
         self.refused: str | None = None
         self.stopping = threading.Event()
         self.next_claim = 0.0
@@ -641,7 +640,8 @@ class Worker:
                           "held_seconds": self.timing.memory_held_seconds}
             except OSError as e:
                 log.warning("event=job.no_cgroup job=%s error=%s", a.job, e)
-        env = {**self.environ, **a.spec.env, **a.secrets, "PILOOP_JOB": a.job, "PILOOP_LEASE_TOKEN": a.token,
+        # what the job adds to the worker's environment, which the shim host has (`shim.job_env`)
+        env = {**a.spec.env, **a.secrets, "PILOOP_JOB": a.job, "PILOOP_LEASE_TOKEN": a.token,
                "PILOOP_JOB_DIR": str(jd.root), "PILOOP_RELAY": str(relay_at), "PILOOP_HOME": str(self.home), **camp_env}
         h.requested_at = time.monotonic()
         self.host.run_job({"dir": str(jd.root), "run": str(jd.run), "argv": a.spec.argv, "env": env,

@@ -43,6 +43,7 @@ IDLE = b"idle"  # what a shim whose job ended says to the shim host on its pair
 
 
 _notify: socket.socket | None = None
+_base_env: dict[str, str] | None = None  # the host's environment, read once before any fork (see `job_env`)
 _terminated = threading.Event()  # a SIGTERM came: the job running stops, and the shim takes no other
 
 
@@ -55,6 +56,16 @@ def open_notify() -> None:
             _notify = socket.socket(fileno=int(raw))
             _notify.setblocking(False)
             os.set_inheritable(_notify.fileno(), False)  # no job's exec gets it
+
+
+def job_env(req: dict[str, Any]) -> dict[str, str]:
+    """A job's whole environment: the shim host's (the worker's, which started it), with the request's `env` set
+    over it. The worker sends only what a job adds (its spec's `env`, its secrets, `PILOOP_*`), so the line it writes,
+    and the host and the shim read, carries a few variables, not the worker's every one."""
+    global _base_env
+    if _base_env is None:
+        _base_env = dict(os.environ)  # os.environ decodes every key on each read
+    return {**_base_env, **req["env"]}
 
 
 def notify(name: str) -> None:
@@ -217,7 +228,7 @@ def _pidfd(pid: int) -> int | None:
 def _spawn(req: dict[str, Any], jd: JobDir, cg: JobCgroup | None) -> subprocess.Popen:
     """The job's process, in its own process group (and its cgroup from its first instruction)."""
     with open(jd.output_log, "ab") as log, (cg.entered() if cg is not None else contextlib.nullcontext(False)) as inside:
-        proc = subprocess.Popen(req["argv"], cwd=jd.work, env=req["env"], stdin=subprocess.DEVNULL, stdout=log,
+        proc = subprocess.Popen(req["argv"], cwd=jd.work, env=job_env(req), stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, process_group=0,
                                 preexec_fn=_joiner(cg) if cg is not None and not inside else None)
     return proc

@@ -172,6 +172,7 @@ def main() -> None:
     set_name("piloop-shimhost")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the worker's group is the worker's to handle
     shim.open_notify()
+    shim.job_env({"env": {}})  # the host's environment read here, once: every shim forked later has it
     serve(sys.stdin.fileno())
 
 
@@ -233,7 +234,8 @@ class ShimHost:
         With `task` (`module:function`), the host imports the module first, and the shim forks the task's
         process from itself (`piloop_worker.tasks`) instead of exec'ing `argv`.
 
-        `env` carries the job's secret values: they cross this pipe and are never written to disk.
+        `env` is what the job adds to this process's environment, which the host inherited (`shim.job_env`); it
+        carries the job's secret values: they cross this pipe and are never written to disk.
         """
         line = (json.dumps(req) + "\n").encode()
         with self.lock:

@@ -40,7 +40,7 @@ def _job(tmp_path: Path, name: str = "j1") -> JobDir:
 def _start(host: ShimHost, jd: JobDir, argv: list[str], deadline_in: float = 60.0, **req) -> None:
     jd.write_deadline(time.monotonic() + deadline_in)
     host.run_job({"dir": str(jd.root), "run": str(jd.run), "argv": argv,
-                  "env": {**os.environ, **req.pop("env", {})}, "kill_grace": req.pop("kill_grace", 0.3), **req})
+                  "env": req.pop("env", {}), "kill_grace": req.pop("kill_grace", 0.3), **req})  # set over the host's env
 
 
 def _pids(jd: JobDir, n: int) -> list[int]:
@@ -62,15 +62,15 @@ def _exit(jd: JobDir, timeout: float = 10) -> dict:
 
 def test_a_job_runs_in_its_own_session_and_process_group(host, tmp_path):
     jd = _job(tmp_path)
-    script = "import os; print(os.getsid(0), os.getpgid(0), os.getpid(), os.environ['X'], flush=True)"
+    script = "import os; print(os.getsid(0), os.getpgid(0), os.getpid(), os.environ['X'], os.environ['PATH'], flush=True)"
     _start(host, jd, [sys.executable, "-c", script], env={"X": "x1"})
     rec = _exit(jd)
     assert rec["exit_code"] == 0 and rec["stopped"] == "" and rec["usage"]["peak_rss_bytes"] > 0
-    sid, pgid, pid, x = jd.output_log.read_text().split()
+    sid, pgid, pid, x, path = jd.output_log.read_text().split()
     shim = read_json(jd.shim_json)
     assert int(sid) == shim["shim"] != os.getsid(0)  # the shim leads a session of its own
     assert int(pgid) == int(pid) == shim["pid"]  # the job leads its own process group
-    assert x == "x1"
+    assert x == "x1" and path == os.environ["PATH"]  # its env, set over the host's (the worker's)
     # the exit record is written just before the shim drops its lock (and exits, or waits idle for another job)
     wait_for(lambda: not jd.shim_alive(), 5, what="the shim to let the dir go")
 

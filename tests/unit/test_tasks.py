@@ -57,21 +57,23 @@ def test_runner_records_an_exception_with_its_traceback(tmp_path, capsys):
         assert runner.run(bad, jd) == runner.FAILED
 
 
-def test_a_task_process_gets_exactly_its_jobs_environment(monkeypatch):
-    """What `_become` leaves is the job's env: a variable only the worker has is gone, one the job changes is its,
-    and the C environment that a task's own subprocess inherits says the same."""
+def test_a_task_process_gets_the_workers_environment_with_its_jobs_set_over_it(monkeypatch):
+    """`_become` sets what the job adds over the environment the process inherited (the shim host's, the worker's):
+    a variable the job changes is its, one only the worker has stays, and the C environment that a task's own
+    subprocess inherits says the same."""
     import os
     import subprocess
 
-    monkeypatch.setenv("PILOOP_HTTPS_TOKEN", "worker-only")
+    monkeypatch.setenv("WORKER_ONLY", "worker")
     monkeypatch.setenv("SHARED", "worker")
-    env = {k: v for k, v in os.environ.items() if k != "PILOOP_HTTPS_TOKEN"} | {"SHARED": "job", "PILOOP_JOB": "j1"}
+    added = {"SHARED": "job", "PILOOP_JOB": "j1"}
+    want = {**os.environ, **added}
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # as the task's process is: a fork, its environment made the job's
+    if pid == 0:  # as the task's process is: a fork, the job's variables set over what it inherited
         code = 1
         try:
-            runner._become(env)
+            runner._become(added)
             out = subprocess.run(["env", "-0"], capture_output=True, check=True).stdout
             os.write(w, json.dumps([dict(os.environ), out.decode()]).encode())
             code = 0
@@ -81,7 +83,7 @@ def test_a_task_process_gets_exactly_its_jobs_environment(monkeypatch):
     with os.fdopen(r, "rb") as f:
         seen, c_env = json.loads(f.read())
     assert os.waitpid(pid, 0)[1] == 0
-    assert seen == env
+    assert seen == want and seen["WORKER_ONLY"] == "worker" and seen["SHARED"] == "job"
     inherited = dict(line.split("=", 1) for line in c_env.split("\0") if line)
     # (libraries may setenv in C what os.environ never saw, e.g. a terminal's size: those are not the job's to judge)
-    assert {k: inherited.get(k) for k in env} == env and "PILOOP_HTTPS_TOKEN" not in inherited
+    assert {k: inherited.get(k) for k in want} == want
