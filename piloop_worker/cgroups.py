@@ -13,8 +13,8 @@ import os
 import re
 import sys
 from collections.abc import Iterator
-from typing import NamedTuple
 from pathlib import Path
+from typing import NamedTuple
 
 from piloop_common.files import read_file, write_file
 

@@ -43,7 +43,7 @@ IDLE = b"idle"  # what a shim whose job ended says to the shim host on its pair
 
 
 _notify: socket.socket | None = None
-_base_env: dict[str, str] | None = None  # the host's environment, read once before any fork (see `job_env`)
+_base_env: dict[str, str] | None = None  # the host's environment (`base_env`)
 _terminated = threading.Event()  # a SIGTERM came: the job running stops, and the shim takes no other
 
 
@@ -58,14 +58,20 @@ def open_notify() -> None:
             os.set_inheritable(_notify.fileno(), False)  # no job's exec gets it
 
 
-def job_env(req: dict[str, Any]) -> dict[str, str]:
-    """A job's whole environment: the shim host's (the worker's, which started it), with the request's `env` set
-    over it. The worker sends only what a job adds (its spec's `env`, its secrets, `PILOOP_*`), so the line it writes,
-    and the host and the shim read, carries a few variables, not the worker's every one."""
+def base_env() -> dict[str, str]:
+    """The shim host's environment (the worker's, which started it), read once: the host reads it before its first
+    fork, so every shim has it (os.environ decodes every key on each read)."""
     global _base_env
     if _base_env is None:
-        _base_env = dict(os.environ)  # os.environ decodes every key on each read
-    return {**_base_env, **req["env"]}
+        _base_env = dict(os.environ)
+    return _base_env
+
+
+def job_env(req: dict[str, Any]) -> dict[str, str]:
+    """A job's whole environment: `base_env` with the request's `env` set over it. The worker sends only what a job
+    adds (its spec's `env`, its secrets, `PILOOP_*`), so the line it writes, and the host and the shim read, carries a
+    few variables, not the worker's every one."""
+    return {**base_env(), **req["env"]}
 
 
 def notify(name: str) -> None:

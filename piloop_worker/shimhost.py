@@ -172,7 +172,7 @@ def main() -> None:
     set_name("piloop-shimhost")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the worker's group is the worker's to handle
     shim.open_notify()
-    shim.job_env({"env": {}})  # the host's environment read here, once: every shim forked later has it
+    shim.base_env()  # read here, once (after the notify fd's variable is gone): every shim forked later has it
     serve(sys.stdin.fileno())
 
 
