@@ -173,11 +173,12 @@ class Relay:
         if body:
             headers["content-type"] = "application/json"
         try:
-            resp = self.api.http.request(method, path, content=body or None, headers=headers, timeout=self.timeout)
+            status, content = self.api.request(method, path, body or None, headers={**self.api.headers, **headers},
+                                               timeout=self.timeout)
         except Exception as e:  # the server is away: the job's call fails now, as a direct call would
             return 503, _error("unavailable", f"the worker's relay cannot reach the server: {type(e).__name__}: {e}")
-        log.info("event=relay.call job=%s path=%s status=%d", le.job, path, resp.status_code)
-        return resp.status_code, resp.content
+        log.info("event=relay.call job=%s path=%s status=%d", le.job, path, status)
+        return status, content
 
 
 def _error(code: str, message: str) -> bytes:

@@ -25,7 +25,7 @@ def test_a_piloop_call_after_the_lease_ended_is_refused(server, workers):
     lease = v["token"] or [e for e in events(d, "lease.granted") if e["job"] == job][0]["token"]
     # the same relayed calls under the ended lease (what the worker's relay forwards): 409 lease_lost, nothing written
     with ApiClient(url=d.url, token=tok) as api:
-        api.http.headers.update({RELAY_JOB_HEADER: job, RELAY_TOKEN_HEADER: lease})
+        api.headers.update({RELAY_JOB_HEADER: job, RELAY_TOKEN_HEADER: lease})
         for method, path, body in (("POST", "/v1/relay/progress", {"note": "too late"}), ("GET", "/v1/relay/job", None),
                                    ("POST", "/v1/relay/submit", {"kind": "evaluation", "pool": "gpu",
                                                                  "spec": {"argv": ["true"]}})):

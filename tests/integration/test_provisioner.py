@@ -161,8 +161,10 @@ def test_an_unknown_process_tagged_as_ours_is_stopped_and_another_servers_is_not
         procs.append(subprocess.Popen([sys.executable, "-c", code, str(d.home)], env=env, start_new_session=True))
     try:
         wait_for(lambda: procs[0].poll() is not None, 20, interval=0.1, what="the unknown tagged process stops")
-        assert procs[1].poll() is None
+        # the event is written just after the stop: wait for it, then say it came once, for the right process
+        wait_for(lambda: _events(d, "provisioner.unknown_stopped"), 10, what="the provisioner.unknown_stopped event")
         assert [e["worker"] for e in _events(d, "provisioner.unknown_stopped")] == ["gpu-999"]
+        assert procs[1].poll() is None
     finally:
         for p in procs:
             if p.poll() is None:

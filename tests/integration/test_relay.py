@@ -65,7 +65,7 @@ def events(d: Daemon) -> list[dict]:
 def relayed(d: Daemon, tok: str, job: str, lease: str, path: str, body: dict | None = None) -> object:
     """The call a relay makes, made directly with the worker's token: what a replayed call would get."""
     with ApiClient(url=d.url, token=tok) as api:
-        api.http.headers.update({RELAY_JOB_HEADER: job, RELAY_TOKEN_HEADER: lease})
+        api.headers.update({RELAY_JOB_HEADER: job, RELAY_TOKEN_HEADER: lease})
         return api.call("POST" if body is not None else "GET", path, body)
 
 
