@@ -34,8 +34,8 @@ from piloop_common.protocol import (
 from piloop_worker import pressure
 from piloop_worker.cgroups import Cgroups
 from piloop_worker.heartbeat import Heartbeat, Reachability, orphaned
-from piloop_worker.jobdir import (JobDir, SpareDirs, mark_run_dir, read_json, run_dir_for, scan, sweep_run_dirs,
-                                  unmark_run_dir)
+from piloop_worker.jobdir import (JobDir, SpareDirs, files_under, mark_run_dir, read_json, run_dir_for, scan,
+                                  sweep_run_dirs, unmark_run_dir)
 from piloop_worker.logs import LogShipper
 from piloop_worker.relay import Relay, socket_path
 from piloop_worker.room import Room, available_mb
@@ -378,11 +378,7 @@ class Worker:
         try:
             outcome, reason, campaign = self._campaign_results(h, outcome, reason)
             h.shipper.upload(self.store)
-            outputs = {}
-            if h.jd.outputs.is_dir():
-                for p in sorted(h.jd.outputs.rglob("*")):
-                    if p.is_file():
-                        outputs[p.relative_to(h.jd.outputs).as_posix()] = self.store.put_file(p)
+            outputs = {name: self.store.put_file(path) for name, path in files_under(h.jd.outputs)}
             metrics = self.store.put_file(h.jd.metrics) if h.jd.metrics.exists() else None
         except (StoreError, PiloopError, OSError) as e:
             log.warning("event=job.report_deferred job=%s error=%s", h.job, e)
@@ -621,7 +617,7 @@ class Worker:
                     raise ValueError(f"input name {name!r} is not a relative path inside the job's dir")
                 dest = jd.inputs / name
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                self.store.get_file(addr, dest, durable=False)
+                self.store.get_file(addr, dest, durable=False, in_place=True)
             stage = "repo"
             camp_env = self._prepare_campaign(a, jd) if a.spec.campaign is not None else {}
         except (PiloopError, OSError, ValueError) as e:

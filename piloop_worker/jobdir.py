@@ -67,6 +67,29 @@ def atomic_json(path: Path, obj: Any, durable: bool = True) -> None:
     atomic_write(path, json.dumps(obj, sort_keys=True), durable=durable)
 
 
+def files_under(root: Path) -> list[tuple[str, str]]:
+    """Each file under `root`, as (its path from `root` with `/`, its path), in the order of `sorted(root.rglob("*"))`
+    and with the same rule: a symlink to a file counts, a symlinked dir is not entered; none where `root` is not a
+    dir. Through os.scandir: a job's outputs are listed once a job, and pathlib's glob made a Path per entry."""
+    found: list[tuple[tuple[str, ...], str]] = []
+
+    def walk(path: str, parts: tuple[str, ...]) -> None:
+        try:
+            with os.scandir(path) as it:
+                entries = list(it)
+        except (NotADirectoryError, FileNotFoundError, PermissionError):
+            return
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                walk(e.path, (*parts, e.name))
+            elif e.is_file():
+                found.append(((*parts, e.name), e.path))
+
+    walk(str(root), ())
+    found.sort()
+    return [("/".join(parts), path) for parts, path in found]
+
+
 def read_json(path: Path) -> Any | None:
     try:
         return json.loads(read_file(path))

@@ -6,6 +6,7 @@ read against its address; providers only move bytes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -109,9 +110,20 @@ class Store(ABC):
             )
         return written
 
-    def get_file(self, address: str, path: str | os.PathLike[str], durable: bool = True) -> int:
+    def get_file(self, address: str, path: str | os.PathLike[str], durable: bool = True, in_place: bool = False
+                 ) -> int:
         """Write the blob to `path` atomically: a temp file beside it, renamed only once verified; `durable`: fsynced
-        first (a job's inputs need not be: a machine that crashes reruns the job, which fetches them again)."""
+        first (a job's inputs need not be: a machine that crashes reruns the job, which fetches them again).
+        `in_place`: straight to `path`, removed on a failure (a job's input: nothing reads it before the job starts,
+        and a job whose input failed never does), sparing a file made and renamed on the disk."""
+        if in_place:
+            try:
+                with open(path, "wb") as out:
+                    return self.get_to(address, out)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                raise
         fd, name = temp_beside(path)
         try:
             with os.fdopen(fd, "wb") as out:

@@ -36,3 +36,17 @@ def test_a_large_file_still_streams_in_one_pass(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(LocalStore, "put_bytes", lambda self, data: read_whole.append(len(data)))
     address = store.put_file(src)
     assert address == hash_bytes(b"x" * 5000) and store.get_bytes(address) == b"x" * 5000 and not read_whole
+
+
+def test_a_blob_got_in_place_is_written_straight_to_its_path_and_removed_when_corrupt(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "cas")
+    address = store.put_bytes(b'{"args": [], "kwargs": {}}')
+    dest = tmp_path / "inputs" / "args.json"
+    dest.parent.mkdir()
+    assert store.get_file(address, dest, durable=False, in_place=True) == 26
+    assert dest.read_bytes() == b'{"args": [], "kwargs": {}}' and sorted(p.name for p in dest.parent.iterdir()) == [
+        "args.json"]  # no temp file beside it
+    store.path_of(address).write_bytes(b"something else")  # the blob rots in the store
+    with pytest.raises(Exception, match="corrupt"):
+        store.get_file(address, dest, durable=False, in_place=True)
+    assert not dest.exists()

@@ -16,7 +16,7 @@ from piloop_common.hostinfo import Sampler, memory_pressure, parse_psi, sample
 from piloop_common.protocol import PROTOCOL, HostSample, ReportRequest
 from piloop_worker.agent import outcome_of, report_id_for
 from piloop_worker import jobdir
-from piloop_worker.jobdir import JobDir, SpareDirs, run_dir_for, scan
+from piloop_worker.jobdir import JobDir, SpareDirs, files_under, run_dir_for, scan
 from piloop_worker.logs import LogShipper
 from piloop_worker.pressure import admission
 from piloop_worker.spool import DURABLE_AFTER_SECONDS, Spool
@@ -335,3 +335,24 @@ def test_the_shim_host_imports_nothing_a_task_does_not_need() -> None:
     heavy = {"piloop_worker.main", "piloop_worker.agent", "pydantic", "httpx", "logging", "dataclasses", "inspect",
              "hashlib", "shutil", "bz2", "lzma", "traceback"}
     assert heavy & loaded == set()
+
+
+def test_a_jobs_output_files_are_listed_as_rglob_listed_them(tmp_path: Path) -> None:
+    out = tmp_path / "outputs"
+    (out / "b" / "c").mkdir(parents=True)
+    (out / "b-").mkdir()
+    for rel in ("z.json", ".hidden", "b/x", "b/c/deep.txt", "b-/y", "a b.txt"):
+        (out / rel).write_text(rel)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "inside").mkdir(parents=True)
+    (elsewhere / "inside" / "f").write_text("not the job's")
+    (elsewhere / "file").write_text("linked")
+    (out / "link-to-file").symlink_to(elsewhere / "file")
+    (out / "link-to-dir").symlink_to(elsewhere / "inside")  # not entered, as rglob does not
+    (out / "dangling").symlink_to(tmp_path / "nothing")
+    os.mkfifo(out / "fifo")
+    want = [(p.relative_to(out).as_posix(), str(p)) for p in sorted(out.rglob("*")) if p.is_file()]
+    got = files_under(out)
+    assert got == want
+    assert [name for name, _ in got] == [".hidden", "a b.txt", "b/c/deep.txt", "b/x", "b-/y", "link-to-file", "z.json"]
+    assert files_under(tmp_path / "missing") == [] and files_under(elsewhere / "file") == []
