@@ -83,9 +83,8 @@ class Connections:
                     return None
                 conn, since = self._idle.pop()
             # a server that closed an idle connection left it readable (EOF): sending on it would fail after the fact
-            if now - since < self.keepalive and conn.sock is not None:
-                if not select.select([conn.sock], [], [], 0)[0]:
-                    return conn
+            if now - since < self.keepalive and conn.sock is not None and not _readable(conn.sock):
+                return conn
             conn.close()
 
     def _give(self, conn: http.client.HTTPConnection) -> None:
@@ -133,6 +132,13 @@ class Connections:
             idle, self._idle = self._idle, []
         for conn, _ in idle:
             conn.close()
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether `sock` has something to read now: poll(2), not select(2), which fails past fd 1,023."""
+    p = select.poll()
+    p.register(sock, select.POLLIN)
+    return bool(p.poll(0))
 
 
 def _param(v: object) -> str:

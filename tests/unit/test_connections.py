@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
+import resource
 import select
 import socket
 import socketserver
@@ -146,3 +148,26 @@ def test_the_unix_socket_and_a_missing_daemon(tmp_path: Path):
 def test_a_url_that_is_not_http_is_refused():
     with pytest.raises(ValueError, match="http"):
         Connections(url="ftp://example.com")
+
+
+def test_a_kept_connection_past_fd_1023_is_checked_and_reused(tcp):
+    # a process holding many descriptors (the bench's 1,000 simulated workers): select(2) refuses fds past 1,023
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"RLIMIT_NOFILE's hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1030:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        c = Connections(url=f"http://127.0.0.1:{tcp.server_address[1]}")
+        a = json.loads(c.request("GET", "/a", headers={}, timeout=5).body)
+        (conn, _), = c._idle
+        assert conn.sock.fileno() > 1023
+        b = json.loads(c.request("GET", "/b", headers={}, timeout=5).body)
+        assert b["port"] == a["port"]
+        c.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
