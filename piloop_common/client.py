@@ -74,7 +74,7 @@ class ApiClient:
 
     @functools.cached_property
     def http(self) -> "httpx.Client":
-        """An httpx client to the same server, with the same headers (this client's `headers`, read at each call)."""
+        """An httpx client to the same server, with this client's `headers` as they are when it is made."""
         import httpx
 
         limits = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_SECONDS)

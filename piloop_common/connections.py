@@ -93,9 +93,10 @@ class Connections:
 
     def request(self, method: str, path: str, *, body: bytes | None = None, headers: dict[str, str],
                 params: dict[str, object] | None = None, timeout: float) -> Answer:
-        target = self.prefix + quote(path, safe="/:@!$&'()*+,;=-._~%")
+        # a path may carry its own query (the relay forwards a job's request line as it came)
+        target = self.prefix + quote(path, safe="/:@!$&'()*+,;=-._~%?")
         if params:
-            target += "?" + urlencode({k: _param(v) for k, v in params.items()})
+            target += ("&" if "?" in target else "?") + urlencode({k: _param(v) for k, v in params.items()})
         conn = self._take()
         if conn is None:
             conn = self._new(timeout)

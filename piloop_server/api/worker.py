@@ -338,7 +338,8 @@ def _reports(body: ReportsRequest, rt: Runtime, caller: Caller) -> tuple[list[Re
         resp = ReportResponse.model_validate(got)
         wake = wake or resp.state == "queued"
         answers[i] = ReportAnswer(answer=resp.answer, state=resp.state)
-    return [a for a in answers if a is not None], wake
+    assert all(a is not None for a in answers), "every report has its answer, in order"
+    return answers, wake  # type: ignore[return-value]
 
 
 def _named(body: ReportRequest) -> list[str]:

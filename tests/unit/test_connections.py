@@ -80,6 +80,8 @@ def test_a_connection_is_kept_for_the_next_call_and_the_body_and_query_arrive(tc
                                   timeout=5).body)
     assert first["path"] == "/api/v1/x" and first["body"] == '{"a":1}' and first["auth"] == "Bearer t"
     assert second["path"] == "/api/v1/y?all=true&n=3&none="
+    third = json.loads(c.request("GET", "/v1/z?a=1", headers={}, params={"b": 2}, timeout=5).body)
+    assert third["path"] == "/api/v1/z?a=1&b=2"  # a path's own query (a relayed request line) kept
     assert second["port"] == first["port"], "the second call made a new connection"
     c.close()
 
