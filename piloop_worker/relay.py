@@ -16,8 +16,7 @@ import http.server
 import json
 import logging
 import os
-import queue
-import selectors
+import select
 import socket
 import tempfile
 import threading
@@ -49,18 +48,22 @@ class _Lease:
 
 
 class Relay:
-    """The relays of one worker's jobs. `add` when a job starts (or is re-attached), `remove` when it is reported."""
+    """The relays of one worker's jobs. `add` when a job starts (or is re-attached), `remove` when it is reported.
+
+    The worker's loop registers and drops each job's socket on the relay thread's epoll itself (epoll allows it while
+    another thread waits on it), so a job's start and end do not wake that thread, and wait for the GIL back from it,
+    as a queue of changes it applied had made them do. The thread may meet a socket dropped under it: its accept then
+    fails, and it goes on."""
 
     def __init__(self, api_factory: Callable[[], ApiClient], timeout: float) -> None:
         self.api = api_factory()
         self.timeout = timeout
-        self.sel = selectors.DefaultSelector()
+        self.ep = select.epoll()
         self.leases: dict[str, _Lease] = {}
+        self.by_fd: dict[int, _Lease] = {}
         self.lock = threading.Lock()
-        self.todo: queue.SimpleQueue = queue.SimpleQueue()
-        self.wake_r, self.wake_w = os.pipe()
-        os.set_blocking(self.wake_r, False)
-        self.sel.register(self.wake_r, selectors.EVENT_READ, None)
+        self.wake_r, self.wake_w = os.pipe()  # only to end the thread
+        self.ep.register(self.wake_r, select.EPOLLIN)
         self.closed = False
         self.thread = threading.Thread(target=self._run, name="relay", daemon=True)
         self.thread.start()
@@ -69,88 +72,90 @@ class Relay:
     def add(self, job: str, token: str, path: Path) -> None:
         """Listen for `job` at `path` (a stale socket file there, from an earlier worker, is replaced)."""
         with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.unlink(path)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            s.bind(str(path))
+            try:
+                s.bind(str(path))
+            except FileNotFoundError:  # a job re-attached after its run dir went: make it again
+                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                s.bind(str(path))
             os.chmod(path, 0o600)
             s.listen(16)
             s.setblocking(False)
         except OSError:
             s.close()
             raise
-        self._ask(("add", _Lease(job, token, path, s)))
+        le = _Lease(job, token, path, s)
+        with self.lock:
+            if self.closed:
+                s.close()
+                return
+            old = self.leases.pop(job, None)
+            if old is not None:
+                self._drop(old)
+            self.leases[job] = le
+            self.by_fd[s.fileno()] = le
+            self.ep.register(s.fileno(), select.EPOLLIN)
 
     def remove(self, job: str) -> None:
-        self._ask(("remove", job))
+        with self.lock:
+            old = self.leases.pop(job, None)
+            if old is None:
+                return
+            self._drop(old)
+        with contextlib.suppress(OSError):
+            os.unlink(old.path)
+            if old.path.parent.name.startswith("piloop-relay-"):
+                os.rmdir(old.path.parent)
 
     def close(self) -> None:
         """Stop listening (the socket files stay: a worker that re-attaches binds them again)."""
-        if self.closed:
-            return
-        self._ask(("close", None))
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            for le in self.leases.values():
+                self._drop(le)
+            self.leases.clear()
+        with contextlib.suppress(OSError):
+            os.write(self.wake_w, b"x")
         self.thread.join(5)
         self.api.close()
 
-    def _ask(self, what: tuple) -> None:
-        self.todo.put(what)
-        with contextlib.suppress(OSError):
-            os.write(self.wake_w, b"x")
-
-    # -- the relay's thread ------------------------------------------------------------
-    def _apply(self) -> bool:
-        while True:
-            try:
-                op, arg = self.todo.get_nowait()
-            except queue.Empty:
-                return True
-            if op == "add":
-                old = self.leases.pop(arg.job, None)
-                if old is not None:
-                    self._drop(old)
-                self.leases[arg.job] = arg
-                self.sel.register(arg.sock, selectors.EVENT_READ, arg)
-            elif op == "remove":
-                old = self.leases.pop(arg, None)
-                if old is not None:
-                    self._drop(old)
-                    with contextlib.suppress(OSError):
-                        old.path.unlink()
-                        if old.path.parent.name.startswith("piloop-relay-"):
-                            old.path.parent.rmdir()
-            elif op == "close":
-                for le in self.leases.values():
-                    self._drop(le)
-                self.leases.clear()
-                self.closed = True
-                return False
-
     def _drop(self, le: _Lease) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            self.sel.unregister(le.sock)
+        """Under the lock: the socket out of the epoll, and closed."""
+        fd = le.sock.fileno()
+        if self.by_fd.get(fd) is le:
+            del self.by_fd[fd]
+            with contextlib.suppress(OSError):
+                self.ep.unregister(fd)
         le.sock.close()
 
+    # -- the relay's thread ------------------------------------------------------------
     def _run(self) -> None:
         try:
             while True:
-                for key, _ in self.sel.select():
-                    if key.data is None:
-                        with contextlib.suppress(OSError):
-                            os.read(self.wake_r, 4096)
+                try:
+                    events = self.ep.poll()
+                except InterruptedError:
+                    continue
+                for fd, _ in events:
+                    if fd == self.wake_r:
+                        return
+                    with self.lock:
+                        le = self.by_fd.get(fd)
+                    if le is None:
                         continue
-                    le: _Lease = key.data
                     try:
                         conn, _ = le.sock.accept()
-                    except (BlockingIOError, OSError):
+                    except OSError:  # nothing to accept after all, or the job's socket dropped meanwhile
                         continue
                     conn.setblocking(True)
                     threading.Thread(target=self._serve, args=(conn, le), name=f"relay-{le.job}",
                                      daemon=True).start()
-                if not self._apply():
-                    return
         finally:
-            self.sel.close()
+            self.ep.close()
             for fd in (self.wake_r, self.wake_w):
                 with contextlib.suppress(OSError):
                     os.close(fd)

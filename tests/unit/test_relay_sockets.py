@@ -1,0 +1,115 @@
+"""The relay's sockets, without a server: each job's socket answers for that job alone while it is added, and is
+gone (file and listener) once removed, however adds and removes interleave on the relay thread's epoll."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from piloop_common.protocol import RELAY_JOB_HEADER
+from piloop_worker.relay import Relay
+
+
+class _Upstream:
+    """Stands in for the worker's API client: answers each forwarded call with the job it came for."""
+
+    headers: dict[str, str] = {}
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+
+    def request(self, method: str, path: str, body, headers, timeout):  # noqa: ANN001 - the client's signature
+        with self.lock:
+            self.calls.append((headers[RELAY_JOB_HEADER], path))
+        return 200, json.dumps({"job": headers[RELAY_JOB_HEADER]}).encode()
+
+    def close(self) -> None:
+        pass
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path) -> None:
+        super().__init__("relay", timeout=10)
+        self.path_ = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10)
+        self.sock.connect(str(self.path_))
+
+
+def _ask(path: Path) -> str:
+    conn = _UnixConnection(path)
+    try:
+        conn.request("GET", "/v1/relay/whoami")
+        resp = conn.getresponse()
+        assert resp.status == 200
+        return json.loads(resp.read())["job"]
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def relay():
+    up = _Upstream()
+    r = Relay(lambda: up, timeout=5)
+    yield r, up
+    r.close()
+
+
+def test_each_socket_answers_for_its_job_until_removed(relay, tmp_path: Path) -> None:
+    r, up = relay
+    live: dict[str, Path] = {}
+    for i in range(60):  # a socket dropped and another added take the same fd again and again
+        job = f"j{i}"
+        live[job] = tmp_path / f"{i}.sock"
+        r.add(job, "t", live[job])
+        if i % 3 == 2:  # drop an older one between adds
+            gone = f"j{i - 2}"
+            r.remove(gone)
+            path = live.pop(gone)
+            assert not path.exists()
+            with pytest.raises(FileNotFoundError):
+                _ask(path)
+        for name, path in live.items():
+            assert _ask(path) == name
+    assert {job for job, _ in up.calls} == {f"j{i}" for i in range(60)}
+    assert all(path == "/v1/relay/whoami" for _, path in up.calls)
+
+
+def test_a_socket_added_again_replaces_the_first(relay, tmp_path: Path) -> None:
+    r, _ = relay
+    r.add("j", "t", tmp_path / "a.sock")
+    r.add("j", "t", tmp_path / "b.sock")  # a re-attached job: the first listener is closed, its file left
+    assert _ask(tmp_path / "b.sock") == "j"
+    with pytest.raises(ConnectionRefusedError):
+        _ask(tmp_path / "a.sock")
+    r.remove("j")
+    r.remove("j")  # twice: nothing left to drop
+    assert not (tmp_path / "b.sock").exists()
+
+
+def test_a_run_dir_gone_is_made_again(relay, tmp_path: Path) -> None:
+    r, _ = relay
+    path = tmp_path / "gone" / "relay.sock"
+    r.add("j", "t", path)
+    assert _ask(path) == "j"
+
+
+def test_after_close_nothing_listens(tmp_path: Path) -> None:
+    r = Relay(_Upstream, timeout=5)
+    r.add("j", "t", tmp_path / "a.sock")
+    r.close()
+    assert not r.thread.is_alive()
+    with pytest.raises(ConnectionRefusedError):
+        _ask(tmp_path / "a.sock")
+    r.add("k", "t", tmp_path / "b.sock")  # a late add after close listens nowhere and raises nothing
+    with pytest.raises(ConnectionRefusedError):
+        _ask(tmp_path / "b.sock")
+    r.close()
