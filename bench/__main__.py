@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -40,9 +41,10 @@ PEERS = ("rq Worker", "rq SimpleWorker", "Celery prefork", "Celery solo")
 RQ = {"rq Worker": "Worker", "rq SimpleWorker": "SimpleWorker"}
 CELERY = {"Celery prefork": "prefork", "Celery solo": "solo"}
 
-FULL = {"jobs": 2000, "latency": 200, "gap": 0.2, "workers": 1000, "paced": 10.0, "large": 256 * MiB,
+FULL = {"jobs": 2000, "rounds": 3, "latency": 200, "gap": 0.2, "workers": 1000, "paced": 10.0, "large": 256 * MiB,
         "small": 2000}
-QUICK = {"jobs": 60, "latency": 5, "gap": 0.05, "workers": 50, "paced": 1.0, "large": 8 * MiB, "small": 20}
+QUICK = {"jobs": 60, "rounds": 1, "latency": 5, "gap": 0.05, "workers": 50, "paced": 1.0, "large": 8 * MiB,
+         "small": 20}
 SMALL_SIZE = 64 * 1024
 
 
@@ -66,22 +68,45 @@ class LoadWatch:
         return {"start": self.start, "end": end, "peak": max(self.peak, end)}
 
 
-def run_jobs(rp: RedisProcess, n: int, tmp: Path, profile: Path | None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def run_jobs(rp: RedisProcess, n: int, tmp: Path, profile: Path | None, rounds: int = 1) -> dict[str, Any]:
+    """Every drain `rounds` times, round after round (every other round in the reverse order), so each side meets
+    the machine at each of its speeds; each figure is then the median of its rounds (`merge_rounds`)."""
+    per_round: list[dict[str, Any]] = []
     side = jobs.PiloopSide(rp, profile=profile).start()
+    out: dict[str, Any] = {"piloop server rss at rest": side.server_rss_mib()}
     try:
-        out["piloop server rss at rest"] = side.server_rss_mib()
-        for what in ("process", "task"):
-            out[f"piloop {what}"] = asdict(side.drain(n, what))
+        for r in range(rounds):
+            if rounds > 1:
+                say(f"jobs: round {r + 1} of {rounds}")
+            drains = [(f"piloop {what}", lambda what=what: side.drain(n, what)) for what in ("process", "task")]
+            if profile is None:
+                drains += [(f"{peer} {job}", lambda cls=cls, job=job: jobs.rq_drain(rp, n, cls, job, tmp))
+                           for peer, cls in RQ.items() for job in jobs.PY_JOB]
+                drains += [(f"{peer} {job}", lambda pool=pool, job=job: jobs.celery_drain(rp, n, pool, job, tmp))
+                           for peer, pool in CELERY.items() for job in jobs.CELERY_TASK]
+            this: dict[str, Any] = {}
+            for name, drain in (drains if r % 2 == 0 else drains[::-1]):
+                this[name] = asdict(drain())
+            per_round.append(this)
     finally:
         side.close()
-    if profile is None:
-        for peer, cls in RQ.items():
-            for job in jobs.PY_JOB:
-                out[f"{peer} {job}"] = asdict(jobs.rq_drain(rp, n, cls, job, tmp))
-        for peer, pool in CELERY.items():
-            for job in jobs.CELERY_TASK:
-                out[f"{peer} {job}"] = asdict(jobs.celery_drain(rp, n, pool, job, tmp))
+    out.update(merge_rounds(per_round))
+    if rounds > 1:
+        out["rounds"] = per_round
+    return out
+
+
+def merge_rounds(per_round: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """One drain per name from its rounds: the median time (so the median rate) and CPU per job, the most RSS seen,
+    every job that did not succeed."""
+    out = {}
+    for name in per_round[0]:
+        ds = [r[name] for r in per_round]
+        out[name] = {"jobs": ds[0]["jobs"], "seconds": statistics.median(d["seconds"] for d in ds),
+                     "not_succeeded": sum(d["not_succeeded"] for d in ds),
+                     "worker_rss_mib": max(d["worker_rss_mib"] for d in ds),
+                     "server_rss_mib": max(d["server_rss_mib"] for d in ds),
+                     "cpu_ms": {k: statistics.median(d["cpu_ms"][k] for d in ds) for k in ds[0]["cpu_ms"]}}
     return out
 
 
@@ -147,10 +172,15 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     if j:
         n = j["piloop process"]["jobs"]
         rate = lambda d: d["jobs"] / d["seconds"]  # noqa: E731
-        row(f"drain {n:,} jobs, 2 workers: /bin/true each", "jobs/s", "higher", rate(j["piloop process"]),
-            {p: rate(j[f"{p} subprocess"]) for p in PEERS if f"{p} subprocess" in j})
-        row(f"drain {n:,} jobs, 2 workers: Python no-op", "jobs/s", "higher", rate(j["piloop task"]),
-            {p: rate(j[f"{p} python"]) for p in PEERS if f"{p} python" in j}, note="piloop: tasks, each its own process")
+        rounds = j.get("rounds") or []
+        of = f", median of {len(rounds)} rounds" if rounds else ""
+        for what, job, label, note in (("process", "subprocess", "/bin/true each", ""),
+                                       ("task", "python", "Python no-op", "piloop: tasks, each its own process")):
+            if rounds:
+                each = [round_ratio(r, what, job) for r in rounds]
+                note = "; ".join(x for x in (note, "each round's ratio: " + ", ".join(fmt(x) for x in each)) if x)
+            row(f"drain {n:,} jobs, 2 workers: {label}{of}", "jobs/s", "higher", rate(j[f"piloop {what}"]),
+                {p: rate(j[f"{p} {job}"]) for p in PEERS if f"{p} {job}" in j}, note=note)
     lat = res.get("latency")
     if lat:
         k = len(lat["piloop process"]["samples"])
@@ -211,6 +241,13 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def round_ratio(one: dict[str, Any], what: str, job: str) -> float | None:
+    """piloop's rate over the best peer's in one round of drains (`what`: process or task; `job`: the peers' kind)."""
+    rate = lambda d: d["jobs"] / d["seconds"]  # noqa: E731
+    peers = [rate(one[f"{p} {job}"]) for p in PEERS if f"{p} {job}" in one]
+    return rate(one[f"piloop {what}"]) / max(peers) if peers else None
+
+
 def fmt(v: float | None) -> str:
     if v is None:
         return "-"
@@ -253,13 +290,18 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, help="jobs per drain")
     ap.add_argument("--latency", type=int, help="jobs for the start latency median and p99")
     ap.add_argument("--workers", type=int, help="simulated workers for the server figures")
+    ap.add_argument("--rounds", type=int, help="rounds of every drain, alternated; each figure the median "
+                                                "(3 in a full run, 1 with --quick)")
     ap.add_argument("--profile", type=Path, help="profile piloop's server and workers in the jobs figures, "
                                                    "stats to this directory")
     a = ap.parse_args()
     sizes = dict(QUICK if a.quick else FULL)
-    for k in ("jobs", "latency", "workers"):
-        if getattr(a, k):
+    for k in ("jobs", "latency", "workers", "rounds"):
+        if getattr(a, k) is not None:
             sizes[k] = getattr(a, k)
+    for k in ("jobs", "latency", "workers", "rounds"):
+        if sizes[k] < 1:
+            ap.error(f"--{k} must be 1 or more, not {sizes[k]}")
     only = a.only or list(FIGURES)
     if a.profile:
         a.profile.mkdir(parents=True, exist_ok=True)
@@ -274,7 +316,7 @@ def main() -> None:
         rp = RedisProcess(tmp / "redis").start()
         try:
             parts = {
-                "jobs": lambda: run_jobs(rp, sizes["jobs"], tmp, a.profile),
+                "jobs": lambda: run_jobs(rp, sizes["jobs"], tmp, a.profile, 1 if a.profile else sizes["rounds"]),
                 "latency": lambda: run_latency(rp, sizes["latency"], sizes["gap"], tmp),
                 "server": lambda: claims.server_load(rp, sizes["workers"], sizes["paced"]),
                 "cas": lambda: run_cas_on_moto(tmp, sizes["large"], sizes["small"]),
@@ -291,7 +333,7 @@ def main() -> None:
         finally:
             rp.stop()
     load_avg = load.end()
-    shown = {k: v for k, v in sizes.items() if k in ("jobs", "latency", "workers")}
+    shown = {k: v for k, v in sizes.items() if k in ("jobs", "rounds", "latency", "workers")}
     rs = rows(res)
     if a.json:
         print(json.dumps({"sizes": sizes, "load_average": load_avg, "seconds": time.monotonic() - t0,
