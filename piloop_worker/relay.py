@@ -4,7 +4,7 @@ The worker forwards each call to the server under the job's id and lease token, 
 credentials; the server accepts it only while that lease is live (`/v1/relay/...`). The job never sees the
 worker's token through the relay, and cannot name another job: the socket it connects to says which job it is.
 
-One thread accepts on every job's socket (a selector); each connection is served on a short-lived thread with
+One thread accepts on every job's socket (one epoll); each connection is served on a short-lived thread with
 the relay's own HTTP client, so a slow server never holds the main loop or the heartbeat.
 Only `/v1/relay/...` is forwarded.
 """
@@ -136,11 +136,7 @@ class Relay:
     def _run(self) -> None:
         try:
             while True:
-                try:
-                    events = self.ep.poll()
-                except InterruptedError:
-                    continue
-                for fd, _ in events:
+                for fd, _ in self.ep.poll():
                     if fd == self.wake_r:
                         return
                     with self.lock:
