@@ -171,7 +171,6 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     j = res.get("jobs")
     if j:
         n = j["piloop process"]["jobs"]
-        rate = lambda d: d["jobs"] / d["seconds"]  # noqa: E731
         rounds = j.get("rounds") or []
         of = f", median of {len(rounds)} rounds" if rounds else ""
         for what, job, label, note in (("process", "subprocess", "/bin/true each", ""),
@@ -179,8 +178,8 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             if rounds:
                 each = [round_ratio(r, what, job) for r in rounds]
                 note = "; ".join(x for x in (note, "each round's ratio: " + ", ".join(fmt(x) for x in each)) if x)
-            row(f"drain {n:,} jobs, 2 workers: {label}{of}", "jobs/s", "higher", rate(j[f"piloop {what}"]),
-                {p: rate(j[f"{p} {job}"]) for p in PEERS if f"{p} {job}" in j}, note=note)
+            row(f"drain {n:,} jobs, 2 workers: {label}{of}", "jobs/s", "higher", _rate(j[f"piloop {what}"]),
+                {p: _rate(j[f"{p} {job}"]) for p in PEERS if f"{p} {job}" in j}, note=note)
     lat = res.get("latency")
     if lat:
         k = len(lat["piloop process"]["samples"])
@@ -241,11 +240,15 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _rate(d: dict[str, Any]) -> float:
+    """A drain's jobs a second."""
+    return d["jobs"] / d["seconds"]
+
+
 def round_ratio(one: dict[str, Any], what: str, job: str) -> float | None:
     """piloop's rate over the best peer's in one round of drains (`what`: process or task; `job`: the peers' kind)."""
-    rate = lambda d: d["jobs"] / d["seconds"]  # noqa: E731
-    peers = [rate(one[f"{p} {job}"]) for p in PEERS if f"{p} {job}" in one]
-    return rate(one[f"piloop {what}"]) / max(peers) if peers else None
+    peers = [_rate(one[f"{p} {job}"]) for p in PEERS if f"{p} {job}" in one]
+    return _rate(one[f"piloop {what}"]) / max(peers) if peers else None
 
 
 def fmt(v: float | None) -> str:
@@ -299,7 +302,6 @@ def main() -> None:
     for k in ("jobs", "latency", "workers", "rounds"):
         if getattr(a, k) is not None:
             sizes[k] = getattr(a, k)
-    for k in ("jobs", "latency", "workers", "rounds"):
         if sizes[k] < 1:
             ap.error(f"--{k} must be 1 or more, not {sizes[k]}")
     only = a.only or list(FIGURES)
