@@ -180,6 +180,11 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                 note = "; ".join(x for x in (note, "each round's ratio: " + ", ".join(fmt(x) for x in each)) if x)
             row(f"drain {n:,} jobs, 2 workers: {label}{of}", "jobs/s", "higher", _rate(j[f"piloop {what}"]),
                 {p: _rate(j[f"{p} {job}"]) for p in PEERS if f"{p} {job}" in j}, note=note)
+            mine = j[f"piloop {what}"]["cpu_ms"]
+            theirs = {p: j[f"{p} {job}"]["cpu_ms"] for p in PEERS if f"{p} {job}" in j}
+            if "machine" in mine:
+                row(f"  CPU a job of that drain, whole machine: {label}", "ms", "lower", mine["machine"],
+                    {p: c["machine"] for p, c in theirs.items() if "machine" in c}, note=cpu_split(mine, theirs))
     lat = res.get("latency")
     if lat:
         k = len(lat["piloop process"]["samples"])
@@ -237,6 +242,24 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
         under = [x for x in ([j["piloop process"]["server_rss_mib"], j["piloop task"]["server_rss_mib"]] if j else [])
                  + ([s["server_rss_load_mib"]] if s else [])]
         row("RSS of the server under load (drains, heartbeats)", "MiB", "lower", max(under) if under else None)
+    return out
+
+
+PILOOP_PARTS = (("worker", "worker"), ("shim host", "shim host"), ("shims", "shims"), ("jobs", "jobs"),
+                ("server", "server"), ("redis", "Redis"))
+
+
+def cpu_split(mine: dict[str, float], theirs: dict[str, dict[str, float]]) -> str:
+    """Where a drain's CPU a job went: piloop's by process kind, and the peer's that spent the least (its workers'
+    own, the processes its jobs ran in, Redis); the rest of the machine's is the kernel's threads and the others
+    sharing the box."""
+    parts = [f"{label} {fmt(mine[k])}" for k, label in PILOOP_PARTS if k in mine]
+    out = "piloop: " + ", ".join(parts) if parts else ""
+    known = {p: c for p, c in theirs.items() if "machine" in c and "jobs" in c}
+    if known:
+        p, c = min(known.items(), key=lambda kv: kv[1]["machine"])
+        out += f"{'; ' if out else ''}{p}: worker {fmt(c['workers'] - c['jobs'])}, jobs {fmt(c['jobs'])}, " \
+               f"Redis {fmt(c['redis'])}"
     return out
 
 

@@ -143,10 +143,12 @@ class RssWatch:
 
 
 class CpuWatch:
-    """CPU seconds of groups of processes (with the children each has reaped) and of the machine, start to stop."""
+    """CPU seconds of groups of processes (with the children each has reaped) and of the machine, start to stop.
+    With `reaped`, what that group's processes reaped (the processes its jobs ran in) is also told apart, as `jobs`."""
 
-    def __init__(self, groups: dict[str, list[int]]) -> None:
+    def __init__(self, groups: dict[str, list[int]], reaped: str | None = None) -> None:
         self.groups = {k: [psutil.Process(p) for p in pids] for k, pids in groups.items()}
+        self.reaped = reaped
         self.start = self._now()
 
     def _now(self) -> dict[str, float]:
@@ -157,9 +159,13 @@ class CpuWatch:
                 try:
                     t = p.cpu_times()
                     total += t.user + t.system + t.children_user + t.children_system
+                    if k == self.reaped:
+                        out["jobs"] = out.get("jobs", 0.0) + t.children_user + t.children_system
                 except psutil.Error:
                     pass
             out[k] = total
+        if self.reaped is not None:
+            out.setdefault("jobs", 0.0)
         m = psutil.cpu_times()
         out["machine"] = m.user + m.system + m.nice + getattr(m, "irq", 0) + getattr(m, "softirq", 0)
         return out
@@ -167,6 +173,29 @@ class CpuWatch:
     def per_job_ms(self, n: int) -> dict[str, float]:
         now = self._now()
         return {k: (now[k] - self.start[k]) * 1000 / n for k in now}
+
+
+def piloop_cpu(worker_pids: Sequence[int]) -> dict[str, float]:
+    """CPU seconds of piloop workers' processes by kind, each since its birth: the workers' own (`worker`), their shim
+    hosts' with the shims they reaped (`shim host`), the shims' own (`shims`), and what the shims reaped: the
+    processes the jobs ran in (`jobs`). A shim `setsid()`s but stays its host's child, so it is found there."""
+    out = dict.fromkeys(("worker", "shim host", "shims", "jobs"), 0.0)
+    for pid in worker_pids:
+        try:
+            worker = psutil.Process(pid)
+            t = worker.cpu_times()
+            out["worker"] += t.user + t.system
+            for host_pid in child_pids(worker):
+                host = psutil.Process(host_pid)
+                t = host.cpu_times()
+                out["shim host"] += t.user + t.system + t.children_user + t.children_system
+                for shim_pid in child_pids(host):
+                    t = psutil.Process(shim_pid).cpu_times()
+                    out["shims"] += t.user + t.system
+                    out["jobs"] += t.children_user + t.children_system
+        except psutil.Error:
+            continue
+    return out
 
 
 def with_children(procs: Sequence[psutil.Process]) -> list[psutil.Process]:
@@ -359,6 +388,8 @@ class PiloopSide:
                 wait_until(lambda: self.left() == 0, 3600, f"piloop {what} to drain", every=0.02, report=report)
                 seconds = time.perf_counter() - t0
                 cpu_ms = cpu.per_job_ms(n)
+                # every one of these processes was born in this drain: each one's CPU since its birth is its part
+                cpu_ms |= {k: v * 1000 / n for k, v in piloop_cpu([p.pid for p in procs]).items()}
         finally:
             stop_procs(procs, group=True)
         pipe = self.r.pipeline(transaction=False)
@@ -433,7 +464,8 @@ def rq_drain(rp: RedisProcess, n: int, cls: str, job: str, tmp: Path) -> Drain:
         q.enqueue(fn)
     t0 = time.perf_counter()
     procs = [_rq_worker(rp, q.name, cls, True, tmp) for _ in range(2)]
-    cpu = CpuWatch({"workers": [p.pid for p in procs], "redis": [rp.proc.pid]})  # type: ignore[union-attr]
+    cpu = CpuWatch({"workers": [p.pid for p in procs], "redis": [rp.proc.pid]},  # type: ignore[union-attr]
+                   reaped="workers")
     last = cpu.start
     with RssWatch({f"w{i}": [p.pid] for i, p in enumerate(procs)}, children=False) as watch:  # not its horses
 
@@ -517,7 +549,8 @@ def celery_drain(rp: RedisProcess, n: int, pool: str, job: str, tmp: Path) -> Dr
     t0 = time.perf_counter()
     procs = _celery_workers(rp, queue, pool, tmp)
     try:
-        cpu = CpuWatch({"workers": [p.pid for p in procs], "redis": [rp.proc.pid]})  # type: ignore[union-attr]
+        cpu = CpuWatch({"workers": [p.pid for p in procs], "redis": [rp.proc.pid]},  # type: ignore[union-attr]
+                       reaped="workers")
         with RssWatch({f"w{i}": [p.pid] for i, p in enumerate(procs)}) as watch:
             done = lambda: int(r.get(f"{queue}:done") or 0)  # noqa: E731
             wait_until(lambda: done() >= n, 3600, "Celery to drain", every=0.01,

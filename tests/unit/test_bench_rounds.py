@@ -41,3 +41,52 @@ def test_the_table_names_the_rounds_and_gives_each_ratio() -> None:
     assert drain_rows[0]["note"] == "each round's ratio: 2.00, 1.00"
     assert drain_rows[1]["note"] == "piloop: tasks, each its own process; each round's ratio: 4.00, 1.00"
     assert drain_rows[0]["ratio"] == pytest.approx((100 / 1.5) / 50)  # the medians' ratio
+
+
+def test_the_cpu_row_compares_the_whole_machine_and_splits_it() -> None:
+    piloop = {**_drain(1.0, 1.0), "cpu_ms": {"server": 1.0, "workers": 2.2, "redis": 0.3, "machine": 6.0, "worker": 1.9,
+                                             "shim host": 0.3, "shims": 1.2, "jobs": 0.8}}
+    celery = {**_drain(0.5, 1.0), "cpu_ms": {"workers": 2.2, "jobs": 0.8, "redis": 0.2, "machine": 3.0}}
+    rq = {**_drain(4.0, 1.0), "cpu_ms": {"workers": 9.0, "jobs": 6.0, "redis": 0.5, "machine": 12.0}}
+    jobs = {"piloop process": piloop, "Celery solo subprocess": celery, "rq Worker subprocess": rq,
+            "piloop task": _drain(1.0, 1.0)}
+    cpu = [r for r in rows({"jobs": jobs}) if r["figure"].startswith("  CPU a job")]
+    assert [r["figure"] for r in cpu] == ["  CPU a job of that drain, whole machine: /bin/true each",
+                                          "  CPU a job of that drain, whole machine: Python no-op"]
+    assert cpu[1]["ratio"] is None and cpu[1]["note"] == "piloop: server 1.00"  # no peer ran Python no-ops here
+    assert cpu[0]["peers"] == {"rq Worker": 12.0, "Celery solo": 3.0} and cpu[0]["better"] == "lower"
+    assert cpu[0]["ratio"] == pytest.approx(2.0)  # piloop's 6 ms beside the cheaper peer's 3
+    # the peer named is the one that spent the least; its worker's own CPU is its workers' less what they reaped
+    assert cpu[0]["note"] == ("piloop: worker 1.90, shim host 0.30, shims 1.20, jobs 0.80, server 1.00, Redis 0.30; "
+                              "Celery solo: worker 1.40, jobs 0.80, Redis 0.20")
+
+
+def test_piloop_cpu_finds_the_shim_host_its_shims_and_their_jobs(tmp_path) -> None:
+    """A worker, its host, a shim that reaps a job burning ~0.3 s of CPU: each part lands where piloop_cpu says."""
+    import subprocess
+    import sys
+    import time
+
+    from bench.jobs import piloop_cpu
+
+    ready = tmp_path / "ready"
+    shim = ("import os, subprocess, sys; subprocess.run([sys.executable, '-c', "
+            "'import time\\nend = time.process_time() + 0.3\\nwhile time.process_time() < end: pass']); "
+            f"open({str(ready)!r}, 'w').close(); sys.stdin.read()")
+    host = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {shim!r}])"
+    worker = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', "
+                                                     f"{host!r}])"], stdin=subprocess.PIPE, start_new_session=True)
+    try:
+        end = time.monotonic() + 30
+        while not ready.exists():
+            assert time.monotonic() < end, "the shim's job never ended"
+            time.sleep(0.02)
+        got = piloop_cpu([worker.pid])
+        assert got["jobs"] >= 0.25  # the job's 0.3 s, reaped by the shim
+        assert 0 < got["shims"] < 0.25 and 0 < got["shim host"] < 0.25 and 0 < got["worker"] < 0.25
+    finally:
+        import os
+        import signal
+
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
