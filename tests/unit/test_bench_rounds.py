@@ -3,9 +3,16 @@ and each round's own ratio of piloop to the best peer."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 
 from bench.__main__ import merge_rounds, round_ratio, rows
+from bench.jobs import piloop_cpu
 
 
 def _drain(seconds: float, cpu: float, rss: float = 50.0, bad: int = 0) -> dict:
@@ -63,12 +70,6 @@ def test_the_cpu_row_compares_the_whole_machine_and_splits_it() -> None:
 
 def test_piloop_cpu_finds_the_shim_host_its_shims_and_their_jobs(tmp_path) -> None:
     """A worker, its host, a shim that reaps a job burning ~0.3 s of CPU: each part lands where piloop_cpu says."""
-    import subprocess
-    import sys
-    import time
-
-    from bench.jobs import piloop_cpu
-
     ready = tmp_path / "ready"
     shim = ("import os, subprocess, sys; subprocess.run([sys.executable, '-c', "
             "'import time\\nend = time.process_time() + 0.3\\nwhile time.process_time() < end: pass']); "
@@ -85,8 +86,5 @@ def test_piloop_cpu_finds_the_shim_host_its_shims_and_their_jobs(tmp_path) -> No
         assert got["jobs"] >= 0.25  # the job's 0.3 s, reaped by the shim
         assert 0 < got["shims"] < 0.25 and 0 < got["shim host"] < 0.25 and 0 < got["worker"] < 0.25
     finally:
-        import os
-        import signal
-
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
