@@ -48,7 +48,9 @@ log = logging.getLogger("piloop.worker")
 REPORT_NS = uuid.UUID("5d1b7c3e-8f0a-4e4b-9c55-7a1f0c2d9e61")
 SHIM_START_SECONDS = 10.0  # a shim that has not taken its dir's lock by then never will
 TICK = 0.1
-EVALUATIONS_PER_CLAIM = 4  # the server gives at most the free slots; asking for more fills a big pool sooner
+# a claim's ask (the server gives at most the free slots): a few, so a burst is spread over the workers waiting for
+# it; a claim carried by reports asks for as many as they free, so a busy worker refills each slot in one call
+EVALUATIONS_PER_CLAIM = 4
 LONG_POLL_MAX = 5.0  # the longest an idle worker's claim waits at the server
 
 
@@ -400,7 +402,8 @@ class Worker:
         the slots they free: a busy worker's round is one call, not a report and a claim."""
         if not ready:
             return
-        ask = None if self.stopping.is_set() or self.refused is not None else self._claim_ask(wait=0.0)
+        ask = (None if self.stopping.is_set() or self.refused is not None
+               else self._claim_ask(wait=0.0, most=max(EVALUATIONS_PER_CLAIM, len(ready))))
         if ask is None and len(ready) == 1:
             self._send(ready[0])
             return
@@ -520,7 +523,8 @@ class Worker:
         granted = self.granted_mb()
         return self.room.measure(available_mb(), granted, self.timing.memory_reserve_mb, idle=not self.grants)
 
-    def _claim_ask(self, wait: float | None = None) -> tuple[ClaimRequest, float, int] | None:
+    def _claim_ask(self, wait: float | None = None,
+                   most: int = EVALUATIONS_PER_CLAIM) -> tuple[ClaimRequest, float, int] | None:
         """The claim to send now, when and the room it offers; None when the host's memory pressure admits none (the
         next is put off a renew period). Idle, a claim waits at the server for a job (a long poll) instead of coming
         back a renew period later; a worker with jobs never waits there, so its main loop keeps tending them."""
@@ -533,7 +537,7 @@ class Worker:
             with self.lock:
                 wait = 0.0 if self.held else min(self.timing.renew_seconds, LONG_POLL_MAX)
         room = self.room_mb()
-        return ClaimRequest(protocol=PROTOCOL, want={"agent": 1, "evaluation": EVALUATIONS_PER_CLAIM},
+        return ClaimRequest(protocol=PROTOCOL, want={"agent": 1, "evaluation": most},
                             wait_seconds=wait, room_mb=room), sent, room
 
     def claim(self) -> None:

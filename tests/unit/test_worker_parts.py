@@ -1,4 +1,5 @@
-"""The worker's parts that need no process: PSI, host samples, admission, job dirs, the spool, logs, outcomes."""
+"""The worker's parts that need no process: PSI, host samples, admission, job dirs, the spool, logs, outcomes, the claim
+a round's reports carry."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import fcntl
 import os
 import shutil
 import stat
+import threading
 import time
 from pathlib import Path
 
@@ -13,8 +15,10 @@ import pytest
 
 from piloop_common.cas.local import LocalStore
 from piloop_common.hostinfo import Sampler, memory_pressure, parse_psi, sample
-from piloop_common.protocol import PROTOCOL, HostSample, ReportRequest
-from piloop_worker.agent import outcome_of, report_id_for
+from piloop_common.protocol import (PROTOCOL, ClaimResponse, HostSample, ReportAnswer, ReportRequest, ReportsResponse,
+                                    Timing)
+from piloop_worker.agent import EVALUATIONS_PER_CLAIM, Held, Worker, outcome_of, report_id_for
+from piloop_worker.heartbeat import Reachability
 from piloop_worker import jobdir
 from piloop_worker.jobdir import JobDir, SpareDirs, files_under, run_dir_for, scan
 from piloop_worker.logs import LogShipper
@@ -356,3 +360,48 @@ def test_a_jobs_output_files_are_listed_as_rglob_listed_them(tmp_path: Path) -> 
     assert got == want
     assert [name for name, _ in got] == [".hidden", "a b.txt", "b/c/deep.txt", "b/x", "b-/y", "link-to-file", "z.json"]
     assert files_under(tmp_path / "missing") == [] and files_under(elsewhere / "file") == []
+
+
+class _Api:
+    """The worker's API client, answering every report `accepted` and every claim with nothing; it keeps each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def call(self, method, path, body=None, model=None, timeout=None):
+        self.calls.append((path, body))
+        answers = [ReportAnswer(answer="accepted", state="succeeded") for _ in body.reports]
+        return ReportsResponse(answers=answers, claim=ClaimResponse(reason="nothing"))
+
+
+def _busy_worker(tmp_path: Path, held: int) -> tuple[Worker, list[Held]]:
+    """A worker's loop state without its processes: `held` jobs that have ended, each with its report spooled."""
+    w = object.__new__(Worker)  # no shim host, no cgroups, no server: only what sending reports touches
+    w.stopping, w.refused, w.lock, w.held, w.grants = threading.Event(), None, threading.RLock(), {}, {}
+    w.timing = Timing(renew_seconds=10, grace_seconds=30, toleration_seconds=60, request_timeout_seconds=5,
+                      kill_grace_seconds=5, memory_pressure_max=10)
+    w.host_sample = lambda: HostSample(cpus=2, load1=0.1, memory_available_gb=8, disk_free_gb=10)
+    w.room_mb = lambda: 4096
+    w.api, w.spool, w.relay, w.spare, w.name = _Api(), Spool(tmp_path / "spool"), None, None, "w1"
+    w.reach = Reachability("test")
+    ready = []
+    for i in range(held):
+        jd = JobDir(tmp_path / "jobs" / f"j{i}.5")
+        jd.create({"job": f"j{i}"})
+        h = Held(f"j{i}", "5", "evaluation", jd, LogShipper(jd), report=_report(f"j{i}"))
+        w.spool.write(h.report)
+        w.held[h.job] = h
+        ready.append(h)
+    return w, ready
+
+
+@pytest.mark.parametrize("ended, asked", [(1, EVALUATIONS_PER_CLAIM), (2, EVALUATIONS_PER_CLAIM), (7, 7)])
+def test_the_reports_of_a_round_carry_a_claim_for_every_slot_they_free(tmp_path: Path, ended: int, asked: int) -> None:
+    """A busy worker's round is one call: its ended jobs' reports, and a claim for as many jobs as they free (at least
+    the usual few), so no slot they free waits for a claim of its own."""
+    w, ready = _busy_worker(tmp_path, ended)
+    w._send_all(ready)
+    (path, body), = w.api.calls
+    assert path == "/v1/worker/reports" and [r.job for r in body.reports] == [h.job for h in ready]
+    assert body.claim is not None and body.claim.want["evaluation"] == asked and body.claim.wait_seconds == 0
+    assert not w.held and w.spool.pending() == []  # each answered: its job let go, its spooled report gone
