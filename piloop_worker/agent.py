@@ -32,7 +32,7 @@ from piloop_common.protocol import (
     REPORTS_PER_CALL, ReportRequest, ReportResponse, ReportsRequest, ReportsResponse, Timing, Usage, WorkerHello, LogAppend,
 )
 from piloop_worker import pressure
-from piloop_worker.cgroups import Cgroups
+from piloop_worker.cgroups import Cgroups, JobCgroup
 from piloop_worker.heartbeat import Heartbeat, Reachability, orphaned
 from piloop_worker.jobdir import (JobDir, SpareDirs, files_under, mark_run_dir, read_json, run_dir_for, scan,
                                   sweep_run_dirs, unmark_run_dir)
@@ -83,6 +83,7 @@ class Held:
     next_try: float = 0.0
     tries: int = 0
     disk_error: bool = False
+    cgroup: JobCgroup | None = None  # given back (`Cgroups.give`) with its dir, once the job is reported
 
 
 def outcome_of(rec: dict[str, Any]) -> tuple[str, str]:
@@ -269,6 +270,11 @@ class Worker:
                 statuses = self._call_until_answered(
                     lambda: self.api.call("POST", "/v1/worker/heartbeat", self.hello(found),
                                           timeout=self.timing.request_timeout_seconds)["jobs"])
+        # the groups of jobs an earlier worker reported, or left ended: the jobs found keep theirs until reported
+        swept = self.cgroups.sweep({h.cgroup.path for h in found if h.cgroup is not None})
+        if swept:
+            log.info("event=worker.cgroups_removed worker=%s count=%d (left by an earlier worker)", self.name,
+                     len(swept))
         self.relay = Relay(self.api_factory, self.timing.request_timeout_seconds)
         with self.lock:
             for h in found:
@@ -293,8 +299,14 @@ class Worker:
                 continue
             if not jd.shim_alive() and not jd.exit_json.exists():
                 self._shim_gone(jd)
-            out.append(Held(rec["job"], rec["token"], rec.get("kind", ""), jd, LogShipper(jd), requested_at=0.0))
+            out.append(Held(rec["job"], rec["token"], rec.get("kind", ""), jd, LogShipper(jd), requested_at=0.0,
+                            cgroup=self._cgroup_of(jd)))
         return out
+
+    def _cgroup_of(self, jd: JobDir) -> JobCgroup | None:
+        """The cgroup an earlier worker's job ran in, as its shim wrote it down."""
+        path = (read_json(jd.shim_json) or {}).get("cgroup")
+        return JobCgroup(Path(path), self.cgroups.version) if path and self.cgroups.available else None
 
     def _shim_gone(self, jd: JobDir) -> None:
         """The shim died without an exit record: kill what it left, and record the job lost."""
@@ -305,6 +317,8 @@ class Worker:
                 p = psutil.Process(pgid)
                 if abs(p.create_time() - float(info.get("started", 0))) < 5:
                     os.killpg(pgid, signal.SIGKILL)
+        if (cg := self._cgroup_of(jd)) is not None:
+            cg.kill_all()  # what left the job's process group
         jd.write_exit({"exit_code": None, "signal": None, "oom": False, "stopped": "", "lost": True,
                        "reason": "the job's shim died before the job ended", "usage": Usage().model_dump(),
                        "duration_seconds": 0.0})
@@ -434,6 +448,8 @@ class Worker:
         if self.relay is not None:
             self.relay.remove(h.job)
         h.jd.remove(self.spare)
+        if h.cgroup is not None:
+            self.cgroups.give(h.cgroup)
         self.next_claim = 0.0  # a slot is free
 
     def send_report(self, report: ReportRequest) -> str | None:
@@ -635,7 +651,7 @@ class Worker:
             # its grant is its limit; a job without one is limited to the worker's room
             limit = a.memory_mb or max(room, 1)
             try:
-                cg = self.cgroups.create(jd.root.name, limit)
+                h.cgroup = cg = self.cgroups.take(limit)
                 cgroup = {"path": str(cg.path), "version": cg.version, "limit_mb": limit,
                           "held_seconds": self.timing.memory_held_seconds}
             except OSError as e:
@@ -731,6 +747,7 @@ class Worker:
             self.relay.close()
         self.api.close()
         self.host.close()
+        self.cgroups.close()
         with contextlib.suppress(Exception):
             self.store.close()
         if self.rundir is not None:  # a worker that holds no job leaves nothing in /dev/shm

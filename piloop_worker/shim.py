@@ -74,11 +74,17 @@ def job_env(req: dict[str, Any]) -> dict[str, str]:
     return {**base_env(), **req["env"]}
 
 
-def notify(name: str) -> None:
-    """Tell the worker a job's exit record is written; a wake-up only, so it never fails."""
+def notify(name: str) -> bool:
+    """Tell the worker a job's exit record is written; a wake-up only, so it never fails. False when the worker that
+    started this shim's host is gone (its end of the pair closed), so nothing of it will read the job's record."""
     if _notify is not None:
-        with contextlib.suppress(OSError):
+        try:
             _notify.send(name.encode())
+        except (ConnectionRefusedError, BrokenPipeError):
+            return False
+        except OSError:  # a full buffer: the worker is there, and its tick finds the record
+            pass
+    return True
 
 
 def _job_dir(req: dict[str, Any]) -> JobDir:
@@ -108,6 +114,7 @@ def _supervise(req: dict[str, Any], jd: JobDir) -> int:
     limit_mb = (req.get("cgroup") or {}).get("limit_mb")
     held_seconds = (req.get("cgroup") or {}).get("held_seconds")
     held = HeldWatch(limit_mb * 2**20, float(held_seconds)) if cg is not None and limit_mb and held_seconds else None
+    oom_before = cg.oom_kills() if cg is not None else 0  # the group may be a spare, its counters an earlier job's
     started_wall, started = time.time(), time.monotonic()
     record: dict[str, Any] = {"exit_code": None, "signal": None, "oom": False, "stopped": "", "reason": "",
                               "started": started_wall}
@@ -123,7 +130,8 @@ def _supervise(req: dict[str, Any], jd: JobDir) -> int:
                       usage={"peak_rss_bytes": 0, "cpu_seconds": 0.0}, duration_seconds=0.0)
         jd.write_exit(record)
         return 0
-    atomic_json(jd.shim_json, {"shim": os.getpid(), "pid": pid, "pgid": pid, "started": started_wall}, durable=False)
+    atomic_json(jd.shim_json, {"shim": os.getpid(), "pid": pid, "pgid": pid, "started": started_wall,
+                               "cgroup": str(cg.path) if cg is not None else None}, durable=False)
     pidfd = _pidfd(pid)
     stop_metrics = threading.Event()
     metrics_thread: threading.Thread | None = None
@@ -200,14 +208,17 @@ def _supervise(req: dict[str, Any], jd: JobDir) -> int:
     elif os.WIFSIGNALED(status):
         record["signal"] = os.WTERMSIG(status)
     if cg is not None:
-        record["oom"] = cg.oom_kills() > 0 or why == "memory_held"
+        record["oom"] = cg.oom_kills() > oom_before or why == "memory_held"
         if why == "memory_held":
             record["reason"] = f"out of memory (held at its limit for {held_seconds:g}s)"
-        cg.remove()
+        # the group stays: the worker gives it back for a later job, or removes it (`Cgroups.give`)
     record["stopped"] = why
     record["usage"] = meter.usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024)
     jd.write_exit(record)
-    notify(jd.root.name)
+    # the worker keeps the group for a later job (`Cgroups.give`); a worker gone cannot, so the shim removes it (one
+    # restarted that re-attaches the job finds it gone, as it would leave it)
+    if not notify(jd.root.name) and cg is not None:
+        cg.remove()
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
@@ -68,3 +69,20 @@ def workers():
     yield make
     for w in made:
         w.cleanup()
+
+
+@pytest.fixture
+def job_cgroups():
+    """A `Cgroups` of its own (a base named for this test process, so parallel tests never share one), or a skip
+    where no memory cgroup is writable; every group left under it, and the base, removed after the test."""
+    from piloop_worker.cgroups import Cgroups, JobCgroup
+
+    c = Cgroups(f"piloop-test-{os.getpid()}")
+    if c.base is None:
+        pytest.skip(f"no writable memory cgroup here ({c.reason})")
+    yield c
+    for p in c.base.iterdir():
+        if p.is_dir():
+            JobCgroup(p, c.version).kill_all()
+            p.rmdir()
+    c.base.rmdir()

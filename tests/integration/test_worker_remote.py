@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from piloop_common.cas.local import LocalStore
+from piloop_worker.jobdir import read_json
 from tests.helpers.redis import wait_for
 from tests.helpers.workers import FENCE_AFTER, job_dirs, pgid_alive, state, submit, token, view
 
@@ -114,6 +115,8 @@ def test_a_detached_worker_leaves_its_job_running_and_its_successor_reattaches(s
     w = workers(d, token(d, "w1")).start()
     job = submit(d, "sh", "-c", f"echo $$ >> {marker}; sleep 4; echo done")
     wait_for(lambda: marker.exists() and marker.read_text(), 20, what="the job to start")
+    (jd,) = [jd for wd in w.home.glob("work/*") for jd in job_dirs(wd)]
+    group = wait_for(lambda: read_json(jd.shim_json), 10, what="shim.json")["cgroup"]
     w.proc.send_signal(signal.SIGTERM)
     assert w.wait(10) == 0
     pgid = int(marker.read_text().split()[0])
@@ -123,6 +126,8 @@ def test_a_detached_worker_leaves_its_job_running_and_its_successor_reattaches(s
     assert v["state"] == "succeeded", v
     assert marker.read_text().split() == [str(pgid)]  # the same run, re-attached, never restarted
     assert "event=job.reattached" in w.output() and "status=ok" in w.output()
+    if group is not None:  # a job cgroup (where one can be made): removed by its shim, its first worker being gone
+        assert not Path(group).exists()
 
 
 def test_a_cancelled_job_is_stopped_and_reported(server, workers, tmp_path):

@@ -15,7 +15,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from piloop_worker.cgroups import Cgroups
 from piloop_worker.jobdir import JobDir, read_json
 from piloop_worker.shimhost import ShimHost
 from tests.helpers.redis import wait_for
@@ -26,6 +25,13 @@ TREE = "sleep 1000 & echo $! >> pids; setsid sleep 1000 & echo $! >> pids; echo 
 
 @pytest.fixture(scope="module")
 def host():
+    h = ShimHost().start()
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def own_host():
     h = ShimHost().start()
     yield h
     h.close()
@@ -159,25 +165,25 @@ def test_sigkilled_worker_or_host_still_fences_its_job_by_the_deadline(tmp_path,
         owner.wait(5)
 
 
-@pytest.mark.skipif(not Cgroups("piloop-test").available, reason="no writable memory cgroup here")
-def test_out_of_memory_in_the_job_cgroup_is_recorded(host, tmp_path):
-    cgroups = Cgroups("piloop-test")
+def test_out_of_memory_in_the_job_cgroup_is_recorded(host, tmp_path, job_cgroups):
     jd = _job(tmp_path)
-    cg = cgroups.create(jd.root.name, 64)
+    cg = job_cgroups.take(64)
     _start(host, jd, [sys.executable, "-c", "b = bytearray(400 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096])"],
            cgroup={"path": str(cg.path), "version": cg.version})
     rec = _exit(jd, timeout=30)
     assert rec["oom"] is True and rec["signal"] == signal.SIGKILL
-    assert not cg.path.exists()  # removed once empty
-    cgroups.base.rmdir()
+    # the group stays for the worker to keep for a later job: the counter its first job raised is not the next one's
+    assert cg.path.is_dir() and cg.pids() == []
+    again = _job(tmp_path, "again")
+    _start(host, again, ["true"], cgroup={"path": str(cg.path), "version": cg.version})
+    rec = _exit(again)
+    assert rec["exit_code"] == 0 and rec["oom"] is False, rec
 
 
-@pytest.mark.skipif(not Cgroups("piloop-test").available, reason="no writable memory cgroup here")
-def test_the_job_is_in_its_cgroup_from_its_start_and_the_shim_is_not(host, tmp_path):
+def test_the_job_is_in_its_cgroup_from_its_start_and_the_shim_is_not(host, tmp_path, job_cgroups):
     """The shim enters the job's group only for the spawn (so a vfork'd child is born there), then goes back."""
-    cgroups = Cgroups("piloop-test")
     jd = _job(tmp_path)
-    cg = cgroups.create(jd.root.name, 256)
+    cg = job_cgroups.take(256)
     script = f"cat /proc/self/cgroup > first; while [ ! -f go ]; do sleep 0.02; done; cat {cg.join_path()} > members"
     _start(host, jd, ["sh", "-c", script], cgroup={"path": str(cg.path), "version": cg.version})
     first = wait_for(lambda: (jd.work / "first").exists() and (jd.work / "first").read_text(), 10, what="first")
@@ -191,14 +197,23 @@ def test_the_job_is_in_its_cgroup_from_its_start_and_the_shim_is_not(host, tmp_p
     assert shim["pid"] in members and shim["shim"] not in members
     own = Path(f"/proc/{shim['shim']}/cgroup")
     assert not own.exists() or group not in own.read_text()
-    cgroups.base.rmdir()
+    assert shim["cgroup"] == str(cg.path)  # where a restarted worker finds the group
+    assert cg.path.is_dir()  # the worker's to keep or remove
 
 
-@pytest.fixture
-def own_host():
-    h = ShimHost().start()
-    yield h
-    h.close()
+def test_a_shim_whose_worker_is_gone_removes_its_jobs_cgroup(own_host, tmp_path, job_cgroups):
+    """Nobody would keep the group for a later job: the shim removes it once its job has ended."""
+    jd = _job(tmp_path)
+    cg = job_cgroups.take(64)
+    _start(own_host, jd, ["sh", "-c", "while [ ! -f go ]; do sleep 0.02; done"],
+           cgroup={"path": str(cg.path), "version": cg.version})
+    wait_for(lambda: read_json(jd.shim_json), 10, what="shim.json")
+    assert own_host.exits is not None
+    own_host.exits.close()  # the worker's end of the wake-up pair, as when the worker dies
+    own_host.exits = None
+    (jd.work / "go").write_text("")
+    assert _exit(jd)["exit_code"] == 0
+    wait_for(lambda: not cg.path.exists(), 10, what="the group removed")
 
 
 def _ended(jd: JobDir) -> dict:
