@@ -217,8 +217,19 @@ def test_a_shim_whose_worker_is_gone_removes_its_jobs_cgroup(own_host, tmp_path,
 
 
 def _ended(jd: JobDir) -> dict:
+    """The job's exit record, once its shim is idle: it let the dir go and waits for its next request. A request
+    sent sooner would rightly go to a fresh fork (the shim had not said `idle` yet)."""
     rec = _exit(jd)
     wait_for(lambda: not jd.shim_alive(), 5, what="the shim to let the dir go")
+    shim = read_json(jd.shim_json)["shim"]
+
+    def waiting() -> bool:  # blocked in its channel's recv (a datagram wait), where it says idle first
+        try:
+            where = Path(f"/proc/{shim}/wchan").read_text()
+        except OSError:
+            return True  # gone: nothing to wait for
+        return where == "0" or "wait_for_more_packets" in where  # "0": a kernel that hides it
+    wait_for(waiting, 5, what="the shim to wait for its next request")
     return rec
 
 
