@@ -390,6 +390,8 @@ class Worker:
 
     def _build_report(self, h: Held) -> None:
         rec = h.jd.exit_record() or {}
+        # its shim is idle (the shim's word said so first, unless it was lost), or gone, or ends
+        self.host.ended(h.jd.root.name, last=bool(rec.get("lost")) or rec.get("stopped") == "shim terminated")
         outcome, reason = outcome_of(rec)
         try:
             outcome, reason, campaign = self._campaign_results(h, outcome, reason)

@@ -38,8 +38,7 @@ FIRST_SAMPLE = 0.1
 # short job a thread, a sample of the host and a file (see docs/worker.md)
 METRICS_AFTER = 1.0
 JOBS_PER_SHIM = 1000  # then a fresh fork: whatever a long life gathers (fragmented heap, caches) starts again
-MAX_REQUEST = 1 << 20  # above a packet's most (the send buffer's size): the host forks for a request too large to send
-IDLE = b"idle"  # what a shim whose job ended says to the shim host on its pair
+MAX_REQUEST = 1 << 20  # above a packet's most (the send buffer's size): a request too large to send gets a fork
 
 
 _notify: socket.socket | None = None
@@ -217,7 +216,8 @@ def _supervise(req: dict[str, Any], jd: JobDir) -> int:
     jd.write_exit(record)
     # the worker keeps the group for a later job (`Cgroups.give`); a worker gone cannot, so the shim removes it (one
     # restarted that re-attaches the job finds it gone, as it would leave it)
-    if not notify(jd.root.name) and cg is not None:
+    # the word says the shim is idle now, or, once a SIGTERM came, that it ends (`ShimHost.ended`)
+    if not notify(jd.root.name + ("\0last" if _terminated.is_set() else "")) and cg is not None:
         cg.remove()
     return 0
 
@@ -312,7 +312,7 @@ def _metrics_loop(jd: JobDir, every: float, stop: threading.Event) -> None:
 
 def main_forked(req: dict[str, Any], channel: socket.socket | None = None) -> None:
     """The shim's life after the fork: its own session, then `req`'s job, each with its own log; then, with a
-    `channel` to the shim host, `idle` said there and the next request waited for, until the host lets it go."""
+    `channel` to the worker, the next request waited for there, until the worker lets it go."""
     os.setsid()
     set_name("piloop-shim")
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -360,11 +360,11 @@ def _run_logged(req: dict[str, Any], devnull: int) -> None:
 
 
 def _next_request(channel: socket.socket) -> dict[str, Any] | None:
-    """Say `idle` to the host and wait for its next request; None when the host let this shim go or is gone."""
+    """Wait for the worker's next request (its word from `notify` told it this shim is idle); None when the worker
+    let this shim go or is gone."""
     # idle, a SIGTERM ends the shim (it holds no job); each job sets its own handler again
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        channel.send(IDLE)
         raw = channel.recv(MAX_REQUEST)
     except OSError:
         return None

@@ -1,19 +1,23 @@
 """The shim host: a single-threaded fork server the worker starts first, before it has any thread.
 
-It reads one JSON request per line on stdin and hands each to a shim: an idle one when it has one, else a new
-fork (≈1 ms, where a new interpreter costs 13–18 ms). Each shim `setsid()`s and outlives both the worker and the
-host; the kernel reaps it. A shim runs one job at a time; when its job has ended (its exit record written, its
-dir's lock let go) it says `idle` on its own socket pair with the host and waits there for the next request. A
-job on a shim that ran one before costs ~1.5 ms of CPU where a fresh fork's costs ~6 ms: the fork, the copies of
-the pages Python's reference counts write to, and the exit (docs/performance.md). The host lets an idle shim go
-(closes its pair: the shim exits) after `IDLE_SECONDS`, when a task's module is imported here after the shim was
-forked (the shim lacks it), and when the host exits, which is when its stdin closes: the worker died or
-detached. A shim that is running a job then finishes it, and exits.
+It reads one JSON request per line on stdin, takes the descriptor that comes with it (the shim's end of a socket
+pair the worker made, on a second socket), and forks a shim for it (≈1 ms, where a new interpreter costs 13–18 ms).
+Each shim `setsid()`s and outlives both the worker and the host; the kernel reaps it. The host does nothing else:
+it is asked only when the worker has no idle shim to give a job to, and exits when its stdin closes (the worker died
+or detached).
+
+A shim runs one job at a time; when its job has ended (its exit record written) it waits on its pair for the next
+request, which the worker sends it straight (`ShimHost.run_job`): a job on a shim that ran one before costs ~1.5 ms
+of CPU where a fresh fork's costs ~6 ms (the fork, the copies of the pages Python's reference counts write to, and
+the exit: docs/performance.md), and with no host between them a job costs the host nothing (its hop was ~0.2 ms of a
+process job's ~5). The worker lets an idle shim go (closes its end: the shim exits) after `IDLE_SECONDS`, when a
+task's module is sent to the host after the shim was forked (the shim lacks it), and when the worker exits; a shim
+that is running a job then finishes it, and exits.
 
 Each shim, once its exit record is written, sends the job dir's name as one datagram on a socket pair the worker
 made (its fd in `PILOOP_SHIM_NOTIFY_FD`), so the worker's loop wakes the moment a job ends instead of on its next
-tick. Only a wake-up: the exit record on disk is the truth, and the tick still finds it when a datagram is lost
-(a full buffer, a worker that restarted and re-attached its jobs).
+tick, and knows the shim is idle. Only a wake-up: the exit record on disk is the truth, and the tick still finds it
+when a datagram is lost (a full buffer, a worker that restarted and re-attached its jobs).
 
     python -m piloop_worker.shimhost
 """
@@ -25,13 +29,13 @@ import gc
 import json
 import os
 import select
-import selectors
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from piloop_common.prctl import set_name
@@ -39,167 +43,118 @@ from piloop_worker import cgroups, shim, tasks  # imported here, once, so every 
 
 
 IDLE_SECONDS = 60.0  # an idle shim held longer than this is let go: a burst's shims do not stay forever
+FDS_ENV = "PILOOP_SHIM_FDS_FD"  # the host's end of the socket the shims' pairs come on
 
 
-class _Shim:
-    """The host's end of one shim's socket pair, and what the host knows of that shim."""
-
-    __slots__ = ("sock", "generation", "idle_since")
-
-    def __init__(self, sock: socket.socket, generation: int) -> None:
-        self.sock = sock
-        self.generation = generation  # the host's imports when it was forked: a task's module imported later is not in it
-        self.idle_since: float | None = None
-
-
-class Host:
-    def __init__(self, stdin_fd: int) -> None:
-        self.shims: dict[int, _Shim] = {}  # by the host's fd
-        self.generation = 0
-        self.selector = selectors.DefaultSelector()  # epoll: more shims than select()'s 1,024 fds is allowed
-        self.selector.register(stdin_fd, selectors.EVENT_READ)
-
-    def handle(self, req: dict[str, Any]) -> None:
-        if req.get("task") and tasks.preload(req["task"]):  # here, once: every later fork starts with it imported
-            gc.freeze()
-            self.generation += 1
-            for fd in [fd for fd, sh in self.shims.items() if sh.idle_since is not None]:
-                self.drop(fd)  # forked without the module: a task there would import it again in each process
-        if req.get("cgroup"):
-            cgroups.own_procs(req["cgroup"]["version"])  # read here once, not in every shim
-        if self.hand_to_idle(req):
-            return
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+def handle(req: dict[str, Any], channel: int, keep: tuple[int, ...]) -> None:
+    """Fork a shim for `req`, its end of the worker's pair `channel`; `keep` are the host's own fds (closed in it)."""
+    if req.get("task") and tasks.preload(req["task"]):  # here, once: every later fork starts with it imported
+        gc.freeze()
+    if req.get("cgroup"):
+        cgroups.own_procs(req["cgroup"]["version"])  # read here once, not in every shim
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(channel)  # no shim: the worker finds no exit record and no lock, and reports the job lost
+        return
+    if pid == 0:
         try:
-            pid = os.fork()
-        except OSError:
-            mine.close()
-            theirs.close()
-            return  # no shim: the worker finds no exit record and no lock, and reports the job lost
-        if pid == 0:
-            try:
-                mine.close()
-                self.selector.close()
-                for sh in self.shims.values():  # the other shims' pairs: each must end when the host closes it
-                    sh.sock.close()
-                shim.main_forked(req, theirs)
-            finally:
-                os._exit(0)
-        theirs.close()
-        mine.setblocking(False)  # the host never waits on one shim
-        self.shims[mine.fileno()] = _Shim(mine, self.generation)
-        self.selector.register(mine, selectors.EVENT_READ)
-
-    def hand_to_idle(self, req: dict[str, Any]) -> bool:
-        """Send `req` to the idle shim idle the shortest (its pages the warmest); whether one took it."""
-        idle = sorted(((sh.idle_since, fd) for fd, sh in self.shims.items() if sh.idle_since is not None), reverse=True)
-        if not idle:
-            return False
-        data = json.dumps(req).encode()
-        for _, fd in idle:
-            sh = self.shims[fd]
-            try:
-                sh.sock.send(data)
-            except OSError as e:
-                if e.errno == errno.EMSGSIZE:
-                    return False  # a request larger than a packet (a huge env): a fresh fork takes it
-                self.drop(fd)  # the shim is gone
-                continue
-            sh.idle_since = None
-            return True
-        return False
-
-    def heard(self, fd: int) -> None:
-        """A shim said it is idle, or ended (its pair closed)."""
-        sh = self.shims[fd]
-        try:
-            got = sh.sock.recv(64)
-        except BlockingIOError:
-            return  # an event for the fd's earlier holder, dropped in this round: nothing waits
-        except OSError:
-            got = b""
-        if got == shim.IDLE and sh.generation == self.generation:
-            sh.idle_since = time.monotonic()
-        else:
-            self.drop(fd)  # it ended, or it lacks a module imported since: it exits when its pair closes
-
-    def drop(self, fd: int) -> None:
-        sh = self.shims.pop(fd)
-        self.selector.unregister(sh.sock)
-        sh.sock.close()
-
-    def retire(self, now: float) -> None:
-        for fd, sh in list(self.shims.items()):
-            if sh.idle_since is not None and now - sh.idle_since > IDLE_SECONDS:
-                self.drop(fd)
-
-    def close(self) -> None:
-        for fd in list(self.shims):
-            self.drop(fd)
+            for fd in keep:
+                os.close(fd)
+            shim.main_forked(req, socket.socket(fileno=channel))
+        finally:
+            os._exit(0)
+    os.close(channel)
 
 
-def serve(stdin_fd: int) -> None:
+def _take_fd(fds: socket.socket) -> int | None:
+    """The descriptor the worker sent beside a request; None when the worker is gone."""
+    try:
+        _, got, _, _ = socket.recv_fds(fds, 16, 1, socket.MSG_CMSG_CLOEXEC)  # no job's exec gets it
+    except OSError:
+        return None
+    return got[0] if got else None
+
+
+def serve(stdin_fd: int, fds: socket.socket) -> None:
     # the kernel reaps each shim the moment it ends (the shim sets SIGCHLD back for its own children): one fork a
     # job, where a double fork paid for a second copy of this process to be reaped by init instead
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     gc.freeze()  # what is imported now is never scanned by a shim's collector, so its pages stay shared
-    host = Host(stdin_fd)
+    keep = (stdin_fd, fds.fileno())
     pending = b""
-    try:
-        while True:
-            for key, _ in host.selector.select(1.0):
-                fd = key.fd
-                if fd != stdin_fd:
-                    if fd in host.shims:  # not dropped by an earlier event of this round
-                        host.heard(fd)
-                    continue
-                chunk = os.read(stdin_fd, 1 << 16)
-                if not chunk:
-                    return  # the worker is gone or detached
-                *lines, pending = (pending + chunk).split(b"\n")
-                for raw in lines:
-                    try:
-                        req = json.loads(raw)
-                    except ValueError:
-                        continue
-                    host.handle(req)
-            host.retire(time.monotonic())
-    finally:
-        host.close()
+    while True:
+        chunk = os.read(stdin_fd, 1 << 16)
+        if not chunk:
+            return  # the worker is gone or detached
+        *lines, pending = (pending + chunk).split(b"\n")
+        for raw in lines:
+            channel = _take_fd(fds)  # every line comes with one, even one that does not parse
+            if channel is None:
+                return
+            try:
+                req = json.loads(raw)
+            except ValueError:
+                os.close(channel)
+                continue
+            handle(req, channel, keep)
 
 
 def main() -> None:
     set_name("piloop-shimhost")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the worker's group is the worker's to handle
     shim.open_notify()
-    shim.base_env()  # read here, once (after the notify fd's variable is gone): every shim forked later has it
-    serve(sys.stdin.fileno())
+    fds = socket.socket(fileno=int(os.environ.pop(FDS_ENV)))
+    shim.base_env()  # read here, once (after the fds' variables are gone): every shim forked later has it
+    serve(sys.stdin.fileno(), fds)
+
+
+class _Shim:
+    """The worker's end of one shim's socket pair, and what the worker knows of that shim."""
+
+    __slots__ = ("sock", "generation", "jobs", "idle_since")
+
+    def __init__(self, sock: socket.socket, generation: int) -> None:
+        self.sock = sock
+        self.generation = generation  # the host's imports when it was forked: a task's module sent later is not in it
+        self.jobs = 1  # as the shim counts them: it exits after `shim.JOBS_PER_SHIM`
+        self.idle_since = 0.0
 
 
 class ShimHost:
-    """The worker's handle on its shim host process."""
+    """The worker's handle on its shim host process, and on the shims it forked: a job goes to an idle shim straight,
+    and to the host, to be forked a shim, only when none is idle."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         self.lock = threading.Lock()
         self.exits: socket.socket | None = None  # the worker's end of the wake-up pair
+        self.fds: socket.socket | None = None  # the worker's end of the socket the shims' pairs go to the host on
+        self.idle: list[_Shim] = []  # the one idle the shortest last: its pages are the warmest
+        self.busy: dict[str, _Shim] = {}  # by the name of the job dir it runs
+        self.generation = 0
+        self.sent_modules: set[str] = set()  # the task modules the host was sent (and so imports)
 
     def start(self) -> "ShimHost":
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        fds_mine, fds_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            env = {**os.environ, shim.NOTIFY_ENV: str(theirs.fileno())}
+            env = {**os.environ, shim.NOTIFY_ENV: str(theirs.fileno()), FDS_ENV: str(fds_theirs.fileno())}
             self.proc = subprocess.Popen([sys.executable, "-m", "piloop_worker.shimhost"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.DEVNULL, close_fds=True, pass_fds=(theirs.fileno(),),
-                                         env=env)
+                                         stdout=subprocess.DEVNULL, close_fds=True,
+                                         pass_fds=(theirs.fileno(), fds_theirs.fileno()), env=env)
         except BaseException:
             mine.close()
+            fds_mine.close()
             raise
         finally:
             theirs.close()
+            fds_theirs.close()
         mine.setblocking(False)
         old, self.exits = self.exits, mine
         if old is not None:
             old.close()
+        self.fds = fds_mine
         return self
 
     def wait_exit(self, timeout: float) -> bool:
@@ -212,14 +167,43 @@ class ShimHost:
             ready, _, _ = select.select([sock], [], [], timeout)
         except (OSError, ValueError):  # closed meanwhile
             return False
+        if not ready:
+            return False
+        with self.lock:
+            return self._heard()
+
+    def _heard(self) -> bool:
+        """Read every word the shims sent; each names a job dir whose shim is now idle. Whether there was one."""
         got = False
-        while ready:
+        while self.exits is not None:
             try:
-                sock.recv(512)
-                got = True
+                word = self.exits.recv(512)
             except (BlockingIOError, OSError):
                 break
+            got = True
+            name, _, flag = word.decode(errors="replace").partition("\0")
+            self._ended(name, last=flag == "last")
         return got
+
+    def ended(self, name: str, last: bool) -> None:
+        """The job in dir `name` has its exit record (read by the worker): its shim is idle now, or, `last`, ends.
+        The word the shim sends says so first; this is for a word that was lost."""
+        with self.lock:
+            self._ended(name, last)
+
+    def _ended(self, name: str, last: bool) -> None:
+        sh = self.busy.pop(name, None)
+        if sh is None:
+            return
+        if last or sh.generation != self.generation or sh.jobs >= shim.JOBS_PER_SHIM:
+            sh.sock.close()  # it ends on its own, or lacks a module sent since: it exits when its pair closes
+            return
+        sh.idle_since = time.monotonic()
+        self.idle.append(sh)
+
+    def _retire(self, now: float) -> None:
+        while self.idle and now - self.idle[0].idle_since > IDLE_SECONDS:
+            self.idle.pop(0).sock.close()
 
     @property
     def pid(self) -> int | None:
@@ -229,45 +213,99 @@ class ShimHost:
         return self.proc is not None and self.proc.poll() is None
 
     def run_job(self, req: dict[str, Any]) -> None:
-        """Ask for a shim for `req`: {dir, argv, env, timeout, kill_grace, cgroup, metrics_seconds, task}.
+        """Start a shim on `req`: {dir, argv, env, timeout, kill_grace, cgroup, metrics_seconds, task}.
 
         With `task` (`module:function`), the host imports the module first, and the shim forks the task's
         process from itself (`piloop_worker.tasks`) instead of exec'ing `argv`.
 
         `env` is what the job adds to this process's environment, which the host inherited (`shim.job_env`); it
-        carries the job's secret values: they cross this pipe and are never written to disk.
+        carries the job's secret values: they cross a pipe or a socket pair and are never written to disk.
         """
-        line = (json.dumps(req) + "\n").encode()
+        name = Path(req["dir"]).name
         with self.lock:
-            for attempt in (0, 1):
-                if not self.alive():
-                    self.start()
-                assert self.proc is not None and self.proc.stdin is not None
-                try:
-                    self.proc.stdin.write(line)
-                    self.proc.stdin.flush()
-                    return
-                except (BrokenPipeError, OSError):
-                    if attempt:
-                        raise
-                    self.close()
+            self._heard()  # words not yet read: a worker's loop reads them first, a caller of its own may not
+            module = tasks.module_of(req["task"]) if req.get("task") else ""
+            if module and module not in self.sent_modules:
+                self.sent_modules.add(module)  # the host imports it before the fork: shims forked before lack it
+                self.generation += 1
+                for sh in self.idle:
+                    sh.sock.close()
+                self.idle.clear()
+            self._retire(time.monotonic())
+            if not self._to_idle(name, req):
+                self._fork(name, req)
+
+    def _to_idle(self, name: str, req: dict[str, Any]) -> bool:
+        """Send `req` to the idle shim idle the shortest; whether one took it."""
+        if not self.idle:
+            return False
+        data = json.dumps(req).encode()
+        while self.idle:
+            sh = self.idle.pop()
+            try:
+                sh.sock.send(data)
+            except OSError as e:
+                if e.errno == errno.EMSGSIZE:
+                    self.idle.append(sh)
+                    return False  # a request larger than a packet (a huge env): a fresh fork takes it
+                sh.sock.close()  # the shim is gone
+                continue
+            sh.jobs += 1
+            self.busy[name] = sh
+            return True
+        return False
+
+    def _fork(self, name: str, req: dict[str, Any]) -> None:
+        """Have the host fork a shim for `req`, with the shim's end of a new pair."""
+        line = (json.dumps(req) + "\n").encode()
+        for attempt in (0, 1):
+            if not self.alive():
+                self.start()
+            assert self.proc is not None and self.proc.stdin is not None and self.fds is not None
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                self.proc.stdin.write(line)
+                self.proc.stdin.flush()
+                socket.send_fds(self.fds, [b"p"], [theirs.fileno()])
+            except (BrokenPipeError, OSError):
+                mine.close()
+                if attempt:
+                    raise
+                self._stop_host()
+                continue
+            finally:
+                theirs.close()
+            mine.setblocking(False)  # the worker never waits on one shim
+            self.busy[name] = _Shim(mine, self.generation)
+            return
+
+    def _stop_host(self) -> None:
+        """Close the host's pipe: the host exits; the shims keep running, and the worker keeps their pairs."""
+        if self.proc is None:
+            return
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+        if self.fds is not None:
+            self.fds.close()
+            self.fds = None
 
     def close(self) -> None:
-        """Close the pipe: the host exits; the shims it forked keep running."""
+        """The host exits, and every shim's pair closes: an idle shim exits now, one running a job once it ends."""
         with self.lock:
-            if self.proc is None:
-                return
-            try:
-                if self.proc.stdin:
-                    self.proc.stdin.close()
-            except OSError:
-                pass
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-            self.proc = None
+            self._stop_host()
+            for sh in [*self.idle, *self.busy.values()]:
+                sh.sock.close()
+            self.idle.clear()
+            self.busy.clear()
             if self.exits is not None:
                 self.exits.close()
                 self.exits = None

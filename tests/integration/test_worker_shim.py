@@ -254,6 +254,24 @@ def test_a_shim_whose_job_ended_runs_the_next_job_and_fences_it_alike(own_host, 
     assert rec["stopped"] == "fenced" and all(_gone(p) for p in pids)
 
 
+def test_a_shim_whose_word_was_lost_is_marked_idle_from_the_exit_record(own_host, tmp_path):
+    """The worker learns a shim is idle from its word on the wake-up pair; where the word is lost (a full buffer), the
+    worker's reading of the job's exit record (`ShimHost.ended`) does it, and the next job goes to the same shim."""
+    a, b, c = (_job(tmp_path, n) for n in ("la", "lb", "lc"))
+    _start(own_host, a, ["true"])
+    _ended(a)
+    assert own_host.exits is not None
+    assert own_host.exits.recv(512) == a.root.name.encode()  # the word, taken here: the worker never hears it
+    shim = read_json(a.shim_json)["shim"]
+    _start(own_host, b, ["true"])
+    _ended(b)
+    assert read_json(b.shim_json)["shim"] != shim  # not known idle: a fresh fork took the job
+    assert own_host.wait_exit(5)  # b's word, heard: its shim is idle
+    own_host.ended(a.root.name, last=False)  # now the first one too, idle the shortest: the next job is its
+    _start(own_host, c, ["true"])
+    assert _ended(c)["exit_code"] == 0 and read_json(c.shim_json)["shim"] == shim
+
+
 def test_an_idle_shim_ends_with_its_host_and_one_killed_idle_is_replaced(tmp_path):
     h = ShimHost().start()
     try:
@@ -282,6 +300,8 @@ def test_a_shim_sent_sigterm_stops_its_job_and_takes_no_other(own_host, tmp_path
     os.kill(shim, signal.SIGTERM)
     rec = _exit(jd)
     assert rec["stopped"] == "shim terminated" and all(_gone(p) for p in pids)
+    own_host.wait_exit(5)  # its word says it ends: the worker never sends it a job, even before it is gone
+    assert own_host.idle == [] and own_host.busy == {}
     wait_for(lambda: _gone(shim), 5, what="the terminated shim to exit rather than wait for another job")
     nxt = _job(tmp_path, "tb")
     _start(own_host, nxt, ["true"])
