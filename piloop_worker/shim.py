@@ -128,6 +128,7 @@ def _supervise(req: dict[str, Any], jd: JobDir) -> int:
         record.update(exit_code=127, reason=f"cannot start {req['argv'][0]!r}: {e}", ended=time.time(),
                       usage={"peak_rss_bytes": 0, "cpu_seconds": 0.0}, duration_seconds=0.0)
         jd.write_exit(record)
+        _told(jd, cg)
         return 0
     atomic_json(jd.shim_json, {"shim": os.getpid(), "pid": pid, "pgid": pid, "started": started_wall,
                                "cgroup": str(cg.path) if cg is not None else None}, durable=False)
@@ -214,12 +215,16 @@ def _supervise(req: dict[str, Any], jd: JobDir) -> int:
     record["stopped"] = why
     record["usage"] = meter.usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024)
     jd.write_exit(record)
-    # the worker keeps the group for a later job (`Cgroups.give`); a worker gone cannot, so the shim removes it (one
-    # restarted that re-attaches the job finds it gone, as it would leave it)
-    # the word says the shim is idle now, or, once a SIGTERM came, that it ends (`ShimHost.ended`)
+    _told(jd, cg)
+    return 0
+
+
+def _told(jd: JobDir, cg: JobCgroup | None) -> None:
+    """The worker told that the job's exit record is written: the word says the shim is idle now, or, once a SIGTERM
+    came, that it ends (`ShimHost.ended`). The worker keeps the job's group for a later job (`Cgroups.give`); a worker
+    gone cannot, so the shim removes it (one restarted that re-attaches the job finds it gone, as it would leave it)."""
     if not notify(jd.root.name + ("\0last" if _terminated.is_set() else "")) and cg is not None:
         cg.remove()
-    return 0
 
 
 def _fork_task(req: dict[str, Any], jd: JobDir, cg: JobCgroup | None) -> int:

@@ -121,11 +121,12 @@ def test_timeout_kills_it(host, tmp_path):
     assert rec["stopped"] == "timeout" and time.monotonic() - t0 < 5
 
 
-def test_a_command_that_cannot_start_is_recorded(host, tmp_path):
+def test_a_command_that_cannot_start_is_recorded(own_host, tmp_path):
     jd = _job(tmp_path)
-    _start(host, jd, ["/no/such/program"])
+    _start(own_host, jd, ["/no/such/program"])
     rec = _exit(jd)
     assert rec["exit_code"] == 127 and "cannot start '/no/such/program'" in rec["reason"]
+    assert own_host.wait_exit(5) and len(own_host.idle) == 1  # its word said so: the shim takes the next job
 
 
 OWNER = textwrap.dedent("""
