@@ -300,12 +300,12 @@ class Worker:
             if not jd.shim_alive() and not jd.exit_json.exists():
                 self._shim_gone(jd)
             out.append(Held(rec["job"], rec["token"], rec.get("kind", ""), jd, LogShipper(jd), requested_at=0.0,
-                            cgroup=self._cgroup_of(jd)))
+                            cgroup=self._cgroup_of(read_json(jd.shim_json) or {})))
         return out
 
-    def _cgroup_of(self, jd: JobDir) -> JobCgroup | None:
-        """The cgroup an earlier worker's job ran in, as its shim wrote it down."""
-        path = (read_json(jd.shim_json) or {}).get("cgroup")
+    def _cgroup_of(self, shim_record: dict[str, Any]) -> JobCgroup | None:
+        """The cgroup a job ran in, as its shim wrote it down in `shim.json`."""
+        path = shim_record.get("cgroup")
         return JobCgroup(Path(path), self.cgroups.version) if path and self.cgroups.available else None
 
     def _shim_gone(self, jd: JobDir) -> None:
@@ -317,7 +317,7 @@ class Worker:
                 p = psutil.Process(pgid)
                 if abs(p.create_time() - float(info.get("started", 0))) < 5:
                     os.killpg(pgid, signal.SIGKILL)
-        if (cg := self._cgroup_of(jd)) is not None:
+        if (cg := self._cgroup_of(info)) is not None:
             cg.kill_all()  # what left the job's process group
         jd.write_exit({"exit_code": None, "signal": None, "oom": False, "stopped": "", "lost": True,
                        "reason": "the job's shim died before the job ended", "usage": Usage().model_dump(),
