@@ -5,7 +5,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -25,6 +26,15 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# What a worker names reaches Redis keys: an id or token that could spell another key is refused at the door.
+JobId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="A job's id.")]
+ReportId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="A report's id.")]
+LeaseToken = Annotated[str, Field(pattern=r"^[0-9]{1,40}\.[0-9a-f]{32,64}$", description="A lease's fencing token.")]
+Address = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$", description="A CAS address.")]
+HELD_MOST = 1024  # the jobs one heartbeat may name
+LOG_CHUNKS_PER_CALL = 256  # a log append's chunks (the worker sends a few every few seconds)
+
+
 # --- the worker's calls ------------------------------------------------------------------
 
 
@@ -41,8 +51,8 @@ class HostSample(Message):
 
 
 class HeldJob(Message):
-    job: str
-    token: str
+    job: JobId
+    token: LeaseToken
 
 
 class WorkerHello(Message):
@@ -53,7 +63,7 @@ class WorkerHello(Message):
     image: str = ""
     cas_id: str
     sample: HostSample
-    jobs: list[HeldJob] = Field(default_factory=list)
+    jobs: list[HeldJob] = Field(default_factory=list, max_length=HELD_MOST)
     admission: str = Field("", description="Why the worker itself claims nothing now (e.g. `memory`).")
 
 
@@ -163,9 +173,9 @@ class ClaimResponse(Message):
 
 class ReleaseRequest(Message):
     protocol: int
-    job: str
-    token: str
-    reason: str = ""
+    job: JobId
+    token: LeaseToken
+    reason: str = Field("", max_length=500)
 
 
 class Usage(Message):
@@ -175,22 +185,22 @@ class Usage(Message):
 
 class ReportRequest(Message):
     protocol: int
-    report_id: str
-    job: str
-    token: str
+    report_id: ReportId
+    job: JobId
+    token: LeaseToken
     outcome: Outcome
     exit_code: int | None = None
     signal: int | None = None
     oom: bool = False
-    reason: str = ""
+    reason: str = Field("", max_length=2000)
     usage: Usage = Field(default_factory=Usage)
-    log: list[str] = Field(default_factory=list, description="CAS addresses of the log's chunks, in order.")
-    outputs: dict[str, str] = Field(default_factory=dict, description="Output name -> CAS address.")
-    metrics: str | None = Field(None, description="CAS address of metrics.jsonl.")
+    log: list[Address] = Field(default_factory=list, description="CAS addresses of the log's chunks, in order.")
+    outputs: dict[str, Address] = Field(default_factory=dict, description="Output name -> CAS address.")
+    metrics: Address | None = Field(None, description="CAS address of metrics.jsonl.")
     duration_seconds: float = 0.0
-    head: str = Field("", description="Agents of a campaign: the commit their clone ended at.")
-    bundle: str | None = Field(None, description="Agents: CAS address of a bundle of their new commits.")
-    workspace: str | None = Field(None, description="Agents: CAS address of their workspace writes (path -> address or null).")
+    head: str = Field("", pattern=r"^([0-9a-f]{40})?$", description="Agents of a campaign: the commit their clone ended at.")
+    bundle: Address | None = Field(None, description="Agents: CAS address of a bundle of their new commits.")
+    workspace: Address | None = Field(None, description="Agents: CAS address of their workspace writes (path -> address or null).")
     score: float | None = Field(None, description="Evaluations of a campaign: the score the eval command printed.")
     fetched_bytes: int = Field(0, ge=0, description="Bytes of repo bundles the worker fetched for this job.")
 
@@ -230,9 +240,15 @@ class ReportsResponse(Message):
 
 class LogAppend(Message):
     protocol: int
-    job: str
-    token: str
-    chunks: list[str] = Field(min_length=1, description="CAS addresses of new log chunks, in order.")
+    job: JobId
+    token: LeaseToken
+    chunks: list[Address] = Field(min_length=1, max_length=LOG_CHUNKS_PER_CALL,
+                                  description="CAS addresses of new log chunks, in order.")
+
+
+class LogAnswer(Message):
+    dropped: int = Field(0, description="Chunks of this call past the job's cap ([plugins.state] log_chunks_max), "
+                         "not kept.")
 
 
 # --- the operator's calls ----------------------------------------------------------------
@@ -248,6 +264,31 @@ class SubmitRequest(Message):
 
 class SubmitResponse(Message):
     job: str
+
+
+RELAY_COMMIT = r"^[0-9a-f]{7,40}$"
+
+
+class RelaySubmit(Message):
+    """`piloop job submit` inside a campaign's agent: the campaign's evaluation of one commit of its repo.
+
+    The agent names the commit only; the server builds the rest (kind, pool, command, image, env, secrets, inputs,
+    scoring) from the campaign record that the agent's lease points to."""
+
+    commit: str = Field(pattern=RELAY_COMMIT, description=(
+        "A commit of the campaign's repo on the server: its sha, or a prefix of it (7 to 40 lowercase hex digits)."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _commit_only(cls, data: Any) -> Any:
+        extra = sorted(set(data) - {"commit"}) if isinstance(data, dict) else []
+        if extra:
+            raise ValueError(f"{', '.join(extra)}: an agent names only the commit to evaluate; its campaign sets "
+                             "the pool, command, image, env, secrets, inputs and scoring")
+        commit = data.get("commit") if isinstance(data, dict) else None
+        if isinstance(commit, str) and not re.fullmatch(RELAY_COMMIT, commit):
+            raise ValueError(f"commit {commit[:80]!r}: not a commit's sha (7 to 40 lowercase hex digits)")
+        return data
 
 
 class JobView(Message):
@@ -311,7 +352,7 @@ class LimitView(Message):
 
 
 class TokenCreate(Message):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    name: str = Field(description="Checked by piloop_common.names.check_name, the one name rule.")
     pool: str | None = None
     expires_seconds: float | None = Field(None, gt=0)
     rename: bool = Field(False, description="The worker may choose its own name with --name.")

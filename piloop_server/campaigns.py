@@ -48,6 +48,30 @@ def eval_id(run: str) -> str:
     return "j" + hashlib.sha256(f"evaluation:{run}".encode()).hexdigest()[:12]
 
 
+def relayed_eval_id(run: str, commit: str) -> str:
+    """An evaluation an agent asked for through its relay: one job per run and commit, however often asked."""
+    return "j" + hashlib.sha256(f"relayed-evaluation:{run}:{commit}".encode()).hexdigest()[:12]
+
+
+def evaluation_spec(rec: dict[str, str], name: str, commit: str, run: str) -> JobSpec:
+    """The campaign's evaluation of `commit` for the run `run`: its eval spec, scored, at that commit."""
+    ev = JobSpec.model_validate_json(rec["eval_spec"])
+    ev.campaign = CampaignJob(repo=RepoSpec(campaign=name, bundle=rec["bundle"], commit=commit,
+                                            branch=f"runs/{run}"), score=True)
+    return ev
+
+
+def repo_commit(rt: Runtime, name: str, commit: str) -> str:
+    """The full sha of `commit` (a sha or a prefix of one) in the campaign's repo on the server; else NotFound."""
+    repo = repo_dir(rt, name)
+    full = gitrepo.git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{commit}^{{commit}}", cwd=repo,
+                       check=False).strip() if repo.is_dir() else ""
+    if not gitrepo.SHA.match(full) or not full.startswith(commit):
+        raise NotFound(f"commit {commit}: not a commit of campaign {name}'s repo (its base, its branches and the "
+                       "runs taken in; an agent's own commits reach it when its run ends)")
+    return full
+
+
 def record(rt: Runtime, name: str) -> dict[str, str]:
     rec = {_s(k): _s(v) for k, v in rt.redis.hgetall(rt.keys.campaign(name)).items()}
     if not rec:
@@ -269,7 +293,9 @@ def integrate(rt: Runtime, job_id: str) -> str:
             rt.events.escalate("campaign.run_not_taken", f"run {job_id} of campaign {name} could not be taken in: "
                                f"{why}", campaign=name, job=job_id)
             what = "failed"
-    elif spec.campaign is not None and spec.campaign.score and result.get("score") is not None:
+    elif (spec.campaign is not None and spec.campaign.score and result.get("score") is not None
+          and job_id == eval_id(spec.campaign.repo.branch.removeprefix("runs/"))):
+        # a run is ranked by the evaluation of the head it brought back, never by one its agent asked for
         run = spec.campaign.repo.branch.removeprefix("runs/")
         rt.redis.zadd(k.campaign_scores(name), {run: float(result["score"])})
         rt.events.add("campaign.scored", "service:daemon", campaign=name, run=run, job=job_id,
@@ -296,9 +322,7 @@ def _take_run(rt: Runtime, name: str, rec: dict[str, str], job_id: str, spec: Jo
     if not head or head == base:
         rt.events.add("campaign.run_empty", "service:daemon", campaign=name, run=job_id)
         return "no commits"
-    ev = JobSpec.model_validate_json(rec["eval_spec"])
-    ev.campaign = CampaignJob(repo=RepoSpec(campaign=name, bundle=rec["bundle"], commit=head,
-                                            branch=f"runs/{job_id}"), score=True)
+    ev = evaluation_spec(rec, name, head, job_id)
     try:
         rt.leases.enqueue(eval_id(job_id), "evaluation", rec["eval_pool"], ev.model_dump(mode="json", exclude_none=True),
                           by="service:daemon", campaign=name)

@@ -42,7 +42,8 @@ def job() -> None:
 @click.pass_obj
 def submit(obj, kind, pool, campaign, image, secrets, envs, inputs, timeout, memory, memory_mb, memory_growth,
            memory_max, max_attempts, backoff, as_json, argv) -> None:
-    """Queue a job; print its id."""
+    """Queue a job; print its id. Inside a campaign's agent, `piloop job submit REV` queues its campaign's
+    evaluation of that commit, and takes no other flag (piloop_common/cli/relay.py)."""
     policy = _policy(memory, memory_mb, memory_growth, memory_max, max_attempts, backoff)  # refuse bad flags first
     env = parse_env(envs)
     input_addrs = {}

@@ -4,6 +4,9 @@ The worker authenticates as itself (its token, or the daemon's socket) and names
 token in two headers. Every call is checked against the lease in the same Lua script that acts on it: a
 token that no longer holds the lease, a lease held by another worker, or a cancelled job answers 409
 `lease_lost` and changes nothing.
+
+A relayed submit trusts the lease, not the caller: the agent names a commit of its campaign's repo, and the
+server queues that campaign's evaluation of it, built from the campaign record the lease's job points to.
 """
 
 from __future__ import annotations
@@ -12,11 +15,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 
-from piloop_common.errors import BadRequest, Forbidden
+from piloop_common.errors import BadRequest, Conflict, Forbidden, NotFound
 from piloop_common.protocol import (
-    RELAY_JOB_HEADER, RELAY_TOKEN_HEADER, JobView, ProgressNote, SubmitRequest, SubmitResponse,
+    RELAY_JOB_HEADER, RELAY_TOKEN_HEADER, JobView, ProgressNote, RelaySubmit, SubmitResponse,
 )
-from piloop_server import jobs
+from piloop_server import campaigns, jobs
 from piloop_server.api import wakeup
 from piloop_server.api.deps import RuntimeDep, WorkerDep
 from piloop_server.runtime import Runtime
@@ -59,29 +62,30 @@ def progress(body: ProgressNote, state: StateDep, caller: CallerDep) -> dict:
 
 
 @router.post("/submit", response_model=SubmitResponse)
-def submit(body: SubmitRequest, rt: RuntimeDep, state: StateDep, caller: CallerDep, request: Request) -> SubmitResponse:
-    """An agent queues an evaluation in its own campaign, signed `worker:<name>/job:<id>`."""
+def submit(body: RelaySubmit, rt: RuntimeDep, state: StateDep, caller: CallerDep, request: Request) -> SubmitResponse:
+    """A campaign's agent queues its campaign's evaluation of one commit, signed `worker:<name>/job:<id>`.
+
+    Everything but the commit comes from the campaign record: its eval pool, eval spec and bundle; the run is the
+    agent's own. Asking twice for one commit answers the same job."""
     live = state.check(caller)
     if live.kind != "agent":
-        raise Forbidden("only an agent may submit jobs from inside itself (an evaluation that queues "
-                        "evaluations could loop forever)")
-    if body.kind != "evaluation":
-        raise Forbidden("an agent may submit evaluations only")
-    campaign = body.campaign or live.campaign
-    if campaign != live.campaign:
-        raise Forbidden(f"an agent submits only in its own campaign ({live.campaign or 'none'}), not {campaign}")
-    if body.pool not in rt.executor.pools:
-        raise BadRequest(f"--pool {body.pool}: no such pool (pools: {', '.join(sorted(rt.executor.pools))})")
-    given = set(live.spec.get("secrets") or [])
-    extra = sorted(set(body.spec.secrets) - given)
-    if extra:
-        raise Forbidden(f"--secret: a job passes on only the secrets it was given, not {', '.join(extra)}")
-    addrs = list(body.spec.inputs.values())
-    missing = sorted(set(addrs) - rt.store.has_many(addrs)) if addrs else []
-    if missing:
-        raise BadRequest(f"--input: the CAS lacks {', '.join(missing)}")
-    job_id = jobs.new_id()
-    state.submit(caller, job_id, body.kind, body.pool, body.spec.model_dump(mode="json"), campaign=campaign,
-                 image=body.image)
-    wakeup.notify(request.app)
+        raise Forbidden(f"job {caller.job} is an evaluation: only a campaign's agent may submit (an evaluation that "
+                        "queues evaluations could loop forever)")
+    if not live.campaign:
+        raise Forbidden(f"job {caller.job} is an agent of no campaign: only a campaign's agent may submit, and only "
+                        "its campaign's evaluation of a commit")
+    name = live.campaign
+    try:
+        rec = campaigns.record(rt, name)
+    except NotFound:
+        raise Forbidden(f"job {caller.job}'s campaign {name} is not a campaign (removed, or a label given by hand): "
+                        "only a campaign's agent may submit") from None
+    pool = rec.get("eval_pool", "")
+    if pool not in rt.executor.pools:
+        raise Conflict(f"campaign {name}'s eval pool {pool} is not a pool of this server's config")
+    commit = campaigns.repo_commit(rt, name, body.commit)
+    spec = campaigns.evaluation_spec(rec, name, commit, run=caller.job)
+    job_id = campaigns.relayed_eval_id(caller.job, commit)
+    if state.submit_evaluation(caller, job_id, pool, spec.model_dump(mode="json", exclude_none=True), campaign=name):
+        wakeup.notify(request.app)
     return SubmitResponse(job=job_id)

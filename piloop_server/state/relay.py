@@ -8,10 +8,13 @@ from typing import Any
 
 import redis
 
+from piloop_common.errors import Forbidden
 from piloop_server.state.keys import Keys
 from piloop_server.state.scripts import Scripts
 
 PROGRESS_KEEP = 200  # the newest notes of a job that the server keeps
+RELAYED_EVALUATIONS = 100  # the most evaluations one agent may queue through its relay
+_FORBIDDEN = "PILOOP_FORBIDDEN "
 
 
 def _s(v: Any) -> str:
@@ -44,25 +47,33 @@ class RelayState:
         self.k = keys
         self.scripts = Scripts(client)
 
-    def _args(self, c: Caller) -> list[str]:
+    def _keys(self, c: Caller) -> list[str]:
+        return [self.k.lease(c.job), self.k.job(c.job), self.k.events()]
+
+    def _args(self, c: Caller) -> list[Any]:
         return [c.job, c.token, c.worker]
 
     def check(self, c: Caller) -> LiveJob:
         """The caller's job, while its lease is live under its token (else `LeaseLost`)."""
-        reply = self.scripts.run("relay_check", [self.k.lease(c.job), self.k.job(c.job)], self._args(c))
+        reply = self.scripts.run("relay_check", self._keys(c), self._args(c))
         kind, campaign, pool, spec = (_s(x) for x in reply)
         return LiveJob(kind, campaign, pool, json.loads(spec))
 
     def progress(self, c: Caller, note: str) -> int:
-        k = self.k
         return int(self.scripts.run(
-            "relay_progress", [k.lease(c.job), k.job(c.job), k.job_progress(c.job)],
+            "relay_progress", [*self._keys(c), self.k.job_progress(c.job)],
             [*self._args(c), json.dumps({"note": note, "by": c.signed}), PROGRESS_KEEP]))
 
-    def submit(self, c: Caller, job_id: str, kind: str, pool: str, spec: dict[str, Any], *, campaign: str,
-               image: str) -> int:
+    def submit_evaluation(self, c: Caller, job_id: str, pool: str, spec: dict[str, Any], *, campaign: str) -> bool:
+        """Queue `campaign`'s evaluation `job_id` (its spec built by the server) for the agent `c`, checked against
+        the agent's lease and kind in the same script. True when queued now; False when this agent had queued it."""
         k = self.k
-        return int(self.scripts.run(
-            "relay_submit",
-            [k.lease(c.job), k.job(c.job), k.job(job_id), k.queue(pool, kind), k.jobs(), k.events()],
-            [*self._args(c), job_id, kind, pool, campaign, image, json.dumps(spec), c.signed]))
+        try:
+            reply = self.scripts.run(
+                "relay_submit", [*self._keys(c), k.job(job_id), k.queue(pool, "evaluation"), k.jobs()],
+                [*self._args(c), job_id, pool, campaign, json.dumps(spec), c.signed, RELAYED_EVALUATIONS])
+        except redis.exceptions.ResponseError as e:
+            if str(e).startswith(_FORBIDDEN):
+                raise Forbidden(str(e).removeprefix(_FORBIDDEN)) from e
+            raise
+        return bool(int(reply[1]))
