@@ -27,8 +27,7 @@ def test_a_piloop_call_after_the_lease_ended_is_refused(server, workers):
     with ApiClient(url=d.url, token=tok) as api:
         api.headers.update({RELAY_JOB_HEADER: job, RELAY_TOKEN_HEADER: lease})
         for method, path, body in (("POST", "/v1/relay/progress", {"note": "too late"}), ("GET", "/v1/relay/job", None),
-                                   ("POST", "/v1/relay/submit", {"kind": "evaluation", "pool": "gpu",
-                                                                 "spec": {"argv": ["true"]}})):
+                                   ("POST", "/v1/relay/submit", {"commit": "0" * 40})):
             with pytest.raises(LeaseLost):
                 api.call(method, path, body)
     assert [n["note"] for n in view(d, job)["progress"]] == ["while leased"]

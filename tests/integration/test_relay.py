@@ -69,7 +69,7 @@ def relayed(d: Daemon, tok: str, job: str, lease: str, path: str, body: dict | N
         return api.call("POST" if body is not None else "GET", path, body)
 
 
-def test_an_agent_notes_progress_and_submits_an_evaluation_through_its_relay(server, workers, tmp_path):
+def test_an_agent_notes_progress_and_is_told_what_it_may_submit_through_its_relay(server, workers, tmp_path):
     d = server
     workers(d, token(d, "gpu1")).start()
     out = tmp_path / "out"
@@ -77,7 +77,7 @@ def test_an_agent_notes_progress_and_submits_an_evaluation_through_its_relay(ser
         set -e
         test -S "$PILOOP_RELAY"
         {PILOOP} progress "halfway there"
-        {PILOOP} job submit --pool gpu -- sh -c 'echo score=0.5' > {out}.child
+        {PILOOP} job submit --pool gpu -- sh -c 'echo score=0.5' > {out}.child 2>&1 && exit 8 || true
         {PILOOP} job show "$PILOOP_JOB" --json > {out}.self
         {PILOOP} job list > {out}.list 2>&1 && exit 9 || true
         {PILOOP} progress done
@@ -93,13 +93,12 @@ def test_an_agent_notes_progress_and_submits_an_evaluation_through_its_relay(ser
     me = json.loads(Path(f"{out}.self").read_text())
     assert me["id"] == job and me["state"] in ("leased", "running") and me["worker"] == "gpu1"
     assert me["token"] and me["progress"] == [n for n in v["progress"] if n["note"] == "halfway there"]
-    assert "can only submit evaluations" in Path(f"{out}.list").read_text()
-    # the evaluation it queued is in its campaign, signed by the worker and the job, and runs
-    child = Path(f"{out}.child").read_text().strip()
-    queued = [e for e in events(d) if e["type"] == "job.queued" and e["job"] == child]
-    assert queued and queued[0]["by"] == f"worker:gpu1/job:{job}" and queued[0]["parent"] == job
-    c = state(d, child, "succeeded", "failed")
-    assert c["state"] == "succeeded" and c["campaign"] == "c1" and c["kind"] == "evaluation"
+    assert "can only submit its campaign's evaluation of a commit" in Path(f"{out}.list").read_text()
+    # a job's own spec is refused in one line saying what it may submit, and nothing is queued (the accepted
+    # submit of a campaign's agent: tests/adversarial/test_relay_forgery.py)
+    child = Path(f"{out}.child").read_text()
+    assert child.startswith("piloop: --pool: inside a job, `piloop job submit REV`") and child.count("\n") == 1, child
+    assert not [e for e in events(d) if e["type"] == "job.queued" and e.get("parent") == job]
 
 
 def test_a_cancelled_agent_is_refused_and_nothing_changes(server, workers, tmp_path):
@@ -148,7 +147,7 @@ def test_after_the_worker_is_killed_and_the_lease_expires_the_call_is_refused(se
     notes = v["progress"]
     # the same call, replayed with the worker's own token and the ended lease: 409 lease_lost, nothing written
     for path, body in (("/v1/relay/progress", {"note": "late"}), ("/v1/relay/job", None),
-                       ("/v1/relay/submit", {"kind": "evaluation", "pool": "gpu", "spec": {"argv": ["true"]}})):
+                       ("/v1/relay/submit", {"commit": "0" * 40})):
         with pytest.raises(LeaseLost, match="lease under this token has ended"):
             relayed(d, tok, job, lease, path, body)
     assert view(d, job)["progress"] == notes
