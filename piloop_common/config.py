@@ -151,20 +151,36 @@ class NetworkConfig(_Model):
     name_claims: list[str] = Field(default_factory=list, description="The claims that name a caller, first non-empty wins.")
     rules: list[ProxyRule] = Field(default_factory=list, description="Access by claims; the first match wins.")
     max_body_mb: int = Field(16, gt=0, description="The largest request body the API accepts (the CAS streams apart).")
+    cas_max_put_mb: int = Field(4096, gt=0, description="The largest blob `piloop cas serve` takes in one put, in MiB; "
+                                "a bigger one is refused (413, naming this key) and nothing is stored.")
 
 
 # --- state -------------------------------------------------------------------------------
 
 
 class StateConfig(_Model):
-    url: SecretStr = Field(description="The Redis URL (`redis://`, `rediss://`, `unix://`).")
+    url: SecretStr | None = Field(None, description="The Redis URL (`redis://`, `rediss://`, `unix://`); absent: the "
+                                  "embedded Redis under `$PILOOP_HOME`.")
+    events_max: int = Field(100_000, ge=1000, description="The events stream keeps about this many of the newest events.")
+    event_value_bytes: int = Field(1024, ge=64, description="An event's field value past this many bytes is cut, so "
+                                   "the stream's memory is bounded whatever a caller sends.")
+    log_chunks_max: int = Field(20_000, ge=1, description="The log chunks a job keeps (one every few seconds: over a "
+                                "day of an agent's session); later ones are dropped and `job show` says how many.")
+    report_max_bytes: int = Field(256 * 1024, ge=4096, description="The largest result a report may carry, its log's "
+                                  "chunk list aside; a larger report is refused naming this key.")
+    progress_keep: int = Field(200, ge=1, description="The newest progress notes a job keeps.")
+
+    @property
+    def embedded(self) -> bool:
+        return self.url is None
 
 
 class Plugins(_Model):
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig, description="How jobs run: workers, their pools and the timings of silence.")
     cas: CasConfig = Field(default_factory=LocalCasConfig, description="The content-addressed store that holds every byte; a worker's must be the server's.")
     network: NetworkConfig = Field(default_factory=NetworkConfig, description="Where the daemon listens beside its socket, and how callers authenticate.")
-    state: StateConfig | None = Field(None, description="A Redis of your own; absent: the embedded one.")
+    state: StateConfig = Field(default_factory=StateConfig, description="Redis: its URL (absent: the embedded one) and "
+                               "the caps on what callers may write.")
 
 
 class Settings(BaseSettings):

@@ -32,6 +32,13 @@ class BadRequest(PiloopError):
     status = 400
 
 
+class TooLarge(BadRequest):
+    """A write over one of the caps on what a caller may make the server keep; the message names the cap's key."""
+
+    code = "too_large"
+    status = 413
+
+
 class NotFound(PiloopError):
     code = "not_found"
     status = 404

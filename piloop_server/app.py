@@ -84,12 +84,6 @@ class BodyLimit:
         await self.app(scope, replaying(b"".join(chunks), receive), send)
 
 
-def served(app: FastAPI) -> Any:
-    """The ASGI app the server runs: the heartbeat's fast path (`api.worker.FastBeat`) in front of the FastAPI app
-    and its middleware."""
-    return worker.FastBeat(app)
-
-
 def via_socket(app: Any) -> Any:
     """The same app, marking each request as coming over the unix socket (whose callers are trusted)."""
 

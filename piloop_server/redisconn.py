@@ -13,18 +13,18 @@ from piloop_server import embedded
 
 def state_url(settings: Settings, home: Path) -> str:
     st = settings.plugins.state
-    return st.url.get_secret_value() if st is not None else embedded.url(home)
+    return st.url.get_secret_value() if st.url is not None else embedded.url(home)
 
 
 def connect(settings: Settings, home: Path, *, start_embedded: bool = False) -> redis.Redis:
-    if settings.plugins.state is None and start_embedded:
+    if settings.plugins.state.embedded and start_embedded:
         embedded.start(home)
     url = state_url(settings, home)
     client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
     try:
         client.ping()
     except redis.exceptions.RedisError as e:
-        where = "the embedded Redis (is `piloop serve` running?)" if settings.plugins.state is None else "[plugins.state] url"
+        where = "the embedded Redis (is `piloop serve` running?)" if settings.plugins.state.embedded else "[plugins.state] url"
         raise Unavailable(f"Redis cannot be reached at {where}: {e}") from e
     return client
 

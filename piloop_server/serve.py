@@ -29,11 +29,12 @@ from piloop_common.listen import check_listen, uvicorn_tls
 from piloop_common.prctl import set_name
 from piloop_server import embedded
 from piloop_server.api import wakeup
-from piloop_server.app import create_app, served, via_socket
+from piloop_server.app import create_app, via_socket
 from piloop_server.daemon import Pass, run as run_pass
-from piloop_server.redisconn import check_policy, connect, state_url
+from piloop_server.redisconn import check_policy, connect
 from piloop_server.runtime import Runtime
 from piloop_server.state.generation import GenerationRecord
+from piloop_server.tokens import check_stored_names
 
 log = logging.getLogger("piloop.serve")
 PID_FILE = "piloop.pid"
@@ -138,13 +139,13 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
     home.mkdir(parents=True, exist_ok=True)
     home.chmod(0o700)
     (home / "logs").mkdir(exist_ok=True)
-    redis_proc = embedded.start(home) if settings.plugins.state is None else None
+    redis_proc = embedded.start(home) if settings.plugins.state.embedded else None
     try:
         client = connect(settings, home)
         check_policy(client)
         store = open_store(settings.plugins.cas, home)
-        rt = Runtime(settings=settings, home=home, redis=client, store=store, cas_id=store.identity(),
-                     redis_url=state_url(settings, home))
+        rt = Runtime(settings=settings, home=home, redis=client, store=store, cas_id=store.identity())
+        check_stored_names(client, rt.keys)  # a name from before the name rule could collide with a key
         # the server's id tags the workers it starts: kept in Redis, so a restarted daemon knows its own
         client.hsetnx(rt.keys.daemon(), "server_id", rt.server_id)
         rt.server_id = (client.hget(rt.keys.daemon(), "server_id") or rt.server_id.encode()).decode()
@@ -157,7 +158,7 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
             servers_socks.append(_tcp_socket(*tcp_addr))
         info = {"pid": os.getpid(), "socket": str(sock_path), "listen": listen or "", "started_ms": int(time.time() * 1000)}
         api = create_app(rt, info)
-        app = served(api)
+        app = api
         the_pass.wake = lambda: wakeup.notify(api)
         servers = [_Server(uvicorn.Config(via_socket(app), lifespan="off", log_level="warning", access_log=False,
                                           timeout_keep_alive=SERVER_KEEPALIVE_SECONDS))]
@@ -208,5 +209,5 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
             log.info("event=daemon.stopped")
         return 0
     finally:
-        if settings.plugins.state is None:
+        if settings.plugins.state.embedded:
             embedded.stop(home, redis_proc)

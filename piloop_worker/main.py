@@ -49,8 +49,8 @@ def run_worker(*, server: str | None, socket: Path | None, pool: str, token: str
         # nothing on a remote worker holds state credentials (the daemon's own worker shares its home)
         if os.environ.get("PILOOP_REDIS_URL"):
             return _fail("PILOOP_REDIS_URL is set: a worker holds no state credentials; unset it on this machine")
-        if settings.plugins.state is not None:
-            return _fail(f"{home / 'config.toml'} has [plugins.state]: a worker holds no state credentials; "
+        if settings.plugins.state.url is not None:
+            return _fail(f"{home / 'config.toml'} has [plugins.state] url: a worker holds no state credentials; "
                          "remove it on this machine")
     from piloop_common.prctl import set_name
     from piloop_worker.shimhost import ShimHost

@@ -1,4 +1,4 @@
-"""What the app and its ASGI layers in front of it (`app.BodyLimit`, `api.worker.FastBeat`) share: the JSON answer
+"""What the app and its ASGI layer in front of it (`app.BodyLimit`) share: the JSON answer
 for an error, and a body read whole handed on to the app as if it came from the client."""
 
 from __future__ import annotations

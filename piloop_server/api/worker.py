@@ -5,30 +5,26 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from piloop_common.errors import LeaseLost, NotFound, PiloopError, Refused
+from piloop_common.errors import NotFound, PiloopError, Refused
 from piloop_common.protocol import (
-    PROTOCOL, Assignment, ClaimRequest, ClaimResponse, HeartbeatResponse, HostSample, JobSpec, LogAppend, RegisterRequest,
+    PROTOCOL, Assignment, ClaimRequest, ClaimResponse, HeartbeatResponse, HostSample, JobSpec, LogAnswer, LogAppend,
+    RegisterRequest,
     RegisterResponse, ReleaseRequest, ReportAnswer, ReportRequest, ReportResponse, ReportsRequest, ReportsResponse, Timing,
     WorkerHello,
 )
 from piloop_server import pools
 from piloop_server.api import wakeup
-from piloop_server.api.answers import error_answer, replaying
-from piloop_server.api.beats import Beats
 from piloop_server.api.deps import RuntimeDep, WorkerDep
-from piloop_server.auth import Caller, known, require_worker
+from piloop_server.auth import Caller
 from piloop_server.runtime import Runtime
-from piloop_server.state.leases import KINDS, Beat, Lease, Report
-from piloop_server.state.scripts import AsyncScripts
+from piloop_server.state.leases import KINDS, Lease, Report
 
 router = APIRouter(prefix="/v1/worker", tags=["worker"])
-HEARTBEAT = "/v1/worker/heartbeat"
 EMPTY = b"{}"
 
 
@@ -87,105 +83,6 @@ def _beat(body: WorkerHello, rt: Runtime, caller: Caller) -> HeartbeatResponse:
     _check(rt, caller, body)
     _, statuses = rt.leases.heartbeat(caller.name, _sample(body), [Lease(j.job, j.token) for j in body.jobs])
     return HeartbeatResponse(jobs=statuses)
-
-
-class FastBeat:
-    """`POST /v1/worker/heartbeat` in its common case in front of the FastAPI app, without its middleware, routing,
-    dependencies and request and response objects (a trivial route costs ~0.7 ms of CPU a call more under them than
-    a bare ASGI app; 100 heartbeats a second come from 1,000 workers): a JSON body of a stated length up to
-    FAST_BODY that validates, from a caller known without reading Redis. The beats that come close together are
-    handled as one batch (`api.beats`, `_batch`). Anything else (a bad or large body, a token to read, another
-    route) goes on to the app, which answers as ever; the answers here (the heartbeat's, a PiloopError's, Redis
-    down) are the app's own."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self._beats: tuple[asyncio.AbstractEventLoop, Beats] | None = None
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] != HEARTBEAT or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        length = headers.get("content-length", "")
-        beats = self._gathered()
-        # a header given twice goes to the app, which reads the first of them (here the last would win)
-        if (beats is None or headers.get("content-type") != "application/json" or not length.isdigit()
-                or int(length) > FAST_BODY or len(headers) != len(scope["headers"])):
-            await self.app(scope, receive, send)
-            return
-        body = await _body(receive)
-        if body is None:
-            return  # the client went away: no one to answer
-        answer = await beats.beat((scope, headers, body))
-        if answer is None:
-            await self.app(scope, replaying(body, receive), send)
-        elif isinstance(answer, bytes):
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-length", b"%d" % len(answer)), (b"content-type", b"application/json")]})
-            await send({"type": "http.response.body", "body": answer})
-        else:
-            await answer(scope, receive, send)
-
-    def _gathered(self) -> Beats | None:
-        """The running loop's gathering of beats; None where the runtime has no asyncio Redis client."""
-        rt = self.app.state.runtime
-        scripts = rt.async_scripts()
-        if scripts is None:
-            return None
-        loop = asyncio.get_running_loop()
-        if self._beats is None or self._beats[0] is not loop:
-            self._beats = (loop, Beats(lambda batch: _batch(rt, scripts, batch)))
-        return self._beats[1]
-
-
-async def _batch(rt: Runtime, scripts: AsyncScripts, batch: list[tuple[dict, dict[str, str], bytes]]) -> list[Any]:
-    """Each heartbeat of a batch validated and its caller named, then all of them in one `heartbeat.lua` call. For
-    each, in order: its answer's body, an error's answer, or None for the app to answer (a body that does not
-    validate, a caller refused or to be read from Redis: the app says what is wrong)."""
-    out: list[Any] = [None] * len(batch)
-    beats: list[Beat] = []
-    where: list[int] = []
-    for i, (scope, headers, body) in enumerate(batch):
-        try:
-            hello = WorkerHello.model_validate_json(body)
-            caller = known(rt, scope, headers)
-        except (ValueError, PiloopError):  # pydantic's ValidationError is a ValueError
-            continue
-        if caller is None:
-            continue
-        try:
-            _check(rt, require_worker(caller), hello)
-        except PiloopError as e:
-            out[i] = error_answer(e)
-            continue
-        beats.append(Beat(caller.name, _sample(hello), [Lease(j.job, j.token) for j in hello.jobs]))
-        where.append(i)
-    if not beats:
-        return out
-    try:
-        answers = await rt.leases.aheartbeats(scripts, beats)
-    except PiloopError as e:  # the scripts say Redis out of reach as Unavailable
-        answers = [e] * len(beats)
-    for i, answer in zip(where, answers):
-        out[i] = (error_answer(answer) if isinstance(answer, Exception)
-                  else HeartbeatResponse(jobs=answer[1]).model_dump_json().encode())
-    return out
-
-
-FAST_BODY = 64 * 1024  # a heartbeat names its jobs and a host sample: a few KiB
-
-
-async def _body(receive: Any) -> bytes | None:
-    """The request's body read whole; None when the client went away first."""
-    chunks = []
-    while True:
-        msg = await receive()
-        if msg["type"] != "http.request":
-            return None
-        chunks.append(msg.get("body", b""))
-        if not msg.get("more_body"):
-            return b"".join(chunks)
 
 
 @router.post("/claim", response_model=ClaimResponse)
@@ -388,9 +285,7 @@ def _report(body: ReportRequest, rt: Runtime, name: str, present: set[str]) -> R
     return ReportResponse.model_validate(answer)
 
 
-@router.post("/log", response_model=dict)
+@router.post("/log", response_model=LogAnswer)
 def log(body: LogAppend, rt: RuntimeDep, caller: WorkerDep) -> Response:
     _check(rt, caller, body)
-    if not rt.leases.append_log(body.job, body.token, body.chunks):
-        raise LeaseLost(f"job {body.job} is not leased under this token")
-    return _json()
+    return _json(LogAnswer(dropped=rt.leases.append_log(body.job, body.token, caller.name, body.chunks)))

@@ -10,8 +10,7 @@ from typing import Any
 import redis
 
 from piloop_server.state.keys import Keys
-
-MAXLEN = 100_000
+from piloop_server.state.scripts import EventCap
 
 
 def _s(v: Any) -> str:
@@ -19,13 +18,23 @@ def _s(v: Any) -> str:
 
 
 class Events:
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, cap: EventCap | None = None) -> None:
         self.r = client
         self.k = keys
+        self.cap = cap or EventCap()
 
     def add(self, type_: str, by: str, **fields: Any) -> str:
+        """Append one event under the same bound as the scripts' (include/events.lua): each value cut past
+        `cap.value_bytes`, about `cap.most` kept."""
         data = {"type": type_, "by": by, **{k: v if isinstance(v, str) else json.dumps(v) for k, v in fields.items()}}
-        return _s(self.r.xadd(self.k.events(), data, maxlen=MAXLEN, approximate=True))
+        data = {k: self._cut(v) for k, v in data.items()}
+        return _s(self.r.xadd(self.k.events(), data, maxlen=self.cap.most, approximate=True))
+
+    def _cut(self, v: str) -> str:
+        raw = v.encode()
+        if len(raw) <= self.cap.value_bytes:
+            return v
+        return raw[:self.cap.value_bytes].decode(errors="ignore") + "..."
 
     def read(self, after: str = "0", count: int = 100, block_ms: int | None = None) -> list[dict[str, str]]:
         if block_ms:

@@ -3,19 +3,77 @@
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
-from piloop_common.errors import NotFound, PiloopError
+from piloop_common.errors import LeaseLost, NotFound, PiloopError, TooLarge
+from piloop_common.protocol import JobSpec
 from piloop_server.state.keys import Keys
-from piloop_server.state.scripts import AsyncScripts, Scripts
+from piloop_server.state.records.job import FIELDS as JF, HISTORY_KEEP
+from piloop_server.state.scripts import EventCap, Scripts
 
 KINDS = ("agent", "evaluation")
 REPORT_TTL_SECONDS = 7 * 24 * 3600
 CLAIM_SCAN_DEPTH = 200
 EXPIRE_BATCH = 500
+TOKEN_RANDOM_BYTES = 16  # 128 bits a token beside its fencing order
+BACKOFF_LONGEST_SECONDS = 3600
+STALE_ADDRESSES = 16  # the CAS addresses a stale report's event names (its outputs first, then its log's ends)
+
+
+def fence(token: str) -> int:
+    """A token's fencing order (generation, then counter): it only grows."""
+    return int(token.partition(".")[0])
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What one caller may make Redis hold ([plugins.state]): see docs/security.md."""
+
+    events: EventCap = EventCap()
+    log_chunks: int = 20_000
+    report_bytes: int = 256 * 1024
+
+    @classmethod
+    def from_state(cls, st: Any) -> "Caps":
+        return cls(EventCap(st.events_max, st.event_value_bytes), st.log_chunks_max, st.report_max_bytes)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """What report.lua does with a failed attempt, from the job's spec (its defaults are JobSpec's) and its pool."""
+
+    max_attempts: int
+    backoff_ms: int
+    factor: float
+    longest_ms: int
+    growth: float
+    memory_cap_mb: int  # 0: the worker's room
+
+    @classmethod
+    def of(cls, spec_json: str | bytes | None, pool_cap_mb: int | None) -> "RetryPolicy":
+        try:
+            spec = JobSpec.model_validate_json(spec_json or b"{}")
+        except ValueError:
+            spec = JobSpec(argv=["?"])  # a spec that no longer parses retries as the defaults say
+        return cls(spec.max_attempts, int(spec.backoff_seconds * 1000), spec.backoff_factor,
+                   BACKOFF_LONGEST_SECONDS * 1000, spec.memory_growth, spec.memory_max_mb or pool_cap_mb or 0)
+
+    def args(self) -> list[Any]:
+        return [self.max_attempts, self.backoff_ms, self.factor, self.longest_ms, self.growth, self.memory_cap_mb]
+
+
+def stale_summary(result: dict[str, Any]) -> str:
+    """What a stale report is kept as: its size and the CAS addresses it names, never its body."""
+    named = [a for a in (*(result.get("outputs") or {}).values(), result.get("metrics"), result.get("bundle"),
+                         result.get("workspace")) if isinstance(a, str) and a]
+    log = [a for a in result.get("log") or [] if isinstance(a, str)]
+    ends = log[:2] + log[-2:] if len(log) > 4 else log
+    return json.dumps({"bytes": len(json.dumps(result)), "log_chunks": len(log),
+                       "addresses": (named + ends)[:STALE_ADDRESSES]})
 
 
 @dataclass(frozen=True)
@@ -91,11 +149,12 @@ def _answered(answer: tuple[int, dict[str, str]] | NotFound) -> tuple[int, dict[
 
 
 class Leases:
-    def __init__(self, client: redis.Redis, keys: Keys, timings: Timings) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, timings: Timings, caps: Caps | None = None) -> None:
         self.r = client
         self.k = keys
         self.t = timings
-        self.scripts = Scripts(client)
+        self.caps = caps or Caps()
+        self.scripts = Scripts(client, self.caps.events)
 
     # -- producers ---------------------------------------------------------------------
 
@@ -133,14 +192,9 @@ class Leases:
         """`heartbeat` for many workers in one script: each one's answer, or NotFound for one not registered."""
         return _heartbeat_answers(beats, self.scripts.run("heartbeat", *self._heartbeat_call(beats)))
 
-    async def aheartbeats(self, scripts: AsyncScripts,
-                          beats: list[Beat]) -> list[tuple[int, dict[str, str]] | NotFound]:
-        """`heartbeats` through an asyncio Redis client's scripts."""
-        return _heartbeat_answers(beats, await scripts.run("heartbeat", *self._heartbeat_call(beats)))
-
     def _heartbeat_call(self, beats: list[Beat]) -> tuple[list[str], list[Any]]:
         k = self.k
-        keys = [k.deadlines(), k.daemon()]
+        keys = [k.deadlines(), k.daemon(), k.events()]
         args: list[Any] = [self.t.grace_ms, self.t.toleration_ms, len(beats)]
         for b in beats:
             keys += [k.worker(b.worker), k.worker_alive(b.worker)]
@@ -162,7 +216,8 @@ class Leases:
              k.deadlines(), k.active(pool, kind), k.token_seq(), k.generation(), k.events(),
              k.campaign_live(), k.daemon(), k.worker_leases(name, other)],
             [k.prefix(), name, kind, slots, image, self.t.toleration_ms, most, CLAIM_SCAN_DEPTH,
-             -1 if room_mb is None else room_mb, default_mb or 0])
+             -1 if room_mb is None else room_mb, default_mb or 0, HISTORY_KEEP,
+             *(secrets.token_hex(TOKEN_RANDOM_BYTES) for _ in range(max(0, most)))])
         reply = [_s(x) for x in reply]
         if reply[0] == "none":
             return Claim(reason=reply[1])
@@ -170,7 +225,7 @@ class Leases:
         return Claim(leases=[Lease(rest[i], rest[i + 1]) for i in range(0, len(rest), 2)])
 
     def _job_keys(self, job_id: str) -> tuple[str, str]:
-        f = self.r.hmget(self.k.job(job_id), "kind", "pool")
+        f = self.r.hmget(self.k.job(job_id), JF["kind"], JF["pool"])
         if f[0] is None:
             raise NotFound(f"job {job_id} does not exist")
         return _s(f[0]), _s(f[1])
@@ -201,12 +256,18 @@ class Leases:
         k = self.k
         pipe = self.r.pipeline(transaction=False)
         for rep in reports:
-            pipe.hmget(k.job(rep.job), "kind", "pool")
+            pipe.hmget(k.job(rep.job), JF["kind"], JF["pool"], JF["spec"])
         out: list[Any] = [None] * len(reports)
         calls, at = [], []
-        for i, (rep, (kind_b, pool_b)) in enumerate(zip(reports, pipe.execute())):
+        for i, (rep, (kind_b, pool_b, spec)) in enumerate(zip(reports, pipe.execute())):
             if kind_b is None:
                 out[i] = NotFound(f"job {rep.job} does not exist")
+                continue
+            result = json.dumps(rep.result)
+            body = len(result) - len(json.dumps(rep.result.get("log") or []))
+            if body > self.caps.report_bytes:
+                out[i] = TooLarge(f"job {rep.job}: the report's result is {body} bytes, over the cap of "
+                                  f"{self.caps.report_bytes} ([plugins.state] report_max_bytes)")
                 continue
             kind, pool = _s(kind_b), _s(pool_b)
             at.append(i)
@@ -214,12 +275,20 @@ class Leases:
                 [k.report(rep.report_id), k.lease(rep.job), k.job(rep.job), k.worker_leases(rep.worker, kind),
                  k.deadlines(), k.active(pool, kind), k.campaign_live(), k.events(), k.queue(pool, kind), k.daemon(),
                  k.campaign_pending(), k.worker(rep.worker), k.delayed()],
-                [rep.job, rep.token, rep.worker, rep.outcome, json.dumps(rep.result), REPORT_TTL_SECONDS,
-                 self.t.max_lost, rep.reason, self.t.grace_ms, self.t.toleration_ms, 1 if rep.oom else 0,
-                 (memory_caps or {}).get(pool) or 0]))
+                [rep.job, rep.token, rep.worker, rep.outcome, self._capped_log(result, rep.result),
+                 REPORT_TTL_SECONDS, self.t.max_lost, rep.reason, self.t.grace_ms, self.t.toleration_ms,
+                 1 if rep.oom else 0, *RetryPolicy.of(spec, (memory_caps or {}).get(pool)).args(),
+                 stale_summary(rep.result)]))
         for i, reply in zip(at, self.scripts.run_many("report", calls) if calls else []):
             out[i] = reply if isinstance(reply, PiloopError) else json.loads(_s(reply))
         return out
+
+    def _capped_log(self, result_json: str, result: dict[str, Any]) -> str:
+        """The result as the job keeps it: a log past the cap keeps its first chunks and says how many it dropped."""
+        log = result.get("log") or []
+        if len(log) <= self.caps.log_chunks:
+            return result_json
+        return json.dumps({**result, "log": log[:self.caps.log_chunks], "log_dropped": len(log) - self.caps.log_chunks})
 
     def due(self) -> int:
         """Put failed jobs whose backoff has passed back in their queues (the pass); how many."""
@@ -244,9 +313,13 @@ class Leases:
 
     # -- logs and cancels --------------------------------------------------------------
 
-    def append_log(self, job_id: str, token: str, chunks: list[str]) -> bool:
+    def append_log(self, job_id: str, token: str, worker: str, chunks: list[str]) -> int:
+        """Add chunks to the holder's job's log; how many were dropped past the cap. LeaseLost when `worker` does not
+        hold the job's lease under `token`."""
         k = self.k
-        return bool(self.scripts.run("append_log", [k.lease(job_id), k.job_log(job_id)], [token, *chunks]))
+        return int(self.scripts.run(
+            "append_log", [k.lease(job_id), k.job(job_id), k.job_log(job_id), k.events()],
+            [job_id, token, worker, self.caps.log_chunks, len(chunks), *chunks]))
 
     def cancel(self, job_id: str, by: str, only_queued: bool = False) -> str:
         """Cancel a job; with `only_queued`, withdraw it only while it waits for a lease."""

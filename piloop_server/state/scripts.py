@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
 
 import redis
-import redis.asyncio
 
 from piloop_common.errors import Conflict, LeaseLost, NotFound, PiloopError, Unavailable
+from piloop_server.state.records.job import lua_include as job_fields_include
 
 # `PILOOP_<CODE> message` replies from the scripts, and the errors they stand for.
 _ERRORS: dict[str, type[PiloopError]] = {
@@ -31,27 +32,54 @@ _ERRORS["PILOOP_NO_GENERATION"] = GenerationMissing
 
 
 _INCLUDE = re.compile(r"^-- @include ([a-z_]+)$", re.MULTILINE)
+# includes made from Python, so a name is written once: the job hash's field names
+_GENERATED = {"job_fields": job_fields_include}
 
 
 @cache
 def source(name: str) -> str:
-    """A script's text, with each `-- @include <fragment>` line replaced by `scripts/include/<fragment>.lua`."""
+    """A script's text with its includes resolved: each `-- @include <fragment>` line becomes
+    `scripts/include/<fragment>.lua` (or a generated fragment), itself resolved the same way; a fragment is
+    included once, where it is first asked for. An unknown fragment fails loudly."""
     scripts = resources.files("piloop_server.state").joinpath("scripts")
+    done: set[str] = set()
 
-    def fragment(m: re.Match[str]) -> str:
-        path = scripts.joinpath("include", f"{m.group(1)}.lua")
-        if not path.is_file():
-            raise FileNotFoundError(f"{name}.lua includes {m.group(1)}, which is not in scripts/include/")
-        return path.read_text()
+    def resolve(text: str, where: str) -> str:
+        def fragment(m: re.Match[str]) -> str:
+            frag = m.group(1)
+            if frag in done:
+                return f"-- ({frag} is included above)"
+            done.add(frag)
+            if frag in _GENERATED:
+                return _GENERATED[frag]()
+            path = scripts.joinpath("include", f"{frag}.lua")
+            if not path.is_file():
+                raise FileNotFoundError(f"{where} includes {frag}, which is not in scripts/include/")
+            return resolve(path.read_text(), f"include/{frag}.lua")
 
-    return _INCLUDE.sub(fragment, scripts.joinpath(f"{name}.lua").read_text())
+        return _INCLUDE.sub(fragment, text)
+
+    return resolve(scripts.joinpath(f"{name}.lua").read_text(), f"{name}.lua")
+
+
+@dataclass(frozen=True)
+class EventCap:
+    """The events stream's bound, appended by `Scripts` as the last ARGV of every call (include/events.lua reads
+    it there): about `most` entries, each value cut past `value_bytes`."""
+
+    most: int = 100_000
+    value_bytes: int = 1024
+
+    def arg(self) -> str:
+        return f"{self.most} {self.value_bytes}"
 
 
 class Scripts:
     """Runs the named scripts on one Redis client, caching their SHAs."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, cap: EventCap | None = None) -> None:
         self.client = client
+        self.cap = (cap or EventCap()).arg()
         self._sha: dict[str, str] = {}
 
     def _load(self, name: str) -> str:
@@ -61,6 +89,7 @@ class Scripts:
 
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         sha = self._sha.get(name) or self._load(name)
+        args = [*args, self.cap]
         try:
             try:
                 return self.client.evalsha(sha, len(keys), *keys, *args)
@@ -83,7 +112,7 @@ class Scripts:
             pipe = self.client.pipeline(transaction=False)
             for i in todo:
                 keys, args = calls[i]
-                pipe.evalsha(sha, len(keys), *keys, *args)
+                pipe.evalsha(sha, len(keys), *keys, *args, self.cap)
             try:
                 replies = pipe.execute(raise_on_error=False)
             except redis.exceptions.RedisError as e:
@@ -106,32 +135,6 @@ class Scripts:
                 break
             todo, sha = again, self._load(name)
         return out
-
-
-class AsyncScripts:
-    """`Scripts` on an asyncio Redis client, for a hot route that then needs no thread (the heartbeat)."""
-
-    def __init__(self, client: redis.asyncio.Redis) -> None:
-        self.client = client
-        self._sha: dict[str, str] = {}
-
-    async def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        try:
-            try:
-                sha = self._sha.get(name) or await self._load(name)
-                return await self.client.evalsha(sha, len(keys), *keys, *args)
-            except redis.exceptions.NoScriptError:
-                return await self.client.evalsha(await self._load(name), len(keys), *keys, *args)
-        except redis.exceptions.RedisError as e:
-            err = _translated(e)
-            if err is e:
-                raise
-            raise err from e
-
-    async def _load(self, name: str) -> str:
-        sha = await self.client.script_load(source(name))
-        self._sha[name] = sha
-        return sha
 
 
 def _translated(e: redis.exceptions.RedisError) -> Exception:

@@ -5,6 +5,10 @@ expiry, report (out of memory too, and retries with backoff), the pass's due, ca
 over several workers, and checks after every step: no job is leased twice, tokens only grow,
 every job is in exactly one place (a failed job waiting out its backoff in `delayed`), slot
 counts stay within the pool's, and no worker's granted memory exceeds the room it claimed with.
+Beside the workers, an attacker replays stolen, stale and guessed tokens under another worker's name on every
+lease mutation (renew, report, release, log): each changes nothing (the job, its lease and its deadline as they
+were) and answers lost; a stolen one leaves a `lease.foreign_token` event. A job's terminal state is reached once,
+and a job whose cancel was asked for is never leased again.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from piloop_common.errors import Conflict, LeaseLost
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import KINDS, Lease, Leases, Timings
+from piloop_server.state.leases import KINDS, Lease, Leases, Timings, fence
 
 WORKERS = ("w1", "w2", "w3")
 SLOTS = {"agent": 2, "evaluation": 1}
@@ -59,6 +63,9 @@ class LeaseMachine(RuleBasedStateMachine):
         self.held: dict[str, dict[str, str]] = {w: {} for w in WORKERS}  # what each worker believes it holds
         self.max_token = 0
         self.reports = itertools.count()
+        self.given: list[tuple[str, str, str]] = []  # every (worker, job, token) ever leased: to steal and replay
+        self.cancelled: set[str] = set()  # jobs whose cancel was asked for
+        self.ended: dict[str, str] = {}  # job -> the terminal state it reached
 
     def teardown(self) -> None:
         for key in self.r.scan_iter(match=self.k.prefix() + "*", count=500):
@@ -67,8 +74,8 @@ class LeaseMachine(RuleBasedStateMachine):
 
     def _take(self, tokens) -> None:
         for t in tokens:
-            assert int(t) > self.max_token, "a token went backwards"
-            self.max_token = int(t)
+            assert fence(t) > self.max_token, "a token went backwards"
+            self.max_token = fence(t)
 
     @rule(kind=st.sampled_from(KINDS), campaign=st.sampled_from(CAMPAIGNS),
           memory=st.sampled_from([None, 512, 1024, 1536]), attempts=st.integers(1, 3),
@@ -85,7 +92,9 @@ class LeaseMachine(RuleBasedStateMachine):
                          default_mb=256)
         self._take(lease.token for lease in c.leases)
         for lease in c.leases:
+            assert lease.job not in self.cancelled, f"{lease.job} was leased again after its cancel"
             self.held[worker][lease.job] = lease.token
+            self.given.append((worker, lease.job, lease.token))
 
     @rule(worker=st.sampled_from(WORKERS))
     def heartbeat(self, worker):
@@ -132,8 +141,10 @@ class LeaseMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.jobs)
     @rule(data=st.data())
     def cancel(self, data):
+        job = data.draw(st.sampled_from(self.jobs))
         try:
-            self.l.cancel(data.draw(st.sampled_from(self.jobs)), "human:test")
+            self.l.cancel(job, "human:test")
+            self.cancelled.add(job)
         except Conflict:
             pass  # it had ended
 
@@ -151,6 +162,44 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule(worker=st.sampled_from(WORKERS))
     def worker_dies(self, worker):
         self.held[worker] = {}
+
+    def _snapshot(self, job: str) -> tuple:
+        r, k = self.r, self.k
+        return (r.hmget(k.job(job), "state", "worker", "token", "attempts", "lost", "result", "history"),
+                r.get(k.lease(job)), r.zscore(k.deadlines(), job), r.llen(k.job_log(job)))
+
+    def _foreign_events(self) -> int:
+        return sum(1 for _, f in self.r.xrange(self.k.events()) if f[b"type"] == b"lease.foreign_token")
+
+    @precondition(lambda self: self.given)
+    @rule(data=st.data(), how=st.sampled_from(["stolen", "guessed"]),
+          call=st.sampled_from(["heartbeat", "report", "release", "log"]))
+    def attacker(self, data, how, call):
+        """Another worker's (or a stale) token, or a guess of the next one, under the attacker's own name."""
+        victim, job, token = data.draw(st.sampled_from(self.given))
+        thief = data.draw(st.sampled_from([w for w in WORKERS if w != victim]))
+        if how == "guessed":
+            token = f"{fence(token) + 1}.{'0' * 32}"
+        if self.held[thief].get(job) == token:
+            return  # the thief holds this very lease itself
+        before, events = self._snapshot(job), self._foreign_events()
+        holder = _s(before[0][1] or b"")
+        if call == "heartbeat":
+            _, statuses = self.l.heartbeat(thief, {}, [Lease(job, token)])
+            assert statuses == {job: "lost"}
+        elif call == "report":
+            got = self.l.report(f"x{next(self.reports)}", job, token, thief, "succeeded", {"exit_code": 0})
+            assert got == {"answer": "stale"}
+        else:
+            with pytest.raises(LeaseLost):
+                if call == "release":
+                    self.l.release(job, token, thief)
+                else:
+                    self.l.append_log(job, token, thief, ["sha256:" + "0" * 64])
+        after = self._snapshot(job)
+        assert after == before, f"{how} {call} by {thief} changed {job}"
+        if holder and holder != thief:
+            assert self._foreign_events() == events + 1, "a foreign token leaves one lease.foreign_token event"
 
     @invariant()
     def each_job_in_exactly_one_place(self):
@@ -189,6 +238,17 @@ class LeaseMachine(RuleBasedStateMachine):
                 assert not self.r.exists(self.k.lease(j))
         for c, n in live.items():
             assert int(self.r.hget(self.k.campaign_live(), c) or 0) == n, f"campaign {c} live count"
+
+    @invariant()
+    def a_terminal_state_is_reached_once(self):
+        for j in self.jobs:
+            state = _s(self.r.hget(self.k.job(j), "state"))
+            if j in self.ended:
+                assert state == self.ended[j], f"{j} ended {self.ended[j]}, then became {state}"
+            elif state in TERMINAL:
+                self.ended[j] = state
+            if j in self.cancelled and state in TERMINAL:
+                assert state in ("cancelled", "lost"), f"{j} was cancelled but ended {state}"
 
     @invariant()
     def granted_never_exceeds_room(self):

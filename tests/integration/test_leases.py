@@ -9,7 +9,7 @@ import pytest
 from piloop_common.errors import LeaseLost, NotFound
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Lease, Leases, Report, Timings
+from piloop_server.state.leases import Lease, Leases, Report, Timings, fence
 from tests.helpers.redis import wait_for
 
 
@@ -39,7 +39,7 @@ def test_claim_takes_oldest_first_and_respects_slots(leases):
         time.sleep(0.002)  # distinct enqueue scores
     c = leases.claim("w1", "p", "evaluation", slots=2, image="", most=5)
     assert [lease.job for lease in c.leases] == ["j0", "j1"]
-    assert int(c.leases[1].token) > int(c.leases[0].token)
+    assert fence(c.leases[1].token) > fence(c.leases[0].token)
     again = leases.claim("w1", "p", "evaluation", slots=2, image="", most=5)
     assert again.leases == [] and again.reason == "slots"
     assert _state(leases, "j0") == "leased"
@@ -124,7 +124,7 @@ def test_release_puts_back_without_an_attempt(leases):
     assert _state(leases, "j") == "queued"
     assert leases.r.hget(leases.k.job("j"), "attempts") == b"0"
     (again,) = leases.claim("w1", "p", "evaluation", slots=1, image="").leases
-    assert int(again.token) > int(lease.token)
+    assert fence(again.token) > fence(lease.token)
 
 
 def test_report_is_idempotent_and_stale_reports_are_kept(leases):
@@ -154,7 +154,7 @@ def test_reports_in_one_batch_answer_each_in_order_and_one_error_leaves_the_othe
         Report("ra", "a", la.token, "w1", "succeeded", {"exit": 0}),
         Report("rx", "nope", "1", "w1", "succeeded", {}),
         Report("ra", "a", la.token, "w1", "succeeded", {"exit": 0}),  # the same report again: the same answer
-        Report("rb", "b", str(int(lb.token) + 1), "w1", "failed", {"exit": 1}),  # not b's lease
+        Report("rb", "b", lb.token[:-1] + ("0" if lb.token[-1] != "0" else "1"), "w1", "failed", {"exit": 1}),  # not b's lease
         Report("rb2", "b", lb.token, "w1", "failed", {"exit": 1}, "boom"),
     ])
     assert got[0] == got[2] == {"answer": "accepted", "state": "succeeded"}
@@ -187,7 +187,7 @@ def test_expiry_requeues_evaluations_ends_agents_and_stops_after_max_lost(leases
     assert leases.report("late", "e", le.token, "w1", "succeeded", {})["answer"] == "stale"
     # the second loss in a row ends it lost (max_lost = 2)
     (le2,) = leases.claim("w1", "p", "evaluation", slots=1, image="").leases
-    assert int(le2.token) > int(le.token)
+    assert fence(le2.token) > fence(le.token)
 
     def lost():
         leases.heartbeat("w1", {}, [])
@@ -255,4 +255,4 @@ def test_generation_change_keeps_tokens_growing(redis_client, namespace, tmp_pat
     assert lz.claim("w1", "p", "evaluation", slots=1, image="").reason == "recovering"
     redis_client.hset(keys.daemon(), "hold_until", 0)
     (after,) = lz.claim("w1", "p", "evaluation", slots=1, image="").leases
-    assert int(after.token) > int(before.token)
+    assert fence(after.token) > fence(before.token)

@@ -232,7 +232,7 @@ def test_silent_worker_leases_expire_and_jobs_requeue_with_a_new_token(tcp_daemo
         got = w2.claim()["leases"]
         return got or None
     (again,) = wait_for(requeued, 15, interval=0.3, what="the job to come back")
-    assert again["job"] == job and int(again["token"]) > int(lease["token"])
+    assert again["job"] == job and fence(again["token"]) > fence(lease["token"])
     assert w1.report(job, token=lease["token"])["answer"] == "stale"
     assert w2.report(job)["state"] == "succeeded"
 
@@ -293,7 +293,7 @@ def test_redis_restarted_empty_changes_generation_and_never_reissues_a_token(tmp
             got = w.claim()
             return got["leases"] or (got["reason"] == "recovering" and None)
         (after,) = wait_for(claimed, 10, interval=0.2, what="claims after the hold")
-        assert int(after["token"]) > int(before["token"])
+        assert fence(after["token"]) > fence(before["token"])
     finally:
         d.cleanup()
         rp.stop()

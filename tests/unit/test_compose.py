@@ -249,7 +249,7 @@ def test_configs_load_with_piloops_loader(compose: dict[str, Any], tmp_path: Pat
 def test_server_uses_the_stack(compose: dict[str, Any], tmp_path: Path) -> None:
     svc = services(compose)["server"]
     s = settings_of(svc, tmp_path)
-    assert s.plugins.state is not None
+    assert s.plugins.state.url is not None
     url = urlsplit(s.plugins.state.url.get_secret_value())
     assert url.hostname in services(compose) and url.hostname == "redis" and url.port == 6379
     assert set(services(compose)["redis"]["networks"]) <= set(svc["networks"]), "the server must reach Redis"
@@ -289,7 +289,7 @@ def test_worker_scales_and_holds_no_state_credentials(compose: dict[str, Any], t
     assert "PILOOP_REDIS_URL" not in env and not any(k.startswith("PILOOP_STATE__") for k in env)
     assert "state" not in json.loads(env.get("PILOOP_PLUGINS") or "{}")
     s = settings_of(svc, tmp_path)
-    assert s.plugins.state is None, "a worker's config must have no [plugins.state]"
+    assert s.plugins.state.url is None, "a worker's config must have no [plugins.state] url"
     assert not set(svc["networks"]) & set(svcs["redis"]["networks"]), "a worker must not reach Redis"
     assert "PILOOP_HTTPS_TOKEN" in env
     assert "${PILOOP_HTTPS_TOKEN" in COMPOSE.read_text(), "the token comes from .env"

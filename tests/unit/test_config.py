@@ -19,7 +19,7 @@ def test_defaults(tmp_path):
     ex = s.plugins.executor
     assert (ex.renew_seconds, ex.grace_seconds, ex.toleration_seconds) == (10, 50, 300)
     assert ex.provider == "workers" and "serve" in ex.pools
-    assert s.plugins.cas.provider == "local" and s.plugins.state is None
+    assert s.plugins.cas.provider == "local" and s.plugins.state.url is None
     assert s.home == tmp_path and s.namespace == "piloop"
 
 
@@ -100,7 +100,7 @@ def test_the_cli_prints_one_line_and_exits_2(tmp_path):
     assert "Traceback" not in r.stderr
 
 
-def test_only_loopback_goes_without_tls_except_behind_the_proxy(tmp_path):
+def test_only_loopback_goes_without_tls_on_either_network(tmp_path):
     from piloop_common.listen import check_listen
 
     s = load_settings(_home(tmp_path), env={})
@@ -108,6 +108,10 @@ def test_only_loopback_goes_without_tls_except_behind_the_proxy(tmp_path):
     with pytest.raises(ConfigError, match="not a loopback address"):
         check_listen(s, "0.0.0.0:8443")
     s = load_settings(tmp_path, env={"PILOOP_PLUGINS": '{"network": {"provider": "proxy"}}'})
+    with pytest.raises(ConfigError, match=r"\[plugins.network\] tls is not set"):
+        check_listen(s, "0.0.0.0:8443")
+    assert check_listen(s, "[::1]:8443") == ("::1", 8443)
+    s = load_settings(tmp_path, env={"PILOOP_PLUGINS": '{"network": {"provider": "proxy", "tls": "proxy"}}'})
     assert check_listen(s, "0.0.0.0:8443") == ("0.0.0.0", 8443)
     s = load_settings(tmp_path, env={"PILOOP_PLUGINS": '{"network": {"tls": "proxy"}}'})
     assert check_listen(s, "0.0.0.0:8443") == ("0.0.0.0", 8443)

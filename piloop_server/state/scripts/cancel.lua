@@ -3,20 +3,23 @@
 -- ARGV[1] job id  ARGV[2] by  ARGV[3] 'queued' to withdraw the job only while it waits (else nothing changes)
 -- Reply: the job's state after the call ('cancelled' or 'cancelling'; with 'queued', the state it is in).
 -- Error PILOOP_CONFLICT when the job has already ended.
-local st = redis.call('HGET', KEYS[1], 'state')
+-- @include clock
+-- @include job_fields
+-- @include events
+local st = redis.call('HGET', KEYS[1], JF.state)
 if ARGV[3] == 'queued' and st ~= 'queued' then return tostring(st) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = clock_ms()
 if st == 'queued' then
   redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
-  redis.call('HDEL', KEYS[1], 'retry_at')
-  redis.call('HSET', KEYS[1], 'state', 'cancelled', 'reason', 'cancelled by ' .. ARGV[2], 'ended', now, 'updated', now)
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', 100000, '*', 'type', 'job.cancelled', 'by', ARGV[2], 'job', ARGV[1])
+  redis.call('HDEL', KEYS[1], JF.retry_at)
+  redis.call('HSET', KEYS[1], JF.state, 'cancelled', JF.reason, 'cancelled by ' .. ARGV[2], JF.ended, now,
+    JF.updated, now)
+  emit(KEYS[3], 'job.cancelled', ARGV[2], 'job', ARGV[1])
   return 'cancelled'
 elseif st == 'leased' or st == 'running' then
-  redis.call('HSET', KEYS[1], 'cancel', '1', 'updated', now)
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', 100000, '*', 'type', 'job.cancel_requested', 'by', ARGV[2], 'job', ARGV[1])
+  redis.call('HSET', KEYS[1], JF.cancel, '1', JF.updated, now)
+  emit(KEYS[3], 'job.cancel_requested', ARGV[2], 'job', ARGV[1])
   return 'cancelling'
 end
 return redis.error_reply('PILOOP_CONFLICT job ' .. ARGV[1] .. ' has already ended (' .. tostring(st) .. ')')

@@ -7,14 +7,19 @@
 -- ARGV[4] slots of this kind  ARGV[5] worker image  ARGV[6] toleration (ms)  ARGV[7] most to take
 -- ARGV[8] how deep to scan the queue  ARGV[9] the worker's room (MiB; -1: grants not checked)
 -- ARGV[10] the pool's grant for a job that asks for none (MiB; 0: none)
+-- ARGV[11] the lease history a job keeps  ARGV[12..11+most] a random part for each token (hex, >= 128 bits)
 -- Memory: a job's grant is its hash's `grant_mb` (its spec's `memory_mb`, read once, or raised after an
 -- out-of-memory attempt), else the pool's; it is leased only when it fits in the room beside the grants of
 -- every lease the worker holds (`granted_mb` of each). A job without a grant counts 0 (limited to the room).
+-- A token is `<generation><counter, 12 digits>.<random>`: the first part is the fencing order (one INCR, so it
+-- only grows), the random part makes it unguessable; it is compared whole.
 -- Reply: {'ok', id1, token1, id2, token2, ...} or {'none', reason}; reasons: recovering,
 -- unreachable, draining, slots, nothing, image, memory (no candidate's grant fits).
 -- Error PILOOP_NO_GENERATION when the generation marker is missing (Redis lost its data).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- @include clock
+-- @include job_fields
+-- @include events
+local now = clock_ms()
 local hold = tonumber(redis.call('HGET', KEYS[11], 'hold_until') or '0')
 if hold > now then return {'none', 'recovering'} end
 if redis.call('EXISTS', KEYS[2]) == 0 then return {'none', 'unreachable'} end
@@ -30,6 +35,7 @@ local tol = tonumber(ARGV[6])
 local room, default_mb = tonumber(ARGV[9] or '-1'), tonumber(ARGV[10] or '0')
 if room >= 0 then redis.call('HSET', KEYS[1], 'room_mb', room) end
 local depth = tonumber(ARGV[8])
+local history_keep = tonumber(ARGV[11])
 -- agents: every job within the depth (they are picked by campaign); evaluations: as many as are wanted, then
 -- pages of 16 more only while the jobs wanted are not all found (each job read is ~7 us of Redis)
 local page = kind == 'agent' and depth or math.min(depth, want)
@@ -41,7 +47,7 @@ local granted = 0
 if room >= 0 then
   for _, set in ipairs({KEYS[3], KEYS[12]}) do
     for _, id in ipairs(redis.call('SMEMBERS', set)) do
-      granted = granted + (tonumber(redis.call('HGET', prefix .. 'job:' .. id, 'granted_mb')) or 0)
+      granted = granted + (tonumber(redis.call('HGET', prefix .. 'job:' .. id, JF.granted_mb)) or 0)
     end
   end
 end
@@ -52,33 +58,42 @@ end
 -- A queued job this worker may run (its image is empty or the worker's), with its grant; nil when it may not.
 local function candidate(id)
   local job = prefix .. 'job:' .. id
-  local f = redis.call('HMGET', job, 'image', 'campaign', 'grant_mb')
+  local f = redis.call('HMGET', job, JF.image, JF.campaign, JF.grant_mb)
   if not (f[1] == false or f[1] == '' or f[1] == image) then return nil end
   local grant = tonumber(f[3])
   if grant == nil then
     -- read the spec's grant once; later claims (and a raise after an OOM) use the field
-    local ok, spec = pcall(cjson.decode, redis.call('HGET', job, 'spec') or '{}')
+    local ok, spec = pcall(cjson.decode, redis.call('HGET', job, JF.spec) or '{}')
     grant = ok and type(spec) == 'table' and tonumber(spec.memory_mb) or 0
-    redis.call('HSET', job, 'grant_mb', grant)
+    redis.call('HSET', job, JF.grant_mb, grant)
   end
   if grant <= 0 then grant = default_mb end
   return {id = id, campaign = f[2] or '', grant = grant}
 end
 
 local out = {'ok'}
+-- the job's last leases, this one's last (a late call from an earlier holder is then known as its own: stale)
+local function remember(job, entry)
+  local past = {}
+  for e in string.gmatch(redis.call('HGET', job, JF.history) or '', '%S+') do past[#past + 1] = e end
+  past[#past + 1] = entry
+  local from = math.max(1, #past - history_keep + 1)
+  return table.concat(past, ' ', from, #past)
+end
 local function lease(c)
   granted = granted + c.grant
-  local token = string.format('%d%012d', tonumber(gen), redis.call('INCR', KEYS[7]))
+  local n = (#out - 1) / 2 + 1
+  local token = string.format('%d%012d', tonumber(gen), redis.call('INCR', KEYS[7])) .. '.' .. ARGV[11 + n]
+  local job = prefix .. 'job:' .. c.id
   redis.call('ZREM', KEYS[4], c.id)
   redis.call('SET', prefix .. 'lease:' .. c.id, token, 'PX', tol)
   redis.call('ZADD', KEYS[5], now + tol, c.id)
   redis.call('SADD', KEYS[3], c.id)
   redis.call('SADD', KEYS[6], c.id)
-  redis.call('HSET', prefix .. 'job:' .. c.id, 'state', 'leased', 'worker', worker, 'token', token,
-    'leased', now, 'updated', now, 'cancel', '0', 'granted_mb', c.grant)
+  redis.call('HSET', job, JF.state, 'leased', JF.worker, worker, JF.token, token, JF.leased, now, JF.updated, now,
+    JF.cancel, '0', JF.granted_mb, c.grant, JF.history, remember(job, worker .. '/' .. token))
   if kind == 'agent' then redis.call('HINCRBY', KEYS[10], c.campaign, 1) end
-  redis.call('XADD', KEYS[9], 'MAXLEN', '~', 100000, '*',
-    'type', 'lease.granted', 'by', 'worker:' .. worker, 'job', c.id, 'token', token, 'worker', worker)
+  emit(KEYS[9], 'lease.granted', 'worker:' .. worker, 'job', c.id, 'token', token, 'worker', worker)
   out[#out + 1] = c.id
   out[#out + 1] = token
 end

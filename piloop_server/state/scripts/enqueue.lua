@@ -3,12 +3,12 @@
 -- ARGV[1] job id  ARGV[2] kind  ARGV[3] pool  ARGV[4] campaign  ARGV[5] image
 -- ARGV[6] spec (JSON)  ARGV[7] by (who asked)
 -- Reply: the queue score (ms). Error PILOOP_CONFLICT when the id exists.
+-- @include clock
 -- @include new_job
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return redis.error_reply('PILOOP_CONFLICT job ' .. ARGV[1] .. ' exists')
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = clock_ms()
 new_job(KEYS[1], KEYS[2], KEYS[3], KEYS[4], now, {id = ARGV[1], kind = ARGV[2], pool = ARGV[3],
   campaign = ARGV[4], image = ARGV[5], spec = ARGV[6], by = ARGV[7]})
 return now

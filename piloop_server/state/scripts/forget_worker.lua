@@ -3,10 +3,11 @@
 -- KEYS[6] events
 -- ARGV[1] name  ARGV[2] by
 -- Reply: 1 forgotten (or never known), 0 it still holds leases (the lease engine ends them first).
+-- @include events
 if redis.call('SCARD', KEYS[4]) > 0 or redis.call('SCARD', KEYS[5]) > 0 then return 0 end
 local known = redis.call('SREM', KEYS[3], ARGV[1])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[4], KEYS[5])
 if known == 1 then
-  redis.call('XADD', KEYS[6], 'MAXLEN', '~', 100000, '*', 'type', 'worker.forgotten', 'by', ARGV[2], 'worker', ARGV[1])
+  emit(KEYS[6], 'worker.forgotten', ARGV[2], 'worker', ARGV[1])
 end
 return 1

@@ -3,8 +3,9 @@
 -- ARGV[1] name  ARGV[2] pool  ARGV[3] image  ARGV[4] cas id  ARGV[5] sample (JSON)
 -- ARGV[6] grace (ms)  ARGV[7] protocol  ARGV[8] by  ARGV[9] info (JSON: host, pid, version)
 -- Reply: 'ok'.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- @include clock
+-- @include events
+local now = clock_ms()
 redis.call('HSET', KEYS[1], 'name', ARGV[1], 'pool', ARGV[2], 'image', ARGV[3], 'cas', ARGV[4],
   'sample', ARGV[5], 'protocol', ARGV[7], 'info', ARGV[9], 'registered', now, 'seen', now,
   'reason', '')
@@ -13,6 +14,5 @@ if redis.call('HEXISTS', KEYS[1], 'draining') == 0 then
 end
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[6])
 redis.call('SADD', KEYS[3], ARGV[1])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', 100000, '*',
-  'type', 'worker.registered', 'by', ARGV[8], 'worker', ARGV[1], 'pool', ARGV[2], 'image', ARGV[3])
+emit(KEYS[4], 'worker.registered', ARGV[8], 'worker', ARGV[1], 'pool', ARGV[2], 'image', ARGV[3])
 return 'ok'

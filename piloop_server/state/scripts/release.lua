@@ -1,21 +1,28 @@
--- release: give a leased job back to its queue; it does not count as an attempt.
+-- release: the holder gives a leased job back to its queue; it does not count as an attempt.
 -- KEYS[1] lease  KEYS[2] job hash  KEYS[3] worker leases (kind)  KEYS[4] queue (pool, kind)
 -- KEYS[5] deadlines  KEYS[6] active (pool, kind)  KEYS[7] campaign live  KEYS[8] events
 -- ARGV[1] job id  ARGV[2] token  ARGV[3] worker  ARGV[4] reason
--- Reply: 'ok'. Error PILOOP_LEASE_LOST when the token no longer holds the lease.
-if redis.call('GET', KEYS[1]) ~= ARGV[2] then
-  return redis.error_reply('PILOOP_LEASE_LOST job ' .. ARGV[1] .. ' is not leased under this token')
+-- A job whose cancel was asked for ends `cancelled` here instead: it never runs again.
+-- Reply: 'ok'. Error PILOOP_LEASE_LOST when this worker does not hold the lease under this token (nothing changed).
+-- @include clock
+-- @include lease_check
+if lease_check(KEYS[1], KEYS[2], KEYS[8], ARGV[1], ARGV[2], ARGV[3], 0) ~= 'ok' then
+  return redis.error_reply('PILOOP_LEASE_LOST job ' .. ARGV[1] .. ' is not leased to worker ' .. ARGV[3] ..
+    ' under this token')
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local f = redis.call('HMGET', KEYS[2], 'score', 'kind', 'campaign')
+local now = clock_ms()
+local f = redis.call('HMGET', KEYS[2], JF.score, JF.kind, JF.campaign, JF.cancel)
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('SREM', KEYS[3], ARGV[1])
 redis.call('SREM', KEYS[6], ARGV[1])
-redis.call('ZADD', KEYS[4], f[1], ARGV[1])
-redis.call('HSET', KEYS[2], 'state', 'queued', 'worker', '', 'token', '', 'updated', now)
 if f[2] == 'agent' then redis.call('HINCRBY', KEYS[7], f[3] or '', -1) end
-redis.call('XADD', KEYS[8], 'MAXLEN', '~', 100000, '*',
-  'type', 'lease.released', 'by', 'worker:' .. ARGV[3], 'job', ARGV[1], 'token', ARGV[2], 'reason', ARGV[4])
+emit(KEYS[8], 'lease.released', 'worker:' .. ARGV[3], 'job', ARGV[1], 'token', ARGV[2], 'reason', ARGV[4])
+if f[4] == '1' then
+  redis.call('HSET', KEYS[2], JF.state, 'cancelled', JF.reason, 'cancelled', JF.ended, now, JF.updated, now)
+  emit(KEYS[8], 'job.cancelled', 'worker:' .. ARGV[3], 'job', ARGV[1])
+  return 'ok'
+end
+redis.call('ZADD', KEYS[4], f[1], ARGV[1])
+redis.call('HSET', KEYS[2], JF.state, 'queued', JF.worker, '', JF.token, '', JF.updated, now)
 return 'ok'

@@ -1,0 +1,126 @@
+"""A job as Redis keeps it: one hash per job, its field names written here once.
+
+The Lua scripts read the same names through the generated `job_fields` include (`JF.<name>`), so a rename here
+is a rename everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from typing import Any
+
+# attribute -> the hash field it is stored under
+FIELDS: dict[str, str] = {
+    "id": "id",
+    "kind": "kind",
+    "pool": "pool",
+    "campaign": "campaign",
+    "image": "image",
+    "spec": "spec",  # JSON: the JobSpec as submitted
+    "state": "state",
+    "attempts": "attempts",
+    "lost": "lost",  # lost in a row (expired or fenced), for max_lost
+    "raises": "raises",  # attempts that ran out of memory and were granted more (not counted)
+    "score": "score",  # the queue score (ms): its place in line, kept across requeues
+    "created": "created",
+    "updated": "updated",
+    "leased": "leased",
+    "started": "started",
+    "ended": "ended",
+    "by": "by",
+    "parent": "parent",
+    "worker": "worker",  # the lease's holder ('' while queued)
+    "token": "token",  # the lease's fencing token ('' while queued)
+    "history": "history",  # the last leases, `worker/token` separated by spaces: a late call is stale, not foreign
+    "cancel": "cancel",  # '1' once a cancel was asked for: cancel wins over every later outcome
+    "grant_mb": "grant_mb",  # the grant of its next attempt (its spec's, or raised after an out-of-memory one)
+    "granted_mb": "granted_mb",  # the grant its current lease holds
+    "retry_at": "retry_at",
+    "result": "result",  # JSON: what the last report said
+    "reason": "reason",
+    "log_dropped": "log_dropped",  # log chunks past the cap, not kept
+    "campaign_error": "campaign_error",
+}
+
+HISTORY_KEEP = 8  # leases a job remembers (each ~100 bytes)
+LEASE_STATES = ("leased", "running")
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
+
+
+def _i(v: Any) -> int:
+    s = _s(v)
+    return int(s) if s.lstrip("-").isdigit() else 0
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    kind: str
+    pool: str
+    state: str
+    campaign: str = ""
+    image: str = ""
+    spec: str = "{}"
+    attempts: int = 0
+    lost: int = 0
+    raises: int = 0
+    score: int = 0
+    created: int = 0
+    updated: int = 0
+    leased: int = 0
+    started: int = 0
+    ended: int = 0
+    by: str = ""
+    parent: str = ""
+    worker: str = ""
+    token: str = ""
+    history: str = ""
+    cancel: bool = False
+    grant_mb: int = 0
+    granted_mb: int = 0
+    retry_at: int = 0
+    result: str = ""
+    reason: str = ""
+    log_dropped: int = 0
+    campaign_error: str = ""
+
+    @classmethod
+    def from_hash(cls, h: dict[Any, Any]) -> Job | None:
+        """The record of an HGETALL reply; None for an empty one (no such job)."""
+        if not h:
+            return None
+        f = {_s(k): v for k, v in h.items()}
+        out: dict[str, Any] = {}
+        for fld in fields(cls):
+            raw = f.get(FIELDS[fld.name])
+            if fld.type == "int":
+                out[fld.name] = _i(raw)
+            elif fld.type == "bool":
+                out[fld.name] = _s(raw) == "1"
+            else:
+                out[fld.name] = _s(raw)
+        return cls(**out)
+
+    def spec_dict(self) -> dict[str, Any]:
+        try:
+            got = json.loads(self.spec or "{}")
+        except ValueError:
+            return {}
+        return got if isinstance(got, dict) else {}
+
+    def result_dict(self) -> dict[str, Any]:
+        try:
+            got = json.loads(self.result) if self.result else {}
+        except ValueError:
+            return {}
+        return got if isinstance(got, dict) else {}
+
+
+def lua_include() -> str:
+    """The `job_fields` include: `JF.<attribute>` is the hash field's name."""
+    pairs = ", ".join(f"{attr} = '{name}'" for attr, name in FIELDS.items())
+    return f"-- job_fields (generated from state/records/job.py): the job hash's field names\nlocal JF = {{{pairs}}}\n"
