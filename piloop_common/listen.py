@@ -28,8 +28,9 @@ def check_listen(settings: Any, listen: str) -> tuple[str, int]:
     """HOST and PORT, or a ConfigError when a non-loopback address has no `[plugins.network] tls`."""
     host, port = parse_listen(listen)
     net = settings.plugins.network
-    # on the proxy network the proxy in front ends TLS (the spec's example sets no tls)
-    if not is_loopback(host) and net.tls is None and net.provider != "proxy":
+    # the proxy network too: its claims are headers, and whoever reads the wire between the proxy and `listen`
+    # reads every caller's credential; `tls = "proxy"` says the operator made that hop private
+    if not is_loopback(host) and net.tls is None:
         raise ConfigError(
             f"--listen {listen}: {host} is not a loopback address, and [plugins.network] tls is not set. "
             'Set tls = { cert = "<cert.pem>", key = "<key.pem>" }, or tls = "proxy" when a proxy or an SSH tunnel '

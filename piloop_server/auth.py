@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any, cast
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from piloop_common.errors import Forbidden, Refused, Unauthorized
+from piloop_common.errors import BadRequest, Forbidden, Refused, Unauthorized
+from piloop_common.names import check_name
 from piloop_server.network.proxy import identify_proxy
-from piloop_server.tokens import TokenRecord
+from piloop_server.state.records.token import Token
 
 if TYPE_CHECKING:
     from piloop_server.runtime import Runtime
@@ -25,7 +26,7 @@ class Caller:
     kind: str  # human | service | worker
     name: str
     via_socket: bool
-    token: TokenRecord | None = None
+    token: Token | None = None
 
     @property
     def signed(self) -> str:
@@ -47,14 +48,15 @@ def _identify(rt: Runtime, scope: Mapping[str, Any], headers: Mapping[str, str],
     if scope.get(SOCKET_SCOPE):
         # the socket is 0600: whoever reaches it is the daemon's user
         worker = headers.get("x-piloop-worker")
-        if worker:
-            return Caller("worker", worker, True)
+        if worker is not None:  # present but empty is a bad name, not the human's call
+            # the daemon's own `serve` worker comes this way: the reserved names are its
+            return Caller("worker", _worker_name(worker, reserved_ok=True), True)
         return Caller("human", rt.user, True)
     net = rt.settings.plugins.network
     if net.provider == "proxy":
         # the proxy in front authenticated the caller and stamped its claims: they are the only check
         who = identify_proxy(headers, net)
-        return Caller(who.kind, who.name, False)
+        return Caller(who.kind, _worker_name(who.name) if who.kind == "worker" else who.name, False)
     auth = headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
     if scheme.lower() != "bearer" or not token:
@@ -63,11 +65,19 @@ def _identify(rt: Runtime, scope: Mapping[str, Any], headers: Mapping[str, str],
     if rec is None:
         return None
     named = headers.get("x-piloop-worker")
-    if named and named != rec.name:
+    if named is not None and named != rec.name:
         if not rec.rename:
             raise Refused(f"token {rec.name} does not let a worker choose its name (`piloop token create --rename`)")
-        return Caller("worker", named, False, rec)
+        return Caller("worker", _worker_name(named), False, rec)
     return Caller("worker", rec.name, False, rec)
+
+
+def _worker_name(name: str, *, reserved_ok: bool = False) -> str:
+    """The name a worker gave itself, or Refused (the worker exits saying why) when it is no name."""
+    try:
+        return check_name("worker", name, reserved_ok=reserved_ok)
+    except BadRequest as e:
+        raise Refused(e.message) from None
 
 
 async def identify_async(request: Request) -> Caller:

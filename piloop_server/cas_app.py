@@ -1,9 +1,15 @@
-"""`create_cas_app`: the standalone CAS server that `piloop cas serve` runs."""
+"""`create_cas_app`: the standalone CAS server that `piloop cas serve` runs.
+
+Who may call it: any live piloop token (`plt_…`) of any kind — a worker's of any pool, a person's of any role —
+reads every blob and writes new ones; nothing else does. A put is capped (`[plugins.network] cas_max_put_mb`):
+a bigger body is refused 413 by its `Content-Length` before a byte is read, or as it comes when it has none,
+and nothing is stored. Other bodies (`POST /v1/cas/has`) are capped at `[plugins.network] max_body_mb`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse
@@ -12,9 +18,63 @@ from piloop_common.cas.base import Store
 from piloop_common.errors import PiloopError, Unauthorized
 from piloop_server.api.cas import cas_router
 
+MIB = 1024 * 1024
+DEFAULT_MAX_PUT_MB = 4096
+DEFAULT_MAX_BODY_MB = 16
 
-def create_cas_app(store: Store, verify: Callable[[str], bool]) -> FastAPI:
-    """Serve `store` at `/v1/cas`; `verify(token)` says whether a bearer token is accepted."""
+
+class TooLarge(PiloopError):
+    """A body over its cap: nothing of it is stored."""
+
+    code = "too_large"
+    status = 413
+
+
+class BodyCap:
+    """Refuse a body over its cap: a put's (`max_put`), any other's (`max_body`). By `Content-Length` before the
+    app runs; without one, by counting as the body comes, so a put that passes the cap fails inside the store's
+    `put_stream` (which then stores nothing) and answers 413. Never buffered: a blob streams into the store."""
+
+    def __init__(self, app: Any, *, max_put: int, max_body: int) -> None:
+        self.app, self.max_put, self.max_body = app, max_put, max_body
+
+    def _refusal(self, method: str) -> TooLarge:
+        if method == "PUT":
+            return TooLarge(f"the blob is over {self.max_put // MIB} MiB, the cap of this CAS "
+                            "([plugins.network] cas_max_put_mb); nothing was stored", cap_bytes=self.max_put)
+        return TooLarge(f"the body is over {self.max_body // MIB} MiB ([plugins.network] max_body_mb)",
+                        cap_bytes=self.max_body)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        method = scope["method"]
+        cap = self.max_put if method == "PUT" else self.max_body
+        for name, value in scope["headers"]:
+            if name == b"content-length" and (not value.isdigit() or int(value) > cap):
+                e = self._refusal(method)
+                await JSONResponse(e.to_payload(), status_code=e.status, headers={"connection": "close"})(
+                    scope, receive, send)
+                return
+        seen = 0
+
+        async def counted() -> Any:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > cap:
+                    raise self._refusal(method)
+            return msg
+
+        await self.app(scope, counted, send)
+
+
+def create_cas_app(store: Store, verify: Callable[[str], bool], *, max_put_mb: int = DEFAULT_MAX_PUT_MB,
+                   max_body_mb: int = DEFAULT_MAX_BODY_MB) -> FastAPI:
+    """Serve `store` at `/v1/cas`; `verify(token)` says whether a bearer token is accepted; a put over `max_put_mb`
+    MiB, or another body over `max_body_mb`, is refused 413."""
 
     def bearer(authorization: Annotated[str | None, Header()] = None) -> None:
         scheme, _, token = (authorization or "").partition(" ")
@@ -26,6 +86,7 @@ def create_cas_app(store: Store, verify: Callable[[str], bool]) -> FastAPI:
     app = FastAPI(title="piloop CAS", docs_url=None, redoc_url=None)
     app.state.store = store
     app.include_router(cas_router(lambda: store, bearer))
+    app.add_middleware(BodyCap, max_put=max_put_mb * MIB, max_body=max_body_mb * MIB)
 
     @app.exception_handler(PiloopError)
     async def piloop_error(request: Request, exc: PiloopError) -> JSONResponse:

@@ -1,4 +1,5 @@
-"""The daemon's pass, every `pass_seconds`: the generation, limits, lease expiry, and provisioned pools."""
+"""The daemon's pass, every `pass_seconds`: the generation, limits, the disruption hold, lease expiry, and
+provisioned pools."""
 
 from __future__ import annotations
 
@@ -8,29 +9,41 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import redis
-
+from piloop_common.config import ExecutorConfig
 from piloop_common.errors import PiloopError
 from piloop_server import campaigns
 from piloop_server.runtime import Runtime
-from piloop_server.state.generation import GenerationRecord, ensure_generation
+from piloop_server.state.disruption import Policy
+from piloop_server.state.errors import UNREACHABLE
+from piloop_server.state.generation import GenerationRecord
 
 log = logging.getLogger("piloop.daemon")
+BY = "service:daemon"
 
 # Kubernetes' full-disruption mode: when most of a pool goes silent at once, the network is the
 # likelier culprit than every machine; workers fence themselves anyway, so holding is safe.
 DISRUPTION_MIN_WORKERS = 3
 DISRUPTION_SHARE = 0.5
 # The hold lasts this many toleration periods from when it began, so that jobs come back even when
-# the machines really are gone (every in-between state has a deadline).
+# the machines really are gone (every in-between state has a deadline). A silent worker that holds
+# no lease is forgotten after as long: by then no hold can be waiting for it.
 DISRUPTION_HOLD_TOLERATIONS = 2
+
+
+def disruption_policy(ex: ExecutorConfig) -> Policy:
+    """The hold's numbers from the executor's timings (docs/faults.md, "The disruption hold")."""
+    hold_ms = int(DISRUPTION_HOLD_TOLERATIONS * ex.toleration_seconds * 1000)
+    grace_ms, pass_ms = int(ex.grace_seconds * 1000), int(ex.pass_seconds * 1000)
+    # expire.lua re-arms every alive key after a gap over grace; half of it already counts as an absence here, so
+    # that the two never disagree at the edge; the re-armed keys lapse within grace of that pass, two passes' margin
+    return Policy(fewest_workers=DISRUPTION_MIN_WORKERS, share=DISRUPTION_SHARE, hold_ms=hold_ms, forget_ms=hold_ms,
+                  absent_ms=grace_ms // 2, settle_ms=grace_ms + 2 * pass_ms)
 
 
 class Pass:
     def __init__(self, rt: Runtime, record: GenerationRecord) -> None:
         self.rt = rt
         self.record = record
-        self.held_since: dict[str, float] = {}
         self.bad_limits: set[str] = set()
         self.count = 0
         self.provisioner: Any = None  # piloop_server.provisioner.Provisioner, when serve gives one
@@ -40,11 +53,7 @@ class Pass:
 
     def check_generation(self) -> None:
         rt = self.rt
-        raw = rt.redis.get(rt.keys.generation())
-        if raw is not None and int(raw) >= self.record.read(rt.keys.namespace):
-            return
-        hold_ms = int(rt.executor.grace_seconds * 1000)
-        gen = ensure_generation(rt.redis, rt.keys, self.record, hold_ms)
+        gen = rt.check_generation(self.record)
         if gen.lost_data:
             rt.events.escalate(
                 "redis.lost_data",
@@ -52,28 +61,23 @@ class Pass:
                 f"{rt.executor.grace_seconds:g}s while workers re-announce; jobs it held are gone")
 
     def held_pools(self) -> tuple[str, ...]:
+        """The pools whose leases wait this pass; the hold begins, escalates and ends in Redis (state.disruption)."""
         rt = self.rt
-        held = []
-        now = time.monotonic()
-        for pool, (total, silent) in rt.leases.pool_silence().items():
-            disrupted = total >= DISRUPTION_MIN_WORKERS and silent / total > DISRUPTION_SHARE
-            if not disrupted:
-                self.held_since.pop(pool, None)
-                continue
-            since = self.held_since.setdefault(pool, now)
-            if since == now:
-                rt.events.escalate("pool.disrupted", f"{silent} of {total} workers of pool {pool} went silent at "
-                                   "once: their leases are held, not requeued, while it lasts", pool=pool)
-            if now - since < DISRUPTION_HOLD_TOLERATIONS * rt.executor.toleration_seconds:
-                held.append(pool)
-        return tuple(held)
+        d = rt.disruption.decide(disruption_policy(rt.executor))
+        for pool in d.began:
+            log.warning("event=pool.disrupted pool=%s (most of its workers went silent: its leases are held)", pool)
+        for pool, reason in d.ended:
+            log.warning("event=pool.disruption_ended pool=%s reason=%s", pool, reason)
+        for name in rt.disruption.forget(d.forget, BY):
+            log.info("event=worker.forgotten worker=%s (silent and without a lease for the hold's length)", name)
+        return d.held
 
     def run_once(self) -> None:
         rt = self.rt
         self.check_generation()
         bad = set(rt.refresh_limits())
         for key in bad - self.bad_limits:
-            rt.events.add("limit.ignored", "service:daemon", key=key, reason="it no longer fits config.toml")
+            rt.events.add("limit.ignored", BY, key=key, reason="it no longer fits config.toml")
         self.bad_limits = bad
         res = rt.leases.expire(self.held_pools())
         moved = 0 if res.rearmed else res.count  # evaluations queued again, slots freed
@@ -101,7 +105,7 @@ def run(p: Pass, stop: threading.Event) -> None:
             if failing:
                 log.warning("event=daemon.redis_back")
             failing = False
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, PiloopError) as e:
+        except (*UNREACHABLE, PiloopError) as e:
             if not failing:
                 log.warning("event=daemon.pass_failed error=%s (retrying every pass)", e)
             failing = True

@@ -6,6 +6,7 @@ import json
 import secrets as _secrets
 from typing import Any
 
+from piloop_common import envnames
 from piloop_common.errors import BadRequest, NotFound
 from piloop_common.protocol import TERMINAL_STATES, JobView, SubmitRequest
 from piloop_common.sizes import format_memory
@@ -32,6 +33,8 @@ def submit(rt: Runtime, req: SubmitRequest, by: str) -> str:
         raise BadRequest(f"--memory {req.spec.memory_mb} MiB: over the cap of {cap} MiB "
                          f"({'--memory-max' if req.spec.memory_max_mb else f'pool {req.pool} memory_max_mb'})")
     if req.spec.secrets:
+        for s in req.spec.secrets:
+            envnames.check_secret_name(s)  # one that would shadow the job's environment: refused, naming the rule
         have = rt.secrets.names() if getattr(rt, "secrets", None) else set()
         missing = [s for s in req.spec.secrets if s not in have]
         if missing:

@@ -1,77 +1,149 @@
-"""Limits: operator overrides of `[plugins.executor]` keys that win over config.toml from the next pass."""
+"""Limits: operator overrides of `[plugins.executor]` keys that win over config.toml from the next pass.
+
+A limit's value is checked strictly against its key's field (a boolean is no number, nor is a string; a negative
+is refused where the field forbids it) when it is set and each time it is applied. The timing keys are not
+limits: the lease engine and the workers it registered must agree on them, so they come from config.toml only
+(docs/faults.md, "Timings are fixed at start").
+"""
 
 from __future__ import annotations
 
+import copy
 import json
 import time
-from typing import Any
+import types
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import redis
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
 
 from piloop_common.config import ExecutorConfig
 from piloop_common.errors import BadRequest, NotFound
+from piloop_common.protocol import LimitView
+from piloop_server.state import limits as state
 from piloop_server.state.keys import Keys
+from piloop_server.state.records.limit import Limit
+
+TIMING_KEYS = frozenset({"renew_seconds", "grace_seconds", "toleration_seconds", "request_timeout_seconds",
+                         "kill_grace_seconds", "pass_seconds", "max_lost"})
+EXAMPLE = "executor.pools.serve.evaluations"
 
 
-def parse_value(raw: str) -> Any:
-    """`1` → 1, `1.5` → 1.5, `true` → True, anything else stays a string."""
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
-
-
-def _set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
-    cur = data
-    for p in path[:-1]:
-        nxt = cur.get(p)
-        if not isinstance(nxt, dict):
-            raise KeyError(p)
-        cur = nxt
-    if path[-1] not in cur:
-        raise KeyError(path[-1])
-    cur[path[-1]] = value
-
-
-def _check_path(model: type[BaseModel], data: dict[str, Any], path: list[str], key: str) -> None:
-    """Refuse a key the schema does not have, naming what it does have."""
-    cur_model: Any = model
-    cur: Any = data
-    for i, p in enumerate(path):
-        if isinstance(cur_model, type) and issubclass(cur_model, BaseModel):
-            fields = cur_model.model_fields
-            if p not in fields:
-                raise BadRequest(f"{key}: no such key; {'.'.join(['executor', *path[:i]])} has {', '.join(fields)}")
-            ann = fields[p].annotation
-            cur = cur.get(p) if isinstance(cur, dict) else None
-            if p == "pools":
-                cur_model = "pools"
-            else:
-                cur_model = _inner_model(ann)
-            if cur is None and i < len(path) - 1:
-                raise BadRequest(f"{key}: {'.'.join(['executor', *path[:i + 1]])} is not set in config.toml, so it has no keys to limit")
-        elif cur_model == "pools":
-            if not isinstance(cur, dict) or p not in cur:
-                pools = ", ".join(sorted(cur or {})) or "none"
-                raise BadRequest(f"{key}: no pool named {p} (pools: {pools})")
-            cur = cur[p]
-            from piloop_common.config import PoolConfig
-
-            cur_model = PoolConfig
-        else:
-            raise BadRequest(f"{key}: {'.'.join(['executor', *path[:i]])} is a value, not a table")
-    if isinstance(cur_model, type) and issubclass(cur_model, BaseModel) or cur_model == "pools":
-        raise BadRequest(f"{key}: is a table; name one of its keys")
-
-
-def _inner_model(ann: Any) -> Any:
+def _models(ann: Any) -> list[type[BaseModel]]:
+    """The models a field holds directly (a model, an optional one, a union of them)."""
     if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return ann
-    for a in getattr(ann, "__args__", ()) or ():
-        if isinstance(a, type) and issubclass(a, BaseModel):
-            return a
+        return [ann]
+    if get_origin(ann) in (Union, types.UnionType):
+        return [m for a in get_args(ann) for m in _models(a)]
+    return []
+
+
+def _entry_model(ann: Any) -> type[BaseModel] | None:
+    """M for a `dict[str, M]` field (the pools), else None."""
+    if get_origin(ann) is dict:
+        models = _models(get_args(ann)[1])
+        return models[0] if models else None
     return None
+
+
+def _choose(models: list[type[BaseModel]], data: Any) -> type[BaseModel]:
+    """The member of a union that `data` is (by its `provider`, the config's discriminator)."""
+    for m in models:
+        f = m.model_fields.get("provider")
+        if len(models) > 1 and f is not None and isinstance(data, dict) and f.default == data.get("provider"):
+            return m
+    return models[0]
+
+
+def leaf(data: dict[str, Any], key: str) -> FieldInfo:
+    """The field `key` names in the executor's schema, walking the current values `data` (a pool must exist, a
+    table be set); BadRequest naming the key and what is there when it names no field, a table, or a timing."""
+    path = key.split(".")
+    if path[0] != "executor" or len(path) < 2:
+        raise BadRequest(f"{key}: limits set keys of [plugins.executor], like {EXAMPLE}")
+    if path[1] in TIMING_KEYS:
+        raise BadRequest(f"{key}: a timing cannot be a limit (the lease engine and its workers must agree on it): "
+                         f"edit {path[1]} in config.toml's [plugins.executor] and restart `piloop serve`")
+    model: type[BaseModel] = ExecutorConfig
+    cur: Any = data
+    i = 1
+    while True:
+        here, part = ".".join(path[:i]), path[i]
+        if part not in model.model_fields:
+            raise BadRequest(f"{key}: no such key; {here} has {', '.join(model.model_fields)}")
+        field = model.model_fields[part]
+        models, entry = _models(field.annotation), _entry_model(field.annotation)
+        cur = cur.get(part) if isinstance(cur, dict) else None
+        i += 1
+        if i == len(path):
+            if models or entry:
+                raise BadRequest(f"{key}: is a table; name one of its keys")
+            return field
+        if cur is None:
+            raise BadRequest(f"{key}: {here}.{part} is not set in config.toml, so it has no keys to limit")
+        if entry is not None:
+            name = path[i]
+            if name not in cur:
+                raise BadRequest(f"{key}: {here}.{part} has no {name} ({', '.join(sorted(cur)) or 'none'})")
+            cur, model, i = cur[name], entry, i + 1
+            if i == len(path):
+                raise BadRequest(f"{key}: is a table; name one of its keys")
+            continue
+        if not models:
+            raise BadRequest(f"{key}: {here}.{part} is a value, not a table")
+        model = _choose(models, cur)
+
+
+def _json(raw: str) -> tuple[bool, Any]:
+    """(True, the value) when `raw` is JSON (NaN and Infinity are not), else (False, None)."""
+    def refuse(name: str) -> Any:
+        raise ValueError(name)
+
+    try:
+        return True, json.loads(raw, parse_constant=refuse)
+    except ValueError:
+        return False, None
+
+
+def typed(field: FieldInfo, key: str, value: Any) -> Any:
+    """`value` as `field` takes it, strictly: from the CLI a string, read as JSON first (`1`, `1.5`, `null`,
+    `["process"]`) and as the bare string when that does not fit; BadRequest naming the key otherwise."""
+    ann = Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
+    adapter: TypeAdapter[Any] = TypeAdapter(ann)
+    tries = [value]
+    if isinstance(value, str):
+        is_json, parsed = _json(value)
+        tries = [parsed, value] if is_json else [value]
+    first: ValidationError | None = None
+    for v in tries:
+        try:
+            return adapter.dump_python(adapter.validate_python(v, strict=True), mode="json")
+        except ValidationError as e:
+            first = first or e
+    assert first is not None
+    msg = first.errors()[0]["msg"]
+    raise BadRequest(f"{key} = {value!r} is refused: {msg[:1].lower()}{msg[1:]}")
+
+
+def _assign(data: dict[str, Any], key: str, value: Any) -> None:
+    cur = data
+    for p in key.split(".")[1:-1]:
+        cur = cur[p]
+    cur[key.rsplit(".", 1)[1]] = value
+
+
+def _with(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    """`data` with the limit `key` = `value`, checked against the whole schema (its cross-field rules too)."""
+    value = typed(leaf(data, key), key, value)
+    trial = copy.deepcopy(data)
+    _assign(trial, key, value)
+    try:
+        ExecutorConfig.model_validate(trial)
+    except ValidationError as e:
+        msgs = "; ".join(f"{'.'.join(str(x) for x in err['loc']) or key}: {err['msg']}" for err in e.errors())
+        raise BadRequest(f"{key} = {value!r} is refused: {msgs}") from None
+    return trial
 
 
 class Limits:
@@ -79,45 +151,37 @@ class Limits:
         self.r = client
         self.k = keys
 
-    def all(self) -> dict[str, dict[str, Any]]:
-        return {k.decode(): json.loads(v) for k, v in self.r.hgetall(self.k.limits()).items()}
+    def all(self) -> dict[str, Limit]:
+        return state.every(self.r, self.k)
+
+    def views(self) -> list[LimitView]:
+        return [LimitView(key=k, value=v.value, reason=v.reason, by=v.by, at_ms=v.at_ms)
+                for k, v in sorted(self.all().items())]
 
     @staticmethod
-    def apply(base: ExecutorConfig, limits: dict[str, dict[str, Any]]) -> tuple[ExecutorConfig, list[str]]:
-        """`base` with each limit that still fits the schema; the keys that no longer do."""
+    def apply(base: ExecutorConfig, limits: dict[str, Limit]) -> tuple[ExecutorConfig, list[str]]:
+        """`base` with each limit that still fits the schema (never a timing); the keys that do not."""
         data = base.model_dump()
         bad: list[str] = []
         for key, rec in sorted(limits.items()):
-            trial = json.loads(json.dumps(data))
             try:
-                _set_path(trial, key.split(".")[1:], rec["value"])
-                ExecutorConfig.model_validate(trial)
-            except (KeyError, ValidationError):
+                data = _with(data, key, rec.value)
+            except BadRequest:
                 bad.append(key)
-                continue
-            data = trial
         return ExecutorConfig.model_validate(data), bad
 
-    def set(self, base: ExecutorConfig, key: str, raw: str | Any, reason: str, by: str) -> Any:
+    def set(self, base: ExecutorConfig, key: str, raw: Any, reason: str, by: str) -> Any:
+        """Store the limit `key` = `raw` over `base` and the limits already set; the value as stored."""
         if not reason.strip():
             raise BadRequest("--reason: say why (it is shown beside the limit in `piloop status`)")
-        path = key.split(".")
-        if path[0] != "executor" or len(path) < 2:
-            raise BadRequest(f"{key}: limits set keys of [plugins.executor], like executor.pools.serve.evaluations")
-        value = parse_value(raw) if isinstance(raw, str) else raw
         current, _ = self.apply(base, self.all())
-        data = current.model_dump()
-        _check_path(ExecutorConfig, data, path[1:], key)
-        _set_path(data, path[1:], value)
-        try:
-            ExecutorConfig.model_validate(data)
-        except ValidationError as e:
-            msgs = "; ".join(f"{'.'.join(str(x) for x in err['loc']) or key}: {err['msg']}" for err in e.errors())
-            raise BadRequest(f"{key} = {value!r} is refused: {msgs}") from None
-        rec = {"value": value, "reason": reason, "by": by, "at_ms": int(time.time() * 1000)}
-        self.r.hset(self.k.limits(), key, json.dumps(rec))
+        data = _with(current.model_dump(), key, raw)
+        value = data
+        for p in key.split(".")[1:]:
+            value = value[p]
+        state.put(self.r, self.k, key, Limit(value, reason, by, int(time.time() * 1000)))
         return value
 
     def unset(self, key: str) -> None:
-        if not self.r.hdel(self.k.limits(), key):
+        if not state.remove(self.r, self.k, key):
             raise NotFound(f"{key}: no limit is set (see `piloop limits list`)")

@@ -2,8 +2,10 @@
 
 Each value is sealed with a random 96-bit nonce and its name as associated data (a ciphertext moved to
 another name does not open). The 256-bit key is env `PILOOP_SECRET_KEY` (base64) or `$PILOOP_HOME/secret.key`
-(base64, made 0600 on first use; a looser mode is refused). Redis holds, per name: the nonce, the
-ciphertext, the key's id (a hash prefix, to say which key sealed it), who set it and when. Never the value.
+(base64, made 0600 on first use; a looser mode, another length or a file that is not base64 is refused). Redis
+holds, per name, a `SecretRecord` (`state/records/secret.py`): the nonce, the ciphertext, the key's id (a hash
+prefix, to say which key sealed it), who set it and when. Never the value. The records are read and written
+through `state/secrets.py`; the crypto and the policy (names, sizes, which key) are here.
 """
 
 from __future__ import annotations
@@ -11,28 +13,30 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import json
 import logging
 import os
-import re
 import stat
+import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-import redis
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from piloop_common import envnames
 from piloop_common.errors import BadRequest, ConfigError, NotFound
 from piloop_server.state.keys import Keys
+from piloop_server.state.records.secret import SecretRecord
+from piloop_server.state.secrets import SecretsState
 
 log = logging.getLogger("piloop.secrets")
 
 KEY_FILE = "secret.key"
+PENDING_FILE = "secret.key.new"  # the next key, while `rotate-key` reseals the records under it
 KEY_ENV = "PILOOP_SECRET_KEY"
 KEY_BYTES = 32
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 MAX_VALUE_BYTES = 64 * 1024
 
 
@@ -45,11 +49,17 @@ class SecretInfo:
     key_id: str
 
 
-def check_name(name: str) -> str:
-    if not NAME.match(name or ""):
-        raise BadRequest(f"secret name {name[:80]!r}: use letters, digits and _, not starting with a digit "
-                         "(an environment variable's name), at most 128")
-    return name
+@dataclass(frozen=True)
+class Rotation:
+    resealed: int  # records now sealed with the new key
+    left: int  # records no key of this server opens, left as they were
+    key_id: str  # the new key's id
+
+
+def check_name(name: str, *, server: bool = False) -> str:
+    """A secret's name: an environment variable's name that does not shadow a job's environment
+    (`piloop_common.envnames`); `server`: the server's own secrets (`PILOOP_WORKER_CREDENTIAL`) too."""
+    return envnames.check_secret_name(name, server=server)
 
 
 def check_value(name: str, value: str) -> str:
@@ -78,34 +88,83 @@ def _decode_key(raw: str, where: str) -> bytes:
     return key
 
 
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_new(path: Path, key: bytes) -> bool:
+    """Write `key` to `path`, 0600, only if there is no such file; whether this call made it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(base64.b64encode(key).decode() + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(path.parent)
+    return True
+
+
+class _KeyFile:
+    """One key file, read again whenever it changes (another process may rotate the key)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self._key: bytes | None = None
+
+    def read(self) -> bytes | None:
+        """The key, or None when there is no file; ConfigError when others can read it or it holds no key."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            self._stamp = self._key = None
+            return None
+        if st.st_mode & 0o077:
+            raise ConfigError(f"{self.path}: mode {stat.S_IMODE(st.st_mode):04o} lets others read the secret key; "
+                              f"`chmod 600 {self.path}`")
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp != self._stamp:
+            self._key = _decode_key(self.path.read_text(errors="replace"), str(self.path))
+            self._stamp = stamp
+        return self._key
+
+
 class KeySource:
-    """Where the key comes from; the file is checked at once (a looser mode is refused) and made on first use."""
+    """Where the key comes from. The file is checked at once (a looser mode, a wrong length or not base64 stops
+    the daemon) and made on first use."""
 
     def __init__(self, home: Path, env: dict[str, str] | None = None) -> None:
         env = dict(os.environ if env is None else env)
         self.path = home / KEY_FILE
+        self.pending_path = home / PENDING_FILE
         self.env_value = env.get(KEY_ENV) or None
-        self._key: bytes | None = None
+        self._file = _KeyFile(self.path)
+        self._pending = _KeyFile(self.pending_path)
+        self._env_key: bytes | None = None
         if self.env_value is not None:
-            self._key = _decode_key(self.env_value, f"env {KEY_ENV}")
+            self._env_key = _decode_key(self.env_value, f"env {KEY_ENV}")
         else:
-            self._check_file()
-
-    def _check_file(self) -> bool:
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return False
-        if st.st_mode & 0o077:
-            raise ConfigError(f"{self.path}: mode {stat.S_IMODE(st.st_mode):04o} lets others read the secret key; "
-                              f"`chmod 600 {self.path}`")
-        return True
+            self._file.read()
+            self._pending.read()
 
     def existing(self) -> bytes | None:
         """The key if there is one, without making it."""
-        if self._key is None and self._check_file():
-            self._key = _decode_key(self.path.read_text(), str(self.path))
-        return self._key
+        return self._env_key if self.env_value is not None else self._file.read()
+
+    def pending(self) -> bytes | None:
+        """The key a rotation that has not finished reseals the records with."""
+        return None if self.env_value is not None else self._pending.read()
+
+    def openers(self) -> dict[str, bytes]:
+        """Every key this server may open a record with, by id: the key, and a rotation's next key."""
+        return {key_id(k): k for k in (self.existing(), self.pending()) if k is not None}
 
     def get(self) -> bytes:
         """The key, made (0600, never overwritten) when there is none yet."""
@@ -113,79 +172,132 @@ class KeySource:
         if key is not None:
             return key
         new = os.urandom(KEY_BYTES)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # another process made it first: use theirs
-            return self.existing() or self.get()
-        with os.fdopen(fd, "w") as f:
-            f.write(base64.b64encode(new).decode() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        if not _write_new(self.path, new):  # another process made it first: use theirs
+            return self.get()
         log.info("event=secret.key_created path=%s key_id=%s", self.path, key_id(new))
-        self._key = new
-        return new
+        return self._file.read() or new
+
+    def begin_rotation(self) -> bytes:
+        """The next key, written beside the key (`secret.key.new`); a rotation that stopped midway left one,
+        which is taken again."""
+        if self.env_value is not None:
+            raise BadRequest(f"the secret key comes from env {KEY_ENV}, which piloop cannot replace: set the "
+                             "new key there, and `secret set` each value again")
+        pending = self.pending()
+        if pending is not None:
+            return pending
+        new = os.urandom(KEY_BYTES)
+        if not _write_new(self.pending_path, new):
+            return self.begin_rotation()
+        return self._pending.read() or new
+
+    def finish_rotation(self) -> None:
+        """The next key becomes the key (one rename, then the directory synced)."""
+        os.replace(self.pending_path, self.path)
+        _fsync_dir(self.path.parent)
+
+
+def _open(rec: SecretRecord, key: bytes) -> str:
+    """The value of `rec`, or InvalidTag/ValueError when `key` does not open it."""
+    return AESGCM(key).decrypt(base64.b64decode(rec.nonce), base64.b64decode(rec.sealed), rec.name.encode()).decode()
+
+
+def _seal(rec: SecretRecord, value: str, key: bytes) -> SecretRecord:
+    nonce = os.urandom(12)
+    sealed = AESGCM(key).encrypt(nonce, value.encode(), rec.name.encode())
+    return replace(rec, key_id=key_id(key), nonce=base64.b64encode(nonce).decode(),
+                   sealed=base64.b64encode(sealed).decode())
 
 
 class Secrets:
-    def __init__(self, client: redis.Redis, keys: Keys, home: Path, env: dict[str, str] | None = None) -> None:
-        self.r = client
-        self.k = keys
+    def __init__(self, client: Any, keys: Keys, home: Path, env: dict[str, str] | None = None) -> None:
+        self.state = SecretsState(client, keys)
         self.source = KeySource(home, env)
+        self._lock = threading.Lock()  # a `set` never seals with a key that a rotation is replacing
 
     def set(self, name: str, value: str, by: str) -> tuple[SecretInfo, bool]:
         """Seal and store `value` under `name`; the record, and whether it replaced one."""
-        check_value(check_name(name), value)
-        key = self.source.get()
-        nonce = os.urandom(12)
-        sealed = AESGCM(key).encrypt(nonce, value.encode(), name.encode())
-        now = int(time.time() * 1000)
-        old = self._record(name)
-        info = SecretInfo(name, old["created_ms"] if old else now, now, by, key_id(key))
-        rec = {**asdict(info), "nonce": base64.b64encode(nonce).decode(), "sealed": base64.b64encode(sealed).decode()}
-        self.r.hset(self.k.secrets(), name, json.dumps(rec))
-        return info, old is not None
-
-    def _record(self, name: str) -> dict | None:
-        raw = self.r.hget(self.k.secrets(), name)
-        return json.loads(raw) if raw else None
+        check_value(check_name(name, server=True), value)
+        with self._lock:
+            key = self.source.pending() or self.source.get()
+            now = int(time.time() * 1000)
+            old = self.state.get(name)
+            rec = _seal(SecretRecord(name, old.created_ms if old else now, now, by, "", "", ""), value, key)
+            self.state.put(rec)
+        return SecretInfo(rec.name, rec.created_ms, rec.updated_ms, rec.by, rec.key_id), old is not None
 
     def names(self) -> set[str]:
-        return {n.decode() for n in self.r.hkeys(self.k.secrets())}
+        return self.state.names()
 
     def list(self) -> list[dict]:
         """Each secret's name, dates, who set it, and whether this server's key opens it; never a value."""
-        current = self.source.existing()
-        kid = key_id(current) if current else None
-        out = []
-        for raw in self.r.hvals(self.k.secrets()):
-            rec = json.loads(raw)
-            out.append({"name": rec["name"], "created_ms": rec["created_ms"], "updated_ms": rec["updated_ms"],
-                        "by": rec["by"], "key_id": rec["key_id"], "readable": rec["key_id"] == kid})
-        return sorted(out, key=lambda r: r["name"])
+        ids = self.source.openers()
+        return [{"name": r.name, "created_ms": r.created_ms, "updated_ms": r.updated_ms, "by": r.by,
+                 "key_id": r.key_id, "readable": r.key_id in ids} for r in self.state.all()]
 
     def remove(self, name: str) -> None:
-        if not self.r.hdel(self.k.secrets(), name):
+        if not self.state.remove(name):
             raise NotFound(f"no secret named {name} (see `piloop secret list`)")
 
     def values(self, names: list[str]) -> dict[str, str]:
-        """The values of `names`, opened; a name that is gone or that this key cannot open is left out, logged."""
+        """The values of `names` for a job, opened; a name that is gone, that this key cannot open, or that would
+        shadow the job's environment is left out, logged."""
+        allowed = []
+        for name in names:
+            if envnames.problem(name):
+                log.error("event=secret.refused name=%s: %s", name[:80], envnames.problem(name))
+            else:
+                allowed.append(name)
+        return self._values(allowed)
+
+    def server_value(self, name: str) -> str | None:
+        """A secret the server uses for itself (`envnames.SERVER_SECRETS`), such as the credential of the workers
+        it starts on the proxy network; None when it is not set or cannot be opened."""
+        assert name in envnames.SERVER_SECRETS, name
+        return self._values([name]).get(name)
+
+    def _values(self, names: list[str]) -> dict[str, str]:
         if not names:
             return {}
-        raws = self.r.hmget(self.k.secrets(), names)
-        key = self.source.existing()
+        openers = self.source.openers()
         out: dict[str, str] = {}
-        for name, raw in zip(names, raws):
-            if raw is None:
+        for name, rec in zip(names, self.state.get_many(names)):
+            if rec is None:
                 log.warning("event=secret.missing name=%s (removed after the job was submitted)", name)
                 continue
-            rec = json.loads(raw)
             try:
-                if key is None:
+                key = openers.get(rec.key_id)
+                if key is None or rec.name != name:
                     raise InvalidTag()
-                out[name] = AESGCM(key).decrypt(base64.b64decode(rec["nonce"]), base64.b64decode(rec["sealed"]),
-                                                name.encode()).decode()
-            except (InvalidTag, ValueError, KeyError):
+                out[name] = _open(rec, key)
+            except (InvalidTag, ValueError):
                 log.error("event=secret.unreadable name=%s sealed_with=%s server_key=%s: set it again",
-                          name, rec.get("key_id"), key_id(key) if key else "none")
+                          name, rec.key_id, ",".join(openers) or "none")
         return out
+
+    def rotate_key(self) -> Rotation:
+        """Reseal every record under a new key. The order makes a crash at any point lose nothing:
+
+        1. the new key is written to `secret.key.new` (0600, synced), beside the key;
+        2. every record is resealed under it in one Redis transaction (all or none);
+        3. `secret.key.new` is renamed over `secret.key`.
+
+        Between 1 and 3 this server opens a record with either key (its `key_id` says which); a rotation that
+        stopped there is finished by the next `rotate-key`, which takes the same new key again."""
+        with self._lock:
+            new = self.source.begin_rotation()
+            openers = self.source.openers()
+
+            def reseal(rec: SecretRecord) -> SecretRecord | None:
+                key = openers.get(rec.key_id)
+                if key is None:
+                    return None
+                try:
+                    return _seal(rec, _open(rec, key), new)
+                except (InvalidTag, ValueError):
+                    return None
+
+            resealed, left = self.state.reseal_all(reseal)
+            self.source.finish_rotation()
+        log.info("event=secret.key_rotated key_id=%s resealed=%d left=%d", key_id(new), resealed, left)
+        return Rotation(resealed, left, key_id(new))

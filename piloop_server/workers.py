@@ -60,9 +60,9 @@ def views(rt: Runtime) -> list[WorkerView]:
                               room_mb=int(f["room_mb"]) if f.get("room_mb") else None, granted_mb=granted[i]))
     # a worker the server started shows from its start, before it registers
     for n, rec in provisioned_records(rt).items():
-        if n not in names and rec.get("state") in ("starting", "stopping"):
-            out.append(WorkerView(name=n, pool=rec.get("pool", ""), image="", seen_seconds=None, reachable=False,
-                                  draining=False, sample=None, agents=0, evaluations=0, no_lease=rec["state"]))
+        if n not in names and rec.state in ("starting", "stopping"):
+            out.append(WorkerView(name=n, pool=rec.pool, image="", seen_seconds=None, reachable=False,
+                                  draining=False, sample=None, agents=0, evaluations=0, no_lease=rec.state))
     return sorted(out, key=lambda w: w.name)
 
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import psutil
 
-from piloop_common import __version__
+from piloop_common import __version__, envnames
 from piloop_common.cas import Store
 from piloop_common.client import ApiClient
 from piloop_common.errors import BadRequest, LeaseLost, NotFound, PiloopError, Refused, StoreError, from_payload
@@ -658,8 +658,12 @@ class Worker:
                           "held_seconds": self.timing.memory_held_seconds}
             except OSError as e:
                 log.warning("event=job.no_cgroup job=%s error=%s", a.job, e)
-        # what the job adds to the worker's environment, which the shim host has (`shim.job_env`)
-        env = {**a.spec.env, **a.secrets, "PILOOP_JOB": a.job, "PILOOP_LEASE_TOKEN": a.token,
+        # what the job adds to the worker's environment, which the shim host has (`shim.job_env`); never a secret
+        # that would shadow it (the server refuses those too)
+        secrets, refused = envnames.injectable(a.secrets)
+        for name in refused:
+            log.error("event=secret.refused job=%s name=%s: %s", a.job, name[:80], envnames.problem(name))
+        env = {**a.spec.env, **secrets, "PILOOP_JOB": a.job, "PILOOP_LEASE_TOKEN": a.token,
                "PILOOP_JOB_DIR": str(jd.root), "PILOOP_RELAY": str(relay_at), "PILOOP_HOME": str(self.home), **camp_env}
         h.requested_at = time.monotonic()
         self.host.run_job({"dir": str(jd.root), "run": str(jd.run), "argv": a.spec.argv, "env": env,

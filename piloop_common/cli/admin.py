@@ -9,6 +9,7 @@ import click
 
 from piloop_common.cli.output import emit_json, table, when
 from piloop_common.duration import parse_duration
+from piloop_common.names import check_name
 
 
 @click.group()
@@ -71,6 +72,7 @@ def token() -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def token_create(obj, name: str, pool: str | None, expires: str | None, rename: bool, as_json: bool) -> None:
+    check_name("token", name)  # before the call: the server says the same, but a typo needs no daemon
     body = {"name": name, "pool": pool, "rename": rename,
             "expires_seconds": parse_duration(expires, "--expires") if expires else None}
     with obj.api() as api:
@@ -111,6 +113,21 @@ def token_revoke(obj, name: str) -> None:
     with obj.api() as api:
         api.call("DELETE", f"/v1/tokens/{name}")
     click.echo(f"token {name}: revoked; a worker using it is refused at its next call")
+
+
+@token.command("purge")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def token_purge(obj, as_json: bool) -> None:
+    """Remove the revoked tokens' records: their names are free, their tokens unknown."""
+    with obj.api() as api:
+        got = api.call("POST", "/v1/tokens/purge")
+    if as_json:
+        emit_json(got)
+    elif not got["purged"]:
+        click.echo("no revoked tokens")
+    else:
+        click.echo(f"purged {len(got['purged'])} revoked token(s): {', '.join(got['purged'])}")
 
 
 def _event_line(e: dict) -> str:

@@ -76,7 +76,7 @@ def has(ctx: click.Context, addresses: tuple[str, ...], as_json: bool) -> None:
 @click.option("--listen", default="127.0.0.1:7701", show_default=True, help="HOST:PORT to serve on.")
 @click.pass_context
 def serve(ctx: click.Context, listen: str) -> None:
-    """Serve `[plugins.cas]` over HTTP to workers, until stopped."""
+    """Serve `[plugins.cas]` over HTTP to workers, until stopped: any live piloop token reads and writes."""
     from piloop_common.listen import check_listen, uvicorn_tls
 
     with _errors():
@@ -90,7 +90,9 @@ def serve(ctx: click.Context, listen: str) -> None:
         from piloop_server.tokens import open_verifier
 
         store = open_store(settings.plugins.cas, ctx.obj.home)
-        app = create_cas_app(store, open_verifier(settings, ctx.obj.home))
+        net = settings.plugins.network
+        app = create_cas_app(store, open_verifier(settings, ctx.obj.home), max_put_mb=net.cas_max_put_mb,
+                             max_body_mb=net.max_body_mb)
         scheme = "https" if ssl else "http"
         click.echo(f"serving the CAS {store.where} at {scheme}://{listen}", err=True)
         try:

@@ -1,26 +1,20 @@
-"""`piloop secret set|list|rm`: values a job names with `--secret` and gets as env; never shown back."""
+"""`piloop secret set|list|rm|rotate-key`: values a job names with `--secret` and gets as env; never shown back."""
 
 from __future__ import annotations
 
-import re
 import sys
 from urllib.parse import quote
 
 import click
 
 from piloop_common.cli.output import emit_json, table, when
+from piloop_common.envnames import check_secret_name
 from piloop_common.errors import BadRequest
 
 
-# as the server checks it (piloop_server/secrets.py); here too, since a `/` in a name would change the route
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-
-
 def _check_name(name: str) -> str:
-    if not NAME.match(name):
-        raise BadRequest(f"secret name {name[:80]!r}: use letters, digits and _, not starting with a digit "
-                         "(an environment variable's name), at most 128")
-    return name
+    # as the server checks it; here too, since a `/` in a name would change the route
+    return check_secret_name(name, server=True)
 
 
 @click.group()
@@ -78,3 +72,19 @@ def secret_rm(obj, name: str) -> None:
     with obj.api() as api:
         api.call("DELETE", f"/v1/secrets/{quote(name, safe='')}")
     click.echo(f"{name}: removed")
+
+
+@secret.command("rotate-key")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def secret_rotate_key(obj, as_json: bool) -> None:
+    """Reseal every secret under a new key, which replaces `$PILOOP_HOME/secret.key`; the old key opens none."""
+    with obj.api() as api:
+        got = api.call("POST", "/v1/secrets/rotate-key")
+    if as_json:
+        emit_json(got)
+        return
+    click.echo(f"resealed {got['resealed']} secret{'' if got['resealed'] == 1 else 's'} under key {got['key_id']}")
+    if got["left"]:
+        click.echo(f"left {got['left']} as they were: no key of this server opens them "
+                   "(`piloop secret list` marks them; set them again)")

@@ -34,11 +34,11 @@ def status(request: Request, rt: RuntimeDep, caller: ActorDep) -> dict:
     gen = rt.redis.get(rt.keys.generation())
     return {
         "daemon": {**info, "server_id": rt.server_id, "version": __version__},
-        "redis": {"embedded": rt.settings.plugins.state is None, "generation": int(gen) if gen else None,
+        "redis": {"embedded": rt.settings.plugins.state.embedded, "generation": int(gen) if gen else None,
                   "namespace": rt.settings.namespace},
         "cas": {"provider": rt.settings.plugins.cas.provider, "id": rt.cas_id},
         "pools": workers.pool_summary(rt, ws),
-        "limits": [LimitView(key=k, **v).model_dump() for k, v in sorted(rt.limits.all().items())],
+        "limits": [v.model_dump() for v in rt.limits.views()],
         "provisioners": provisioned_pools(rt),
         "campaigns": campaigns.summary(rt),
         "escalations": rt.events.inbox()[-10:],
@@ -47,7 +47,7 @@ def status(request: Request, rt: RuntimeDep, caller: ActorDep) -> dict:
 
 @router.get("/limits", response_model=list[LimitView])
 def limits_list(rt: RuntimeDep, caller: ActorDep) -> list[LimitView]:
-    return [LimitView(key=k, **v) for k, v in sorted(rt.limits.all().items())]
+    return rt.limits.views()
 
 
 @router.post("/limits", response_model=LimitView)
@@ -55,7 +55,7 @@ def limits_set(body: LimitRequest, rt: RuntimeDep, caller: ActorDep) -> LimitVie
     value = rt.limits.set(rt.settings.plugins.executor, body.key, body.value, body.reason, caller.signed)
     rt.refresh_limits()  # at once, not only at the next pass
     rt.events.add("limit.set", caller.signed, key=body.key, value=value, reason=body.reason)
-    return LimitView(key=body.key, **rt.limits.all()[body.key])
+    return next(v for v in rt.limits.views() if v.key == body.key)
 
 
 @router.delete("/limits/{key}")
@@ -82,6 +82,14 @@ def token_create(body: TokenCreate, rt: RuntimeDep, caller: ActorDep) -> TokenCr
 def token_list(rt: RuntimeDep, caller: ActorDep) -> list[TokenView]:
     return [TokenView(name=t.name, pool=t.pool, created_ms=t.created_ms, expires_ms=t.expires_ms, by=t.by,
                       revoked=t.revoked, rename=t.rename) for t in rt.tokens.list()]
+
+
+@router.post("/tokens/purge")
+def token_purge(rt: RuntimeDep, caller: ActorDep) -> dict:
+    gone = [t.name for t in rt.tokens.purge()]
+    if gone:
+        rt.events.add("token.purged", caller.signed, names=",".join(gone))
+    return {"purged": gone}
 
 
 @router.delete("/tokens/{name}")

@@ -1,4 +1,4 @@
-"""Secrets: set, list, remove. For those who act only: a worker gets a job's secrets in its claim answer."""
+"""Secrets: set, list, remove, and a new key for all of them. For those who act only: a worker gets a job's secrets in its claim answer."""
 
 from __future__ import annotations
 
@@ -27,6 +27,19 @@ class SecretView(BaseModel):
 @router.get("", response_model=list[SecretView])
 def secret_list(rt: RuntimeDep, caller: ActorDep) -> list[SecretView]:
     return [SecretView(**r) for r in rt.secrets.list()]
+
+
+class Rotated(BaseModel):
+    resealed: int = Field(description="Secrets now sealed with the new key.")
+    left: int = Field(description="Secrets no key of this server opens, left as they were.")
+    key_id: str = Field(description="The new key's id.")
+
+
+@router.post("/rotate-key", response_model=Rotated)
+def secret_rotate_key(rt: RuntimeDep, caller: ActorDep) -> Rotated:
+    done = rt.secrets.rotate_key()
+    rt.events.add("secret.key_rotated", caller.signed, key_id=done.key_id, resealed=done.resealed, left=done.left)
+    return Rotated(resealed=done.resealed, left=done.left, key_id=done.key_id)
 
 
 @router.put("/{name}")

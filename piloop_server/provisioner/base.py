@@ -40,8 +40,9 @@ class Handle:
 
 
 class Provider(Protocol):
-    def start(self, name: str, token: str, env: dict[str, str]) -> Handle:
-        """Start worker `name` with `token`; StartRefused when the platform says no."""
+    def start(self, name: str, token: str | None, env: dict[str, str]) -> Handle:
+        """Start worker `name` with `token` (None on the proxy network: `env` holds the shared credential);
+        StartRefused when the platform says no."""
 
     def stop(self, handle: Handle) -> None:
         """Stop it; one that is already gone is stopped."""

@@ -1,7 +1,7 @@
 """The `local` provider: workers as `piloop worker` processes on the server's own machine.
 
 Each gets a home of its own (`$PILOOP_HOME/provisioned/<name>`), the server's CAS as `PILOOP_PLUGINS` (the
-compute's `env` may override it), its token, and the tag: the server's id in its environment, read back from
+compute's `env` may override it), its token (none on the proxy network), and the tag: the server's id in its environment, read back from
 `/proc/<pid>/environ` when listing, so two servers on one machine never stop each other's workers.
 """
 
@@ -35,7 +35,7 @@ class LocalProvider:
     def _home(self, name: str) -> Path:
         return self.home / "provisioned" / name
 
-    def start(self, name: str, token: str, env: dict[str, str]) -> Handle:
+    def start(self, name: str, token: str | None, env: dict[str, str]) -> Handle:
         if self.compute.refuse:
             raise StartRefused(f"local: pool {self.pool} refuses every start (refuse = true)")
         home = self._home(name)
@@ -44,7 +44,10 @@ class LocalProvider:
         penv.update(self.compute.env)
         penv.update({"PILOOP_HOME": str(home), "PILOOP_PLUGINS": _plugins(self.cas_plugins, self.compute.env)})
         penv.update(env)
-        penv.update({"PILOOP_HTTPS_TOKEN": token, TAG_ENV: self.tag, NAME_ENV: name, POOL_ENV: self.pool})
+        penv.pop("PILOOP_HTTPS_TOKEN", None)  # the compute's env names no token: the server gives one, or none
+        if token:
+            penv["PILOOP_HTTPS_TOKEN"] = token
+        penv.update({TAG_ENV: self.tag, NAME_ENV: name, POOL_ENV: self.pool})
         if self.compute.hang:
             # the home in argv lets an operator (and the tests' cleanup) find it like a real worker
             argv = [sys.executable, "-c", HANG, str(home)]

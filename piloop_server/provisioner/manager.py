@@ -9,6 +9,10 @@ stopped`, and every state but `running` has a deadline:
 - `draining`: ends when its last lease ends (the lease engine bounds that: job timeouts, toleration);
 - `stopping`: stopped within STOP_DEADLINE_SECONDS, else escalated and forgotten (the listing stops it later);
 - `stopped`: forgotten once the lease engine has ended its leases.
+
+What it reads and writes in Redis goes through `piloop_server.state.provisioned` (its records:
+`state/records/provisioned.py`). On the proxy network a started worker gets no piloop token: it presents the
+shared credential (the secret PILOOP_WORKER_CREDENTIAL) that the proxy accepts, as the spec says.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +31,8 @@ from piloop_server.provisioner.base import (
     NAME_ENV, ORPHAN_ENV, TAG_ENV, Handle, PlatformAuthError, Provider, StartRefused, open_provider,
 )
 from piloop_server.runtime import Runtime
-from piloop_server.state.leases import KINDS
-from piloop_server.state.scripts import Scripts
+from piloop_server.state.provisioned import KINDS, ProvisionedState
+from piloop_server.state.records.provisioned import Provisioned
 
 log = logging.getLogger("piloop.provisioner")
 
@@ -43,45 +47,40 @@ STOP_RETRY_SECONDS = 5.0
 STOP_DEADLINE_SECONDS = 120.0
 LIVE = ("starting", "running", "draining", "stopping")  # states that count against `max`
 CREDENTIAL_SECRET = "PILOOP_WORKER_CREDENTIAL"  # the secret a started worker gets on the proxy network
+NETWORK_ENV = "PILOOP_NETWORK__PROVIDER"  # `[plugins.network] provider`, for a worker started on the proxy network
 
 
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
+def _state(rt: Runtime) -> ProvisionedState:
+    return rt.provisioned
 
 
-def records(rt: Runtime) -> dict[str, dict[str, str]]:
+def records(rt: Runtime) -> dict[str, Provisioned]:
     """Every started worker's record, by name."""
-    r, k = rt.redis, rt.keys
-    names = sorted(_s(n) for n in r.smembers(k.provisioned_names()))
-    pipe = r.pipeline(transaction=False)
-    for n in names:
-        pipe.hgetall(k.provisioned(n))
-    return {n: {_s(a): _s(b) for a, b in h.items()} for n, h in zip(names, pipe.execute()) if h}
-
-
-def backoff(rt: Runtime, pool: str) -> dict[str, Any]:
-    h = {_s(a): _s(b) for a, b in rt.redis.hgetall(rt.keys.provisioner(pool)).items()}
-    return {"delay_seconds": float(h.get("delay") or 0), "until_ms": int(h.get("until") or 0),
-            "refusals": int(h.get("refusals") or 0), "last_failure": h.get("why", ""), "halted": h.get("halted", "")}
+    return _state(rt).records()
 
 
 def summary(rt: Runtime) -> list[dict[str, Any]]:
     """Each provisioned pool for `piloop status`: its max, its workers by state, its backoff."""
-    recs = records(rt)
-    sec, usec = rt.redis.time()
-    now = sec * 1000 + usec // 1000
+    st = _state(rt)
+    recs = st.records()
+    now = st.now_ms()
     out = []
     for pool, p in sorted(rt.executor.pools.items()):
         if p.provisioner is None:
             continue
-        states = [r.get("state", "") for r in recs.values() if r.get("pool") == pool]
-        b = backoff(rt, pool)
+        states = [r.state for r in recs.values() if r.pool == pool]
+        b = st.backoff(pool)
         out.append({"pool": pool, "provider": p.provisioner.compute.provider, "max": p.provisioner.max,
                     **{s: states.count(s) for s in LIVE},
-                    "backoff_seconds": b["delay_seconds"],
-                    "backoff_left_seconds": max(0.0, (b["until_ms"] - now) / 1000),
-                    "refusals": b["refusals"], "last_failure": b["last_failure"], "halted": b["halted"]})
+                    "backoff_seconds": b.delay,
+                    "backoff_left_seconds": max(0.0, (b.until - now) / 1000),
+                    "refusals": b.refusals, "last_failure": b.why, "halted": b.halted})
     return out
+
+
+def proxy_network(rt: Runtime) -> bool:
+    """Whether the server is on the proxy network, where no piloop token counts."""
+    return rt.settings.plugins.network.provider == "proxy"
 
 
 def backoff_base() -> float:
@@ -97,165 +96,126 @@ class Provisioner:
         self.rt = rt
         self.url = url
         self.home = home
-        self.scripts = Scripts(rt.redis)
+        self.st = _state(rt)
         self.last_list: dict[str, float] = {}
         self.warned_url = False
         for pool in self._pools():  # a restarted server tries the platform's credentials again
-            rt.redis.hdel(rt.keys.provisioner(pool), "halted")
+            self.st.unhalt(pool)
 
     # -- what the pass reads --------------------------------------------------------------------
     def _pools(self) -> dict[str, ProvisionerConfig]:
         return _pools(self.rt)
 
-    def records(self) -> dict[str, dict[str, str]]:
-        return records(self.rt)
-
-    def _now(self) -> int:
-        return _now(self.rt)
-
-    def backoff(self, pool: str) -> dict[str, Any]:
-        return backoff(self.rt, pool)
+    def records(self) -> dict[str, Provisioned]:
+        return self.st.records()
 
     # -- the pass --------------------------------------------------------------------------------
     def run_once(self) -> None:
-        rt, k = self.rt, self.rt.keys
         pools = self._pools()
         recs = self.records()
         if not pools and not recs:
             return  # the common case: one SMEMBERS per pass
-        now = self._now()
-        pipe = rt.redis.pipeline(transaction=False)
-        for n in recs:
-            pipe.hmget(k.worker(n), "registered", "draining")
-            pipe.exists(k.worker_alive(n))
-            for kind in KINDS:
-                pipe.scard(k.worker_leases(n, kind))
-        got = pipe.execute()
+        now = self.st.now_ms()
+        seen = self.st.workers(list(recs))
+        for name, rec in recs.items():
+            w = seen[name]
+            self._tend(rec, pools.get(rec.pool), now, w.registered, w.alive, w.leases)
         live_per_pool: dict[str, int] = {}
-        for i, (name, rec) in enumerate(recs.items()):
-            (registered, _), alive, agents, evals = got[4 * i: 4 * i + 4]
-            cfg = pools.get(rec.get("pool", ""))
-            self._tend(name, rec, cfg, now, bool(registered), bool(alive), agents + evals)
         for rec in self.records().values():
-            if rec.get("state") in LIVE:
-                live_per_pool[rec["pool"]] = live_per_pool.get(rec["pool"], 0) + 1
+            if rec.state in LIVE:
+                live_per_pool[rec.pool] = live_per_pool.get(rec.pool, 0) + 1
         for pool, cfg in pools.items():
             self._maybe_start(pool, cfg, now, live_per_pool.get(pool, 0), recs)
             if time.monotonic() - self.last_list.get(pool, 0.0) >= LIST_SECONDS:
                 self.last_list[pool] = time.monotonic()
                 self._submit("list_pool", pool, pool)
 
-    def _set(self, name: str, **fields: Any) -> None:
-        _set(self.rt, name, **fields)
+    def _to(self, rec: Provisioned, state: str, now: int, why: str) -> Provisioned:
+        self.st.update(rec.name, state=state, since=now, why=why)
+        self.rt.events.add(f"provisioner.{state}", BY, worker=rec.name, pool=rec.pool, reason=why)
+        log.info("event=provisioner.%s worker=%s pool=%s reason=%r", state, rec.name, rec.pool, why)
+        return replace(rec, state=state, since=now, why=why)
 
-    def _to(self, name: str, rec: dict[str, str], state: str, now: int, why: str) -> None:
-        self._set(name, state=state, since=now, why=why)
-        rec.update(state=state, since=str(now))
-        self.rt.events.add(f"provisioner.{state}", BY, worker=name, pool=rec.get("pool", ""), reason=why)
-        log.info("event=provisioner.%s worker=%s pool=%s reason=%r", state, name, rec.get("pool", ""), why)
-
-    def _tend(self, name: str, rec: dict[str, str], cfg: ProvisionerConfig | None, now: int, registered: bool,
-              alive: bool, leases: int) -> None:
-        state, since = rec.get("state", ""), int(rec.get("since") or now)
-        pool = rec.get("pool", "")
+    def _tend(self, rec: Provisioned, cfg: ProvisionerConfig | None, now: int, registered: bool, alive: bool,
+              leases: int) -> None:
+        name, pool, state = rec.name, rec.pool, rec.state
+        since = rec.since or now
         # a pool that lost its provisioner in config.toml is drained like max = 0
         most = cfg.max if cfg is not None else 0
         if state == "starting":
             if registered and alive:
-                self._set(name, idle_since=now)
-                self._to(name, rec, "running", now, "registered")
-                self.rt.redis.delete(self.rt.keys.provisioner(pool))  # a worker came up: the backoff resets
-            elif rec.get("lost"):
-                self._to(name, rec, "stopping", now, "its process ended before it registered")
-                self._fail(pool, "a started worker ended before it registered", refused=False)
+                self.st.update(name, idle_since=now)
+                rec = self._to(rec, "running", now, "registered")
+                self.st.reset_backoff(pool)  # a worker came up: the backoff resets
+            elif rec.lost:
+                rec = self._to(rec, "stopping", now, "its process ended before it registered")
+                fail(self.rt, pool, "a started worker ended before it registered", refused=False)
             elif cfg is not None and now - since > cfg.register_seconds * 1000:
-                self._to(name, rec, "stopping", now, f"not registered within {cfg.register_seconds:g}s")
-                self._fail(pool, f"a started worker did not register within {cfg.register_seconds:g}s", refused=False)
+                rec = self._to(rec, "stopping", now, f"not registered within {cfg.register_seconds:g}s")
+                fail(self.rt, pool, f"a started worker did not register within {cfg.register_seconds:g}s",
+                     refused=False)
             elif cfg is None or most == 0:
-                self._to(name, rec, "stopping", now, "the pool is drained (max = 0)")
+                rec = self._to(rec, "stopping", now, "the pool is drained (max = 0)")
         elif state in ("running", "draining"):
-            if rec.get("lost"):
-                self._to(name, rec, "stopping", now, "the platform lost it")
+            if rec.lost:
+                rec = self._to(rec, "stopping", now, "the platform lost it")
             elif not alive:
-                self._to(name, rec, "stopping", now, "it went silent")
+                rec = self._to(rec, "stopping", now, "it went silent")
             elif state == "running":
-                idle_since = int(rec.get("idle_since") or since)
+                idle_since = rec.idle_since or since
                 if most == 0:
-                    self._drain(name, rec, now, "the pool is drained (max = 0)")
+                    rec = self._drain(rec, now, "the pool is drained (max = 0)")
                 elif leases:
-                    self._set(name, idle_since=now)
+                    self.st.update(name, idle_since=now)
                 elif cfg is not None and now - idle_since > cfg.idle_seconds * 1000:
-                    self._drain(name, rec, now, f"no lease for {cfg.idle_seconds:g}s")
+                    rec = self._drain(rec, now, f"no lease for {cfg.idle_seconds:g}s")
             elif leases == 0:
-                self._to(name, rec, "stopping", now, "drained: it holds no lease")
-        if rec.get("state") == "stopping":
-            if now - int(rec.get("since") or now) > STOP_DEADLINE_SECONDS * 1000:
+                rec = self._to(rec, "stopping", now, "drained: it holds no lease")
+        if rec.state == "stopping":
+            if now - (rec.since or now) > STOP_DEADLINE_SECONDS * 1000:
                 self.rt.events.escalate("provisioner.stop_failed",
                                         f"worker {name} of pool {pool} did not stop within {STOP_DEADLINE_SECONDS:g}s; "
                                         "the server forgets it, and stops it when the platform lists it", pool=pool)
                 self._forget(name, force_record=True)
-            elif now - int(rec.get("stop_tried") or 0) > STOP_RETRY_SECONDS * 1000:
-                self._set(name, stop_tried=now)
+            elif now - rec.stop_tried > STOP_RETRY_SECONDS * 1000:
+                self.st.update(name, stop_tried=now)
                 self._submit("stop", name, pool)
-        elif rec.get("state") == "stopped":
+        elif rec.state == "stopped":
             self._forget(name)
 
-    def _drain(self, name: str, rec: dict[str, str], now: int, why: str) -> None:
-        k = self.rt.keys
-        self.scripts.run("drain", [k.worker(name), k.events()], [name, BY, why])
-        self._to(name, rec, "draining", now, why)
+    def _drain(self, rec: Provisioned, now: int, why: str) -> Provisioned:
+        self.st.drain(rec.name, BY, why)
+        return self._to(rec, "draining", now, why)
 
     def _forget(self, name: str, force_record: bool = False) -> None:
         """Drop an ended worker's record, once the lease engine has ended its leases (else next pass)."""
-        k = self.rt.keys
-        done = self.scripts.run("forget_worker", [k.worker(name), k.worker_alive(name), k.workers(),
-                                                  k.worker_leases(name, "agent"), k.worker_leases(name, "evaluation"),
-                                                  k.events()], [name, BY])
-        if not done and not force_record:
+        if not self.st.forget_worker(name, BY) and not force_record:
             return
         tok = self.rt.tokens.get(name)
         if tok is not None and not tok.revoked:
             self.rt.tokens.revoke(name)
-        pipe = self.rt.redis.pipeline(transaction=True)
-        pipe.delete(k.provisioned(name))
-        pipe.srem(k.provisioned_names(), name)
-        pipe.execute()
-
-    def _fail(self, pool: str, why: str, *, refused: bool) -> None:
-        fail(self.rt, pool, why, refused=refused)
+        self.st.remove(name)
 
     def _maybe_start(self, pool: str, cfg: ProvisionerConfig, now: int, live: int,
-                     recs: dict[str, dict[str, str]]) -> None:
+                     recs: dict[str, Provisioned]) -> None:
         if cfg.max <= live:
             return
-        b = self.backoff(pool)
-        if b["until_ms"] > now or b["halted"]:
+        b = self.st.backoff(pool)
+        if b.until > now or b.halted:
             return
-        starting = sum(1 for r in recs.values() if r.get("pool") == pool and r.get("state") == "starting")
+        starting = sum(1 for r in recs.values() if r.pool == pool and r.state == "starting")
         pcfg = self.rt.executor.pools[pool]
         per = {kind: (pcfg.agents if kind == "agent" else pcfg.evaluations) for kind in KINDS}
-        rt, k = self.rt, self.rt.keys
-        names = [_s(n) for n in rt.redis.smembers(k.workers())]
-        pipe = rt.redis.pipeline(transaction=False)
-        for kind in KINDS:
-            pipe.zcard(k.queue(pool, kind))
-        for n in names:
-            pipe.hmget(k.worker(n), "pool", "draining")
-            pipe.exists(k.worker_alive(n))
-            for kind in KINDS:
-                pipe.scard(k.worker_leases(n, kind))
-        got = pipe.execute()
-        queued = dict(zip(KINDS, got[:2]))
+        queued = self.st.queued(pool)
         free = {kind: starting * per[kind] for kind in KINDS}
-        for i in range(len(names)):
-            (wpool, draining), alive, agents, evals = got[2 + 4 * i: 6 + 4 * i]
-            if _s(wpool) != pool or _s(draining) == "1" or not alive:
+        for w in self.st.workers().values():
+            if w.pool != pool or w.draining or not w.alive:
                 continue
-            free["agent"] += max(0, per["agent"] - agents)
-            free["evaluation"] += max(0, per["evaluation"] - evals)
+            free["agent"] += max(0, per["agent"] - w.agents)
+            free["evaluation"] += max(0, per["evaluation"] - w.evaluations)
         need = max((math.ceil(max(0, queued[kind] - free[kind]) / per[kind]) for kind in KINDS if per[kind] > 0),
                    default=0)
-        if b["delay_seconds"]:
+        if b.delay:
             need = min(need, 0 if starting else 1)  # after a failure, one start at a time until one comes up
         for _ in range(min(need, cfg.max - live)):
             self._start(pool, now)
@@ -268,14 +228,9 @@ class Provisioner:
                                         "address for its workers: set [plugins.network] url, or serve with --listen",
                                         pool=pool)
             return
-        rt, k = self.rt, self.rt.keys
-        name = f"{pool}-{rt.redis.incr(k.provisioned_seq())}"
-        pipe = rt.redis.pipeline(transaction=True)
-        pipe.hset(k.provisioned(name), mapping={"pool": pool, "state": "starting", "since": now, "idle_since": now,
-                                                "why": "jobs wait"})
-        pipe.sadd(k.provisioned_names(), name)
-        pipe.execute()
-        rt.events.add("provisioner.starting", BY, worker=name, pool=pool)
+        name = self.st.new_name(pool)
+        self.st.create(Provisioned(name, pool=pool, state="starting", since=now, idle_since=now, why="jobs wait"))
+        self.rt.events.add("provisioner.starting", BY, worker=name, pool=pool)
         log.info("event=provisioner.starting worker=%s pool=%s", name, pool)
         self._submit("start", name, pool, self.url)
 
@@ -299,19 +254,6 @@ _providers: dict[str, tuple[str, Provider]] = {}  # pool -> (its compute and url
 
 def _pools(rt: Runtime) -> dict[str, ProvisionerConfig]:
     return {n: p.provisioner for n, p in rt.executor.pools.items() if p.provisioner is not None}
-
-
-def _now(rt: Runtime) -> int:
-    sec, usec = rt.redis.time()
-    return sec * 1000 + usec // 1000
-
-
-def _set(rt: Runtime, name: str, **fields: Any) -> None:
-    rt.redis.hset(rt.keys.provisioned(name), mapping={a: str(b) for a, b in fields.items()})
-
-
-def _record(rt: Runtime, name: str) -> dict[str, str]:
-    return {_s(a): _s(b) for a, b in rt.redis.hgetall(rt.keys.provisioned(name)).items()}
 
 
 def provider(rt: Runtime, pool: str, url: str | None = None) -> Provider | None:
@@ -349,11 +291,19 @@ def _cas(rt: Runtime) -> dict[str, Any]:
 
 
 def _env(rt: Runtime, pool: str, name: str) -> dict[str, str]:
+    """What a started worker gets beside its token (none on the proxy network, where it gets the credential)."""
     cfg = _pools(rt).get(pool)
     env = {TAG_ENV: rt.server_id, NAME_ENV: name, "PILOOP_PROVISIONED_POOL": pool}
-    if rt.settings.plugins.network.provider == "proxy" and CREDENTIAL_SECRET in rt.secrets.names():
-        # behind the proxy no piloop token counts: each worker presents the credential the proxy accepts
-        env.update(rt.secrets.values([CREDENTIAL_SECRET]))
+    if proxy_network(rt):
+        # behind the proxy no piloop token counts: each worker presents the credential the proxy accepts, and is
+        # told it is on that network (a PILOOP_PLUGINS of the compute's env still wins)
+        credential = rt.secrets.server_value(CREDENTIAL_SECRET)
+        if not credential:
+            raise StartRefused(f"pool {pool}: on the proxy network a started worker presents the secret "
+                               f"{CREDENTIAL_SECRET}, which is not set (or this server's key cannot open it): "
+                               f"printf %s \"$WORKER_KEY\" | piloop secret set {CREDENTIAL_SECRET}")
+        env[CREDENTIAL_SECRET] = credential
+        env[NETWORK_ENV] = "proxy"
     if cfg is not None and cfg.orphan_exit_seconds is not None:
         env[ORPHAN_ENV] = f"{cfg.orphan_exit_seconds:g}"
     else:
@@ -363,12 +313,12 @@ def _env(rt: Runtime, pool: str, name: str) -> dict[str, str]:
 
 def fail(rt: Runtime, pool: str, why: str, *, refused: bool) -> None:
     """A failed start: wait base, doubling to 20 × base, before the next; three refusals in a row escalate."""
-    b = backoff(rt, pool)
+    st = _state(rt)
+    b = st.backoff(pool)
     base = backoff_base()
-    delay = min(b["delay_seconds"] * 2, base * BACKOFF_CAP_FACTOR) if b["delay_seconds"] else base
-    refusals = b["refusals"] + 1 if refused else 0
-    rt.redis.hset(rt.keys.provisioner(pool), mapping={"delay": delay, "until": _now(rt) + int(delay * 1000),
-                                                      "refusals": refusals, "why": why})
+    delay = min(b.delay * 2, base * BACKOFF_CAP_FACTOR) if b.delay else base
+    refusals = b.refusals + 1 if refused else 0
+    st.set_backoff(pool, delay=delay, until=st.now_ms() + int(delay * 1000), refusals=refusals, why=why)
     rt.events.add("provisioner.backoff", BY, pool=pool, seconds=delay, reason=why)
     log.warning("event=provisioner.backoff pool=%s seconds=%g reason=%r", pool, delay, why)
     if refused and refusals == REFUSALS_ESCALATE:
@@ -379,56 +329,61 @@ def fail(rt: Runtime, pool: str, why: str, *, refused: bool) -> None:
 
 def auth_failed(rt: Runtime, pool: str, e: PlatformAuthError) -> None:
     """Bad credentials never heal by retrying: the pool starts nothing more, and one escalation says why."""
-    if backoff(rt, pool)["halted"]:
+    st = _state(rt)
+    if st.backoff(pool).halted:
         return
-    rt.redis.hset(rt.keys.provisioner(pool), "halted", e.message)
+    st.halt(pool, e.message)
     rt.events.escalate("provisioner.auth", f"the platform refused the server's credentials for pool "
                        f"{pool}: {e.message}; the pool starts no worker until the server restarts", pool=pool)
 
 
 def start(rt: Runtime, name: str, pool: str, url: str) -> None:
-    """Start worker `name` with a token of its own, unless its record has moved on (a retry, a late task)."""
-    rec = _record(rt, name)
-    if rec.get("state") != "starting" or rec.get("handle"):
+    """Start worker `name` with a token of its own (on the proxy network, with the shared credential and no
+    token), unless its record has moved on (a retry, a late task)."""
+    st = _state(rt)
+    rec = st.get(name)
+    if rec is None or rec.state != "starting" or rec.handle:
         return
     prov = provider(rt, pool, url)
     try:
         if prov is None:
             raise StartRefused(f"pool {pool} has no provisioner now")
+        env = _env(rt, pool, name)
         if (old := rt.tokens.get(name)) is not None and not old.revoked:
             rt.tokens.revoke(name)  # a retried start: the token of the try before is never seen again
-        token = rt.tokens.create(name, by=BY, pool=pool)
-        h = prov.start(name, token, _env(rt, pool, name))
+        token = None if proxy_network(rt) else rt.tokens.create(name, by=BY, pool=pool)
+        h = prov.start(name, token, env)
     except PlatformAuthError as e:
         auth_failed(rt, pool, e)
-        _set(rt, name, state="stopped", since=_now(rt), why="the platform refused our credentials")
+        st.update(name, state="stopped", since=st.now_ms(), why="the platform refused our credentials")
         return
     except Exception as e:  # a quota, no GPU, or any other failed start: the pool backs off
         msg = getattr(e, "message", None) or str(e)
-        _set(rt, name, state="stopped", since=_now(rt), why=f"refused: {msg}")
+        st.update(name, state="stopped", since=st.now_ms(), why=f"refused: {msg}")
         fail(rt, pool, msg, refused=True)
         return
-    _set(rt, name, handle=json.dumps(asdict(h)))
+    st.update(name, handle=asdict(h))
 
 
 def stop(rt: Runtime, name: str, pool: str) -> None:
     """Stop worker `name` (one already gone is stopped): by its handle, or else by what the platform lists."""
-    rec = _record(rt, name)
-    if rec.get("state") != "stopping":
+    st = _state(rt)
+    rec = st.get(name)
+    if rec is None or rec.state != "stopping":
         return
-    prov = provider(rt, rec.get("pool") or pool)
+    prov = provider(rt, rec.pool or pool)
     try:
         if prov is not None:
-            handles = ([Handle(**json.loads(rec["handle"]))] if rec.get("handle")
+            handles = ([Handle(**rec.handle)] if rec.handle
                        else [h for h in prov.list(rt.server_id) if h.name == name])
             for h in handles:
                 prov.stop(h)
     except PlatformAuthError as e:
         auth_failed(rt, pool, e)
         return  # tried again by the pass every STOP_RETRY_SECONDS, until STOP_DEADLINE_SECONDS
-    _set(rt, name, state="stopped", since=_now(rt))
-    rt.events.add("provisioner.stopped", BY, worker=name, pool=rec.get("pool", ""))
-    log.info("event=provisioner.stopped worker=%s pool=%s", name, rec.get("pool", ""))
+    st.update(name, state="stopped", since=st.now_ms())
+    rt.events.add("provisioner.stopped", BY, worker=name, pool=rec.pool)
+    log.info("event=provisioner.stopped worker=%s pool=%s", name, rec.pool)
 
 
 def list_pool(rt: Runtime, pool: str, _: str = "") -> None:
@@ -436,9 +391,10 @@ def list_pool(rt: Runtime, pool: str, _: str = "") -> None:
     prov = provider(rt, pool)
     if prov is None:
         return
+    st = _state(rt)
     try:
         handles = prov.list(rt.server_id)
-        recs = records(rt)
+        recs = st.records()
         for h in handles:
             if h.name not in recs:
                 prov.stop(h)
@@ -450,7 +406,7 @@ def list_pool(rt: Runtime, pool: str, _: str = "") -> None:
         return
     ids = {h.id for h in handles}
     for name, rec in recs.items():
-        if rec.get("pool") != pool or rec.get("state") not in ("starting", "running", "draining"):
+        if rec.pool != pool or rec.state not in ("starting", "running", "draining"):
             continue
-        if rec.get("handle") and json.loads(rec["handle"])["id"] not in ids:
-            _set(rt, name, lost=1)
+        if rec.handle and rec.handle.get("id") not in ids:
+            st.update(name, lost=True)

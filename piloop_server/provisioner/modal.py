@@ -51,11 +51,14 @@ class ModalProvider:
     def sandbox_name(self, name: str) -> str:
         return f"piloop-{self.tag}-{name}"
 
-    def start(self, name: str, token: str, env: dict[str, str]) -> Handle:
+    def start(self, name: str, token: str | None, env: dict[str, str]) -> Handle:
         c = self.compute
+        senv = {k: v for k, v in {**c.env, **env}.items() if k != "PILOOP_HTTPS_TOKEN"}
+        if token:  # none on the proxy network: `env` holds the shared credential
+            senv["PILOOP_HTTPS_TOKEN"] = token
         kwargs: dict[str, Any] = {
             "app": self.app(), "name": self.sandbox_name(name), "image": self.image(),
-            "env": {**c.env, **env, "PILOOP_HTTPS_TOKEN": token},
+            "env": senv,
             "secrets": [self.modal.Secret.from_name(s) for s in c.secrets],
             "tags": {TAG_SERVER: self.tag, TAG_WORKER: name, TAG_POOL: self.pool},
             "timeout": c.timeout_seconds,

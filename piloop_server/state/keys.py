@@ -165,3 +165,8 @@ class Keys:
     def inbox(self) -> str:
         """Hash escalation id -> record; acknowledged ones carry `acked`."""
         return self._k("inbox")
+
+    def disruption(self) -> str:
+        """Hash: each pool's disruption hold (`hold:<pool>` -> JSON: since, until, counts, escalation, ended), and
+        `settle_until` (ms) after the daemon's own absence (state/disruption.py)."""
+        return self._k("disruption")

@@ -1,20 +1,13 @@
-"""Heartbeats of many workers in one script (`heartbeat.lua`), and the server's gathering of them into batches
-(`api/beats.py`), on a real redis-server."""
+"""Heartbeats of many workers in one script (`heartbeat.lua`), on a real redis-server."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
-import redis.asyncio
 
-from piloop_common.errors import NotFound, Unavailable
-from piloop_server.api.beats import Beats
+from piloop_common.errors import NotFound
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
 from piloop_server.state.leases import Beat, Lease, Leases, Timings
-from piloop_server.state.scripts import AsyncScripts
-from tests.helpers.redis import free_port
 
 
 @pytest.fixture
@@ -52,54 +45,3 @@ def test_one_script_answers_each_worker_and_refuses_only_the_unknown(leases):
     assert not r.exists(k.worker("ghost")) and not r.exists(k.worker_alive("ghost"))
     with pytest.raises(NotFound, match="register again"):
         leases.heartbeat("ghost", {}, [])
-
-
-def _beats(redis_url: str, leases: Leases, **kw) -> Beats:
-    """Beats whose batches go to Redis as one script call, as the server's fast path sends them."""
-    scripts = AsyncScripts(redis.asyncio.Redis.from_url(redis_url))
-    return Beats(lambda batch: leases.aheartbeats(scripts, batch), **kw)
-
-
-def test_beats_that_come_together_share_calls_and_each_hears_its_own_answer(leases, redis_server):
-    names = _workers(leases, 20)
-    lease = _leased(leases, "w3", "j3")
-
-    async def run() -> tuple[list, int]:
-        beats = _beats(redis_server.url, leases, window=1.0)
-        held = {"w3": [lease]}
-        got = await asyncio.gather(*(beats.beat(Beat(n, {"n": n}, held.get(n, []))) for n in [*names, "ghost"]))
-        return got, beats.calls
-
-    got, calls = asyncio.run(run())
-    # until beats have come often, each goes at once; then the rest wait for company and go together, each hearing
-    # its own answer: a worker not registered hears NotFound, the others their statuses
-    assert calls <= 6, calls
-    assert [a[1] for a in got[:20]] == [{"j3": "ok"} if n == "w3" else {} for n in names]
-    assert isinstance(got[20], NotFound) and "ghost" in str(got[20])
-    assert leases.r.hget(leases.k.worker("w19"), "sample") == b'{"n": "w19"}'
-
-
-def test_a_lone_beat_does_not_wait_for_company(leases, redis_server):
-    _workers(leases, 1)
-
-    async def run() -> tuple:
-        beats = _beats(redis_server.url, leases, window=30.0)
-        # a first beat finds no recent beats: it goes at once, not after the (here 30 s) window
-        first = await asyncio.wait_for(beats.beat(Beat("w0", {}, [])), 10)
-        await asyncio.sleep(0.2)
-        return first, await asyncio.wait_for(beats.beat(Beat("w0", {}, [])), 10)
-
-    first, second = asyncio.run(run())
-    assert first[1] == {} and second[1] == {}
-
-
-def test_each_caller_of_a_call_hears_redis_is_down(leases):
-    _workers(leases, 1)
-
-    async def run() -> list:
-        scripts = AsyncScripts(redis.asyncio.Redis(port=free_port(), socket_connect_timeout=2))
-        beats = Beats(lambda batch: leases.aheartbeats(scripts, batch), window=1.0)
-        return await asyncio.gather(*(beats.beat(Beat("w0", {}, [])) for _ in range(8)), return_exceptions=True)
-
-    got = asyncio.run(run())
-    assert all(isinstance(e, Unavailable) and "Redis cannot be reached" in str(e) for e in got), got

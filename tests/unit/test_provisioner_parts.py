@@ -8,7 +8,7 @@ import types
 import pytest
 
 from piloop_common.config import ProvisionerConfig
-from piloop_server.provisioner import manager
+from piloop_server.provisioner import StartRefused, manager
 from piloop_server.provisioner.local import _plugins
 
 
@@ -21,6 +21,9 @@ class _Secrets:
 
     def values(self, names: list[str]) -> dict[str, str]:
         return {n: self.v[n] for n in names if n in self.v}
+
+    def server_value(self, name: str) -> str | None:
+        return self.v.get(name)
 
 
 def _rt(network: str, secrets: dict[str, str]):
@@ -35,6 +38,8 @@ def _rt(network: str, secrets: dict[str, str]):
 def test_a_started_worker_gets_the_proxy_credential_only_behind_the_proxy(network, credential):
     env = manager._env(_rt(network, {"PILOOP_WORKER_CREDENTIAL": "wk-1", "OTHER": "x"}), "gpu", "gpu-3")
     assert env.pop("PILOOP_WORKER_CREDENTIAL", None) == credential
+    # told it is on the proxy network, through the env source of `[plugins.network] provider`
+    assert env.pop("PILOOP_NETWORK__PROVIDER", None) == ("proxy" if credential else None)
     assert env == {"PILOOP_PROVISIONER_TAG": "srv1", "PILOOP_PROVISIONED_NAME": "gpu-3",
                    "PILOOP_PROVISIONED_POOL": "gpu", "PILOOP_ORPHAN_EXIT_SECONDS": "60"}
 
@@ -45,3 +50,9 @@ def test_the_computes_plugins_keep_the_servers_cas_unless_they_name_one():
     got = json.loads(_plugins(cas, {"PILOOP_PLUGINS": '{"network": {"provider": "proxy"}}'}))
     assert got == {"cas": cas, "network": {"provider": "proxy"}}
     assert json.loads(_plugins(cas, {"PILOOP_PLUGINS": '{"cas": {"provider": "s3"}}'})) == {"cas": {"provider": "s3"}}
+
+
+def test_a_start_on_the_proxy_network_without_the_credential_is_refused_naming_the_secret():
+    with pytest.raises(StartRefused) as e:
+        manager._env(_rt("proxy", {"OTHER": "x"}), "gpu", "gpu-3")
+    assert "PILOOP_WORKER_CREDENTIAL" in e.value.message and "piloop secret set" in e.value.message

@@ -1,0 +1,102 @@
+"""The pool-disruption hold in Redis: which pools' leases wait instead of expiring, and for how long.
+
+One script (`scripts/disruption.lua`) counts each pool's workers that could still come back, decides, and keeps
+each hold in `keys.disruption()`, so that two passes at once begin a hold (and its one inbox item) once, and a
+restarted daemon finds the hold where it was. The numbers are the caller's (`Policy`); docs/faults.md has them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from piloop_server.state import tokens as state_tokens
+from piloop_server.state.keys import Keys
+from piloop_server.state.leases import KINDS
+from piloop_server.state.scripts import EventCap, Scripts
+
+
+@dataclass(frozen=True)
+class Policy:
+    """When a pool is held, for how long, and when a silent worker is forgotten (all in ms)."""
+
+    fewest_workers: int  # a pool with fewer counted workers is never held
+    share: float  # held when more than this share of its counted workers is silent
+    hold_ms: int  # the longest a hold lasts from its start
+    forget_ms: int  # a silent worker holding no lease whose last heartbeat is older than this leaves the workers set
+    absent_ms: int  # a gap since the last pass longer than this is the daemon's own absence
+    settle_ms: int  # after such a gap no hold begins and none ends `recovered` for this long
+
+
+@dataclass(frozen=True)
+class Hold:
+    """One pool's hold as Redis keeps it; `ended` is '' while it holds, `timeout` once its length has passed."""
+
+    pool: str
+    since_ms: int
+    until_ms: int
+    silent: int
+    total: int
+    escalation: str  # the inbox item's id
+    ended: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    held: tuple[str, ...]  # the pools whose leases the pass must not expire now
+    began: tuple[str, ...]
+    ended: tuple[tuple[str, str], ...]  # (pool, reason): `recovered` or `timeout`
+    forget: tuple[str, ...]  # workers silent past `forget_ms` with no lease
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class Disruption:
+    def __init__(self, client: redis.Redis, keys: Keys, cap: EventCap | None = None) -> None:
+        self.r = client
+        self.k = keys
+        self.scripts = Scripts(client, cap)
+
+    def unusable_tokens(self) -> list[str]:
+        """The names of tokens no worker can use again: revoked or expired (a token's expiry is its own clock's)."""
+        now_ms = time.time() * 1000
+        return [t.name for t in state_tokens.every(self.r, self.k)
+                if t.revoked or (t.expires_ms is not None and t.expires_ms < now_ms)]
+
+    def decide(self, policy: Policy) -> Decision:
+        """One pass's decision: begins, keeps and ends holds in Redis, and says which pools are held now."""
+        k = self.k
+        held, began, ended, forget = self.scripts.run(
+            "disruption", [k.workers(), k.disruption(), k.daemon(), k.tokens(), k.inbox(), k.events()],
+            [k.prefix(), policy.fewest_workers, repr(policy.share), policy.hold_ms, policy.forget_ms,
+             policy.absent_ms, policy.settle_ms, uuid.uuid4().hex, *self.unusable_tokens()])
+        pairs = [_s(x) for x in ended]
+        return Decision(tuple(_s(p) for p in held), tuple(_s(p) for p in began),
+                        tuple(zip(pairs[::2], pairs[1::2])), tuple(_s(w) for w in forget))
+
+    def holds(self) -> dict[str, Hold]:
+        """Every hold Redis keeps, by pool (those that timed out included, until their pool is back)."""
+        out = {}
+        for field, raw in self.r.hgetall(self.k.disruption()).items():
+            name = _s(field)
+            if name.startswith("hold:"):
+                h = json.loads(raw)
+                out[name[5:]] = Hold(name[5:], int(h["since_ms"]), int(h["until_ms"]), int(h["silent"]),
+                                     int(h["total"]), str(h["escalation"]), str(h["ended"]))
+        return out
+
+    def forget(self, names: tuple[str, ...], by: str) -> list[str]:
+        """Forget these workers (forget_worker.lua: not one that holds a lease by then); the names forgotten."""
+        k = self.k
+        calls: list[tuple[list[str], list[Any]]] = [
+            ([k.worker(n), k.worker_alive(n), k.workers(), *(k.worker_leases(n, kind) for kind in KINDS), k.events()],
+             [n, by]) for n in names]
+        replies = self.scripts.run_many("forget_worker", calls) if calls else []
+        return [n for n, r in zip(names, replies) if r == 1]
