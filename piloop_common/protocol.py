@@ -29,7 +29,7 @@ class Message(BaseModel):
 # What a worker names reaches Redis keys: an id or token that could spell another key is refused at the door.
 JobId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="A job's id.")]
 ReportId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="A report's id.")]
-LeaseToken = Annotated[str, Field(pattern=r"^[0-9]{1,40}\.[0-9a-f]{32,64}$", description="A lease's fencing token.")]
+LeaseToken = Annotated[str, Field(pattern=r"^[0-9][0-9a-f.]{0,127}$", description="A lease's fencing token.")]
 Address = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$", description="A CAS address.")]
 HELD_MOST = 1024  # the jobs one heartbeat may name
 LOG_CHUNKS_PER_CALL = 256  # a log append's chunks (the worker sends a few every few seconds)

@@ -299,7 +299,7 @@ def test_a_worker_refuses_to_hold_state_credentials(tmp_path: Path, monkeypatch,
     monkeypatch.delenv("PILOOP_REDIS_URL")
     (tmp_path / "config.toml").write_text('[plugins.state]\nurl = "redis://127.0.0.1:6379/0"\n')
     assert _run(tmp_path) == 2
-    assert "has [plugins.state]: a worker holds no state credentials" in capsys.readouterr().err
+    assert "has [plugins.state] url: a worker holds no state credentials" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kw,config,says", [
