@@ -59,7 +59,7 @@ def test_limits_lines_are_the_spec_lines(daemon):
 
 
 @pytest.mark.parametrize("assignment, says", [
-    ("executor.pools.nope.agents=1", "no pool named nope (pools: serve)"),
+    ("executor.pools.nope.agents=1", "executor.pools has no nope (serve)"),
     ("executor.pools.serve.agents=two", "executor.pools.serve.agents = 'two' is refused"),
     ("executor.pools.serve.agent=1", "no such key"),
     ("executor.pools.serve.agents=-1", "greater than or equal to 0"),
