@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from piloop_server.state.leases import fence
 from piloop_common.client import ApiClient
 from piloop_common.errors import Refused
 from tests.helpers.redis import RedisProcess, free_port, wait_for
