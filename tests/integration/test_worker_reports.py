@@ -48,7 +48,7 @@ def test_reports_in_one_call_are_answered_one_by_one_and_a_resend_gets_the_same_
         _, held = _holding_two(api, cas_id)
         assert set(held) == set(jobs), held
         a, b = jobs
-        batch = {"protocol": 1, "reports": [_report(a, held[a]), _report(b, "0-1", report_id="wrong-token"),
+        batch = {"protocol": 1, "reports": [_report(a, held[a]), _report(b, "0." + "0" * 32, report_id="wrong-token"),
                                             _report(b, held[b])]}
         got = api.call("POST", "/v1/worker/reports", batch)["answers"]
         assert [x["answer"] for x in got] == ["accepted", "stale", "accepted"], got
