@@ -25,7 +25,7 @@ def cas_id(d: Daemon) -> str:
 
 
 def hello(d: Daemon, pool: str = "gpu") -> bytes:
-    return json.dumps({"protocol": PROTOCOL, "pool": pool, "image": "", "cas_id": cas_id(d), "sample": {},
+    return json.dumps({"protocol": PROTOCOL, "pool": pool, "image": "", "cas_id": cas_id(d), "sample": {"cpus": 1, "load1": 0.0, "memory_available_gb": 8.0, "disk_free_gb": 10.0},
                        "jobs": []}).encode()
 
 
@@ -69,7 +69,7 @@ def test_a_rename_token_cannot_name_its_worker_badly(server, redis_client, names
     # the same token and body with a good name: the refusals above were the names'
     status, answer = api.request("POST", "/v1/worker/register", body,
                                  headers={**api.headers, **JSON, "x-piloop-worker": "gpu-box-7"})
-    assert status == 200 and json.loads(answer)["worker"] == "gpu-box-7"
+    assert status == 200 and json.loads(answer)["worker"] == "gpu-box-7", answer
     api.close()
 
 
