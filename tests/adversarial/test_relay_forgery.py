@@ -379,6 +379,8 @@ def test_a_cancelled_jobs_lease_cannot_submit(world):
         wait_for(lambda: view(world.d, me.job)["state"] in ("leased", "running") and
                  events(world.d, "job.cancel_requested"), 10, interval=0.05, what="the cancel recorded")
         assert world.r.get(world.k.lease(me.job)).decode() == me.token  # the lease is still live
+        # the daemon integrates the earlier tests' finished runs in the background; let it settle first
+        wait_for(lambda: not world.r.scard(world.k.campaign_pending()), 30, what="earlier runs integrated")
         for method, path, body in (("POST", "/v1/relay/submit", {"commit": world.base}),
                                    ("POST", "/v1/relay/progress", {"note": "x"}), ("GET", "/v1/relay/job", None)):
             refused(world, lambda: as_holder(world, "agent", method, path, body), 409, "was cancelled")
