@@ -9,7 +9,7 @@ import os
 import socket as socket_mod
 import ssl
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from pydantic import BaseModel
 
@@ -113,6 +113,14 @@ class ApiClient:
         if home is None:
             home = Path(os.environ.get("PILOOP_HOME") or Path.home() / ".piloop").expanduser().absolute()
         return cls.local(home, **kw)
+
+    @overload
+    def call(self, method: str, path: str, body: BaseModel | dict[str, Any] | None = None,
+             params: dict[str, Any] | None = None, *, model: type[M], timeout: float | None = None) -> M: ...
+
+    @overload
+    def call(self, method: str, path: str, body: BaseModel | dict[str, Any] | None = None,
+             params: dict[str, Any] | None = None, model: None = None, timeout: float | None = None) -> Any: ...
 
     def call(self, method: str, path: str, body: BaseModel | dict[str, Any] | None = None,
              params: dict[str, Any] | None = None, model: type[M] | None = None, timeout: float | None = None) -> Any:

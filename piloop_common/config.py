@@ -15,13 +15,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_core import ErrorDetails
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from piloop_common.cas.config import CasConfig, LocalCasConfig
 from piloop_common.errors import ConfigError
 
 CONFIG_FILE = "config.toml"
 
+
+RUNNER_PROCESS: Literal["process"] = "process"
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -81,7 +84,7 @@ class PoolConfig(_Model):
     memory_max_mb: int | None = Field(None, gt=0, description="The most a grant raised after an out-of-memory attempt may reach (MiB), unless the job says; unset: its worker's room.")
     memory_reserve_mb: int = Field(512, ge=0, description="A worker's room (the memory it grants) is its available memory less this (MiB).")
     memory_held_seconds: float = Field(60, gt=0, description="A job held at its memory limit (reclaiming pages it needs again) this long is stopped and reported out of memory.")
-    runners: list[Literal["process"]] = Field(default_factory=lambda: ["process"], description="How jobs run on its workers.")
+    runners: list[Literal["process"]] = Field(default_factory=lambda: [RUNNER_PROCESS], description="How jobs run on its workers.")
     provisioner: ProvisionerConfig | None = Field(None, description="Start and stop this pool's workers.")
 
 
@@ -191,8 +194,11 @@ class Settings(BaseSettings):
     plugins: Plugins = Field(default_factory=Plugins, description="The `[plugins.*]` tables.")
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,  # type: ignore[override]
-                                   file_secret_settings):
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource,
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
         # load_settings merges the sources itself, so errors can name the one at fault.
         return (init_settings,)
 
@@ -296,7 +302,7 @@ def _model_of(ann: Any) -> Any:
     return _model_of(meta) if meta not in (None, ann) else None
 
 
-def _describe(err: dict[str, Any], sources: list[tuple[str, dict[str, Any]]], origin: dict[tuple[str, ...], str]) -> str:
+def _describe(err: ErrorDetails, sources: list[tuple[str, dict[str, Any]]], origin: dict[tuple[str, ...], str]) -> str:
     loc = tuple(str(p) for p in err["loc"] if not (isinstance(p, str) and p in ("local", "s3", "http", "cached", "modal")))
     key = ".".join(loc[1:] if loc and loc[0] == "plugins" else loc) or "(top level)"
     where = "defaults"

@@ -109,7 +109,7 @@ class Connections:
                 # the head and a body that follows it in a second write: without it, Nagle and delayed ACKs hold one
                 conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            conn.sock.settimeout(timeout)  # type: ignore[union-attr]
+            conn.sock.settimeout(timeout)
             conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
             conn.putheader("Host", self.host_header)
             for name, value in headers.items():

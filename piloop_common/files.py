@@ -13,7 +13,7 @@ def write_all(fd: int, data: bytes | str) -> None:
         view = view[os.write(fd, view):]
 
 
-def write_file(path: str | os.PathLike, data: bytes | str, flags: int = os.O_TRUNC, mode: int = 0o600) -> None:
+def write_file(path: str | os.PathLike[str], data: bytes | str, flags: int = os.O_TRUNC, mode: int = 0o600) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, mode)
     try:
         write_all(fd, data)
@@ -21,7 +21,7 @@ def write_file(path: str | os.PathLike, data: bytes | str, flags: int = os.O_TRU
         os.close(fd)
 
 
-def read_file(path: str | os.PathLike) -> str:
+def read_file(path: str | os.PathLike[str]) -> str:
     fd = os.open(path, os.O_RDONLY)
     try:
         chunks = []
@@ -32,7 +32,7 @@ def read_file(path: str | os.PathLike) -> str:
     return b"".join(chunks).decode()
 
 
-def temp_beside(path: str | os.PathLike) -> tuple[int, str]:
+def temp_beside(path: str | os.PathLike[str]) -> tuple[int, str]:
     """A new file beside `path`, to be renamed over it: its descriptor and name (`.<name>.<24 hex>`, made with
     `O_EXCL`, mode 0600, as `tempfile.mkstemp` makes one)."""
     path = os.fspath(path)

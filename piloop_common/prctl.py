@@ -14,7 +14,7 @@ def prctl(option: int, arg: int | bytes) -> bool:
     global _libc
     try:
         _libc = _libc or ctypes.CDLL(None, use_errno=True)  # kept: a forked shim calls it without loading libc again
-        return _libc.prctl(option, arg, 0, 0, 0) == 0
+        return bool(_libc.prctl(option, arg, 0, 0, 0) == 0)
     except Exception:
         return False
 

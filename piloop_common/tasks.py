@@ -93,7 +93,7 @@ class Client:
             if value is not None:
                 spec[key] = value
         body = {"kind": kind, "pool": pool, "campaign": campaign, "image": image, "spec": spec}
-        return self.api.call("POST", "/v1/jobs", body)["job"]
+        return str(self.api.call("POST", "/v1/jobs", body)["job"])
 
     def show(self, job_id: str) -> JobView:
         return self.api.call("GET", f"/v1/jobs/{job_id}", model=JobView)
@@ -138,7 +138,8 @@ class AsyncResult(Generic[R]):
         outputs = view.result.get("outputs") or {}
         if view.state == "succeeded":
             raw = self.client.get_blob(outputs[f"result.{self.serializer}"])
-            return json.loads(raw)["value"] if self.serializer == "json" else pickle.loads(raw)
+            value: R = json.loads(raw)["value"] if self.serializer == "json" else pickle.loads(raw)
+            return value
         error: dict[str, Any] = {}
         if "error.json" in outputs:
             error = json.loads(self.client.get_blob(outputs["error.json"]))
@@ -176,7 +177,7 @@ class Task(Generic[R]):
     def delay(self, *args: Any, **kwargs: Any) -> AsyncResult[R]:
         return self.apply_async(args, kwargs)
 
-    def apply_async(self, args: tuple | list = (), kwargs: dict[str, Any] | None = None, *, pool: str | None = None,
+    def apply_async(self, args: tuple[Any, ...] | list[Any] = (), kwargs: dict[str, Any] | None = None, *, pool: str | None = None,
                     timeout: float | None = None, client: Client | None = None) -> AsyncResult[R]:
         if self.fn.__module__ == "__main__":
             raise ValueError(f"{self.fn.__qualname__} is defined in __main__: a worker cannot import it; define "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from piloop_common.cas import Store
 from piloop_common.cas.address import hash_file
@@ -39,7 +40,7 @@ def save(manifest: Manifest | Changes, store: Store) -> str:
     return store.put_bytes(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode())
 
 
-def load(address: str | None, store: Store) -> dict:
+def load(address: str | None, store: Store) -> dict[str, Any]:
     if not address:
         return {}
     data = json.loads(store.get_bytes(address))

@@ -39,6 +39,13 @@ class Store(ABC):
     #: Where unknown-hash data is spooled before it is stored (None: the system temp dir).
     spool_dir: Path | None = None
 
+    def _spool(self) -> Path:
+        """The spool directory of a store that keeps one on disk (local, cached)."""
+        if self.spool_dir is None:
+            raise TypeError(f"{type(self).__name__} keeps no spool directory")
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        return self.spool_dir
+
     # -- primitives each provider implements ------------------------------------------------
 
     @abstractmethod

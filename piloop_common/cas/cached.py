@@ -45,7 +45,7 @@ class CachedStore(Store):
     @contextmanager
     def _open(self, address: str) -> Iterator[Blob]:
         try:
-            f = open(self.cache.path_of(address), "rb")
+            f: BinaryIO = open(self.cache.path_of(address), "rb")
             os.utime(f.fileno())  # the last access, for eviction
         except FileNotFoundError:
             f = self._fetch(address)
@@ -63,8 +63,7 @@ class CachedStore(Store):
 
     def _fetch(self, address: str) -> BinaryIO:
         """Download a blob (verified by the remote's reader) into the cache, and open it."""
-        self.spool_dir.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=".fetch-", dir=self.spool_dir)
+        fd, name = tempfile.mkstemp(prefix=".fetch-", dir=self._spool())
         os.close(fd)
         temp = Path(name)
         try:
@@ -122,7 +121,7 @@ class CachedStore(Store):
         self._total = total
 
 
-def _subdirs(path: Path) -> list[str]:
+def _subdirs(path: Path | str) -> list[str]:
     try:
         with os.scandir(path) as it:
             return [e.path for e in it if e.is_dir()]

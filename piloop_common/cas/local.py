@@ -51,8 +51,7 @@ class LocalStore(Store):
 
     def _copy_in(self, source: Path, final: Path) -> None:
         # A concurrent writer of the same blob renames over ours: same bytes, so either wins.
-        self.spool_dir.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=".copy-", dir=self.spool_dir)
+        fd, name = tempfile.mkstemp(prefix=".copy-", dir=self._spool())
         try:
             with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
                 shutil.copyfileobj(src, out, CHUNK)
@@ -75,8 +74,7 @@ class LocalStore(Store):
         if self.path_of(address).is_file():
             return address
         try:
-            self.spool_dir.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix=".spool-", dir=self.spool_dir)
+            fd, name = tempfile.mkstemp(prefix=".spool-", dir=self._spool())
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
         except OSError as e:

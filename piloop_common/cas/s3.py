@@ -166,7 +166,8 @@ class S3Store(Store):
 
     def _get(self, key: str) -> bytes:
         with self._errors(f"read {key}", key):
-            return self._client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            body: bytes = self._client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            return body
 
     # -- errors -----------------------------------------------------------------------------
 
