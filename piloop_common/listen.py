@@ -38,7 +38,7 @@ def check_listen(settings: Any, listen: str) -> tuple[str, int]:
     return host, port
 
 
-def uvicorn_tls(settings: Any) -> dict[str, str]:
+def uvicorn_tls(settings: Any) -> dict[str, Any]:
     """uvicorn's TLS arguments for `[plugins.network] tls = {cert, key}` (none for "proxy" or unset)."""
     tls = settings.plugins.network.tls
     return {"ssl_certfile": tls.cert, "ssl_keyfile": tls.key} if tls is not None and tls != "proxy" else {}

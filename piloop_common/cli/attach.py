@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 import click
 
 POLL_SECONDS = 0.5
 
 
-def exit_status(job: dict) -> int:
+def exit_status(job: dict[str, Any]) -> int:
     """The job's outcome as an exit status: 0 succeeded; its own exit code when it failed with one; else 1."""
     if job["state"] == "succeeded":
         return 0
@@ -22,7 +23,7 @@ def exit_status(job: dict) -> int:
     return code if isinstance(code, int) and 0 < code < 256 else 1
 
 
-def follow(api, job_id: str, out, poll: float = POLL_SECONDS) -> dict:
+def follow(api, job_id: str, out, poll: float = POLL_SECONDS) -> dict[str, Any]:
     """Write the job's log to `out` (a binary file) as it grows; the job's view once it has ended and all of
     its log is written."""
     from piloop_common.protocol import TERMINAL_STATES

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -115,7 +116,7 @@ def show(obj, name, max_runs, as_json) -> None:
                           for i, r in enumerate(c["runs"][:max_runs])]))
 
 
-def _post(obj, name: str, what: str) -> dict:
+def _post(obj, name: str, what: str) -> dict[str, Any]:
     with obj.api() as api:
         return api.call("POST", f"/v1/campaigns/{name}/{what}")
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -55,7 +56,7 @@ def _pid(home: Path) -> int | None:
     return pid if b"piloop" in cmdline and b"serve" in cmdline else None
 
 
-def _wait_up(ctx_obj, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> dict:
+def _wait_up(ctx_obj, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     started = time.monotonic()
     while time.monotonic() < deadline:
@@ -74,7 +75,7 @@ def _wait_up(ctx_obj, proc: subprocess.Popen, log: Path, timeout: float = 60.0) 
     raise click.ClickException(f"the daemon did not answer within {timeout:g}s; see {log}")
 
 
-def start_detached(ctx_obj, listen: str | None) -> dict:
+def start_detached(ctx_obj, listen: str | None) -> dict[str, Any]:
     home: Path = ctx_obj.home
     home.mkdir(parents=True, exist_ok=True)
     (home / "logs").mkdir(exist_ok=True)
@@ -162,7 +163,7 @@ def stop(obj, timeout: float) -> None:
     raise click.ClickException(f"the daemon (pid {pid}) did not stop within {timeout:g}s")
 
 
-def _backoff(p: dict) -> str:
+def _backoff(p: dict[str, Any]) -> str:
     if p.get("halted"):
         return f"halted: {p['halted']}"
     if p.get("backoff_left_seconds"):
@@ -170,7 +171,7 @@ def _backoff(p: dict) -> str:
     return "-"
 
 
-def _memory(p: dict) -> str:
+def _memory(p: dict[str, Any]) -> str:
     """A pool's granted/room over its reachable workers, in GiB."""
     if not p.get("room_mb"):
         return "-"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 import click
 
@@ -66,13 +67,13 @@ def submit(obj, kind, pool, campaign, image, secrets, envs, inputs, timeout, mem
     emit_json(got) if as_json else click.echo(got["job"])
 
 
-def _policy(memory, memory_mb, growth, memory_max, max_attempts, backoff) -> dict:
+def _policy(memory, memory_mb, growth, memory_max, max_attempts, backoff) -> dict[str, Any]:
     """The spec's memory and retry fields from the flags; a bad one is a usage error naming it."""
     from piloop_common.sizes import parse_memory
 
     if memory is not None and memory_mb is not None:
         raise click.UsageError("--memory and --memory-mb: give one")
-    out: dict = {"memory_mb": parse_memory(memory, "--memory") if memory is not None else memory_mb}
+    out: dict[str, Any] = {"memory_mb": parse_memory(memory, "--memory") if memory is not None else memory_mb}
     if out["memory_mb"] is not None and out["memory_mb"] <= 0:
         raise click.UsageError(f"--memory-mb {memory_mb}: a memory size must be more than 0")
     if memory_max is not None:
@@ -144,7 +145,7 @@ def show(obj, job_id, as_json) -> None:
         click.echo(f"{k.ljust(width)}  {v}")
 
 
-def _grant(j: dict) -> str:
+def _grant(j: dict[str, Any]) -> str:
     from piloop_common.sizes import format_memory
 
     spec = j["spec"]
@@ -173,7 +174,7 @@ def wait(obj, job_ids, timeout, as_json) -> None:
 
     limit = parse_duration(timeout, "--timeout") if timeout else None
     started = time.monotonic()
-    done: dict[str, dict] = {}
+    done: dict[str, dict[str, Any]] = {}
     with obj.api() as api:
         while len(done) < len(job_ids):
             states = {}

@@ -11,9 +11,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from piloop_common.client import ApiClient
 
 RELAY_ENV = "PILOOP_RELAY"
 SUBMIT_USAGE = ("inside a job, `piloop job submit REV` queues its campaign's evaluation of one commit (REV: a sha or "
@@ -56,7 +59,7 @@ def relay_path() -> Path | None:
     return Path(p) if p else None
 
 
-def relay_client(path: Path, timeout: float = 30.0) -> Any:
+def relay_client(path: Path, timeout: float = 30.0) -> "ApiClient":
     """An API client whose operator calls become the job's relayed ones."""
     from piloop_common.client import ApiClient
     from piloop_common.errors import Forbidden, Unavailable
