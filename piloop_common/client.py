@@ -73,7 +73,7 @@ class ApiClient:
             self.connections = Connections(url=url, context=self._ssl, keepalive=KEEPALIVE_SECONDS)
 
     @functools.cached_property
-    def http(self) -> "httpx.Client":
+    def http(self) -> httpx.Client:
         """An httpx client to the same server, with this client's `headers` as they are when it is made."""
         import httpx
 
@@ -89,7 +89,7 @@ class ApiClient:
         return httpx.Client(base_url=self.url or "", headers=self.headers, timeout=self.timeout, transport=transport)
 
     @classmethod
-    def local(cls, home: Path, **kw: Any) -> "ApiClient":
+    def local(cls, home: Path, **kw: Any) -> ApiClient:
         return cls(socket=home / SOCKET_NAME, **kw)
 
     def close(self) -> None:
@@ -97,14 +97,14 @@ class ApiClient:
         if "http" in self.__dict__:
             self.http.close()
 
-    def __enter__(self) -> "ApiClient":
+    def __enter__(self) -> ApiClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     @classmethod
-    def from_env(cls, home: Path | None = None, **kw: Any) -> "ApiClient":
+    def from_env(cls, home: Path | None = None, **kw: Any) -> ApiClient:
         """`PILOOP_SERVER` (a URL, with `PILOOP_HTTPS_TOKEN` as its bearer token when set), else the local
         daemon's socket under `home` (default `PILOOP_HOME`, else ~/.piloop)."""
         url = os.environ.get(SERVER_ENV)
@@ -149,7 +149,7 @@ class ApiClient:
             raise self._unavailable(e, connecting=isinstance(e, ConnectFailed)) from e
 
     def call_bytes(self, method: str, path: str, content: bytes | None = None, timeout: float | None = None,
-                   headers: dict[str, str] | None = None) -> "httpx.Response":
+                   headers: dict[str, str] | None = None) -> httpx.Response:
         """A call whose request or answer is raw bytes (CAS blobs, log chunks); errors map as in `call`."""
         import httpx
 

@@ -12,7 +12,7 @@ import json
 import os
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_core import ErrorDetails
@@ -59,7 +59,7 @@ class ModalCompute(_Model):
     idle_timeout_seconds: int | None = Field(None, description="The platform's own idle backstop.")
 
 
-ComputeConfig = Annotated[Union[LocalCompute, ModalCompute], Field(discriminator="provider")]
+ComputeConfig = Annotated[LocalCompute | ModalCompute, Field(discriminator="provider")]
 
 
 class ProvisionerConfig(_Model):
@@ -107,14 +107,14 @@ class ExecutorConfig(_Model):
     pools: dict[str, PoolConfig] = Field(default_factory=_default_pools, description="The pools, by name.")
 
     @model_validator(mode="after")
-    def _serve_pool(self) -> "ExecutorConfig":
+    def _serve_pool(self) -> ExecutorConfig:
         # `piloop serve`'s own worker always has its pool; give it 0 slots to keep jobs off it
         if "serve" not in self.pools:
             self.pools = {"serve": PoolConfig(), **self.pools}
         return self
 
     @model_validator(mode="after")
-    def _timings(self) -> "ExecutorConfig":
+    def _timings(self) -> ExecutorConfig:
         if self.grace_seconds <= self.renew_seconds:
             raise ValueError(
                 f"grace_seconds ({self.grace_seconds:g}) must exceed renew_seconds ({self.renew_seconds:g}): "

@@ -117,7 +117,7 @@ def _constraints(field: FieldInfo) -> list[str]:
 
 
 def _type(ann: Any) -> str:
-    members, optional = _non_none(ann)
+    members, _ = _non_none(ann)
     if sum(_is_model(a) for a in members) > 1:
         return "table, chosen by `provider`"
     parts: list[str] = []
@@ -162,7 +162,7 @@ def _toml(v: Any) -> str:
     if isinstance(v, str):
         return f"`{json.dumps(v)}`"
     if isinstance(v, BaseModel):
-        return f"`provider = {json.dumps(getattr(v, 'provider'))}`" if "provider" in type(v).model_fields else "its defaults"
+        return f"`provider = {json.dumps(dict(v)['provider'])}`" if "provider" in type(v).model_fields else "its defaults"
     if isinstance(v, list):
         return "`[" + ", ".join(json.dumps(x) for x in v) + "]`" if v else "`[]`"
     if isinstance(v, dict):

@@ -74,7 +74,7 @@ class Sampler:
     def _refresh(self) -> None:
         try:
             got = sample(self.disk_path, self.psi_path)
-        except Exception:  # a failed sample keeps the last good one
+        except Exception:  # noqa: BLE001 -- a failed sample keeps the last good one
             got = None
         with self._lock:
             if got is not None:

@@ -15,7 +15,7 @@ def prctl(option: int, arg: int | bytes) -> bool:
     try:
         _libc = _libc or ctypes.CDLL(None, use_errno=True)  # kept: a forked shim calls it without loading libc again
         return bool(_libc.prctl(option, arg, 0, 0, 0) == 0)
-    except Exception:
+    except (OSError, AttributeError):  # no libc, or a libc without prctl
         return False
 
 

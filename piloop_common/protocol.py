@@ -128,7 +128,7 @@ class JobSpec(Message):
     campaign: CampaignJob | None = Field(None, description="Set by the server for a campaign's agents and evaluations.")
 
     @model_validator(mode="after")
-    def _memory_cap(self) -> "JobSpec":
+    def _memory_cap(self) -> JobSpec:
         if self.memory_mb and self.memory_max_mb and self.memory_max_mb < self.memory_mb:
             raise ValueError(f"memory_max_mb ({self.memory_max_mb}) is below memory_mb ({self.memory_mb}): "
                              "the cap on a raised grant cannot be under the first grant")

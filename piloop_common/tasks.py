@@ -22,8 +22,9 @@ from __future__ import annotations
 import json
 import pickle
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from piloop_common.cas.address import hash_bytes
 from piloop_common.client import ApiClient
@@ -42,7 +43,7 @@ class Client:
         self.api = api
 
     @classmethod
-    def from_env(cls, home: Path | None = None, timeout: float = 30.0) -> "Client":
+    def from_env(cls, home: Path | None = None, timeout: float = 30.0) -> Client:
         """`PILOOP_SERVER` (a URL; `PILOOP_HTTPS_TOKEN` its bearer token, where its network takes one), else the
         local daemon's socket under `home`, `PILOOP_HOME` or ~/.piloop."""
         return cls(ApiClient.from_env(home, timeout=timeout))
@@ -50,7 +51,7 @@ class Client:
     def close(self) -> None:
         self.api.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
@@ -56,7 +56,7 @@ class HttpCasConfig(BaseModel):
 
 
 RemoteCasConfig = Annotated[
-    Union[LocalCasConfig, S3CasConfig, HttpCasConfig], Field(discriminator="provider")
+    LocalCasConfig | S3CasConfig | HttpCasConfig, Field(discriminator="provider")
 ]
 
 
@@ -74,5 +74,5 @@ class CachedCasConfig(BaseModel):
 
 
 CasConfig = Annotated[
-    Union[LocalCasConfig, S3CasConfig, HttpCasConfig, CachedCasConfig], Field(discriminator="provider")
+    LocalCasConfig | S3CasConfig | HttpCasConfig | CachedCasConfig, Field(discriminator="provider")
 ]

@@ -14,7 +14,6 @@ from piloop_common.cas.address import CHUNK, hash_bytes, hex_of
 from piloop_common.cas.base import Blob, Store
 from piloop_common.errors import BlobMissing, StoreError
 
-
 SMALL = 1 << 20  # a file up to this size is read whole and hashed before anything is written
 
 

@@ -111,7 +111,7 @@ class S3Store(Store):
         if len(rest) == 1:
             return found | ({rest[0]} if self._exists(rest[0]) else set())
         with ThreadPoolExecutor(HEAD_THREADS) as pool:
-            return found | {a for a, ok in zip(rest, pool.map(self._exists, rest)) if ok}
+            return found | {a for a, ok in zip(rest, pool.map(self._exists, rest), strict=True) if ok}
 
     def _listed(self, addresses: list[str]) -> tuple[set[str], list[str]]:
         """Answer from a listing of the bucket, within a budget of pages; the rest need HEADs.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import click
 
@@ -94,7 +95,7 @@ def token_list(obj, as_json: bool) -> None:
         return
     now = time.time() * 1000
 
-    def state(r: dict) -> str:
+    def state(r: dict[str, Any]) -> str:
         if r["revoked"]:
             return "revoked"
         if r["expires_ms"] and r["expires_ms"] < now:
@@ -130,7 +131,7 @@ def token_purge(obj, as_json: bool) -> None:
         click.echo(f"purged {len(got['purged'])} revoked token(s): {', '.join(got['purged'])}")
 
 
-def _event_line(e: dict) -> str:
+def _event_line(e: dict[str, Any]) -> str:
     ms = int(e["id"].split("-")[0])
     rest = " ".join(f"{k}={v}" for k, v in e.items() if k not in ("id", "type", "by"))
     return f"{time.strftime('%H:%M:%S', time.localtime(ms / 1000))}  {e['type']:<22} {e['by']:<20} {rest}".rstrip()

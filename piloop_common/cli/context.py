@@ -20,12 +20,12 @@ class Cli:
         self.home = (home or Path(os.environ.get("PILOOP_HOME") or Path.home() / ".piloop")).expanduser().absolute()
 
     @cached_property
-    def settings(self) -> "Settings":
+    def settings(self) -> Settings:
         from piloop_common.config import load_settings
 
         return load_settings(self.home)
 
-    def api(self, timeout: float = 30.0) -> "ApiClient":
+    def api(self, timeout: float = 30.0) -> ApiClient:
         """A client of the local daemon, over its unix socket; inside a job, of the job's relay."""
         from piloop_common.cli.relay import relay_client, relay_path
 

@@ -234,4 +234,4 @@ def status(obj, as_json: bool) -> None:
             click.echo(f"  {e['id']}  {e['what']}: {e['message']}")
 
 
-__all__ = ["init", "serve", "stop", "status", "PiloopError"]
+__all__ = ["PiloopError", "init", "serve", "status", "stop"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import click
 
@@ -13,7 +14,7 @@ def table(headers: list[str], rows: Iterable[list[Any]]) -> str:
     """Columns left-aligned, two spaces apart, one space before the first (as the docs print them)."""
     cells = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    return "\n".join((" " + "  ".join(c.ljust(w) for c, w in zip(r, widths))).rstrip() for r in cells)
+    return "\n".join((" " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False))).rstrip() for r in cells)
 
 
 def ago(seconds: float | None) -> str:

@@ -59,7 +59,7 @@ def relay_path() -> Path | None:
     return Path(p) if p else None
 
 
-def relay_client(path: Path, timeout: float = 30.0) -> "ApiClient":
+def relay_client(path: Path, timeout: float = 30.0) -> ApiClient:
     """An API client whose operator calls become the job's relayed ones."""
     from piloop_common.client import ApiClient
     from piloop_common.errors import Forbidden, Unavailable
