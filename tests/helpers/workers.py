@@ -245,3 +245,43 @@ def marker_job(d: Daemon, marker: Path, *, pool: str = "gpu", kind: str = "evalu
     if first_forever:
         opts += ("--env", "FIRST_FOREVER=1")
     return submit(d, sys.executable, "-c", MARKER_JOB, pool=pool, kind=kind, opts=opts)
+
+
+class HandWorker:
+    """A worker driven by hand over real HTTP with its own token (no `piloop worker` process): it registers, then
+    each call is one request whose status and JSON answer the test reads."""
+
+    def __init__(self, d: Daemon, name: str, tok: str, pool: str) -> None:
+        import httpx
+
+        from piloop_common.protocol import PROTOCOL
+
+        self.d, self.name, self.token, self.pool, self.protocol = d, name, tok, pool, PROTOCOL
+        self.http = httpx.Client(base_url=d.url, timeout=10,  # type: ignore[attr-defined]
+                                 headers={"Authorization": f"Bearer {tok}"})
+        with d.api() as api:
+            self.cas_id = api.call("GET", "/v1/status")["cas"]["id"]
+
+    def hello(self, jobs: list[dict] | None = None) -> dict:
+        return {"protocol": self.protocol, "pool": self.pool, "image": "", "cas_id": self.cas_id, "jobs": jobs or [],
+                "sample": {"cpus": 1, "load1": 0.0, "memory_available_gb": 8.0, "disk_free_gb": 10.0}}
+
+    def post(self, path: str, body: dict):
+        return self.http.post(f"/v1/worker/{path}", json={"protocol": self.protocol, **body})
+
+    def register(self) -> HandWorker:
+        resp = self.post("register", self.hello())
+        assert resp.status_code == 200, resp.text
+        return self
+
+    def claim(self, kind: str = "evaluation", timeout: float = 20) -> dict:
+        """One lease of `kind`, claimed again until one comes: the assignment (job, token, ...)."""
+        def once() -> dict | None:
+            resp = self.post("claim", {"want": {kind: 1}})
+            assert resp.status_code == 200, resp.text
+            got = resp.json()["leases"]
+            return got[0] if got else None
+        return wait_for(once, timeout, interval=0.1, what=f"worker {self.name} to lease a job")
+
+    def close(self) -> None:
+        self.http.close()
