@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -15,6 +14,7 @@ from piloop_server.api import admin, blobs, campaigns, joblog, jobs, relay, secr
 from piloop_server.api.answers import error_answer, replaying
 from piloop_server.auth import SOCKET_SCOPE
 from piloop_server.runtime import Runtime
+from piloop_server.state.connection import UNREACHABLE
 
 
 def create_app(rt: Runtime, daemon_info: dict[str, Any] | None = None) -> FastAPI:
@@ -38,10 +38,11 @@ def create_app(rt: Runtime, daemon_info: dict[str, Any] | None = None) -> FastAP
             parts.append(f"{loc or 'body'}: {err.get('msg')}")
         return JSONResponse({"error": "bad_request", "message": "; ".join(parts)}, status_code=400)
 
-    @app.exception_handler(redis.exceptions.ConnectionError)
-    @app.exception_handler(redis.exceptions.TimeoutError)
     async def redis_down(request: Request, exc: Exception) -> JSONResponse:
         return error_answer(exc)
+
+    for exc_type in UNREACHABLE:
+        app.add_exception_handler(exc_type, redis_down)
 
     return app
 

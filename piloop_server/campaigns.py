@@ -10,7 +10,6 @@ the workspace, and an evaluation of its head is queued; an evaluation that succe
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import shutil
 import tempfile
@@ -19,28 +18,25 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from piloop_common import gitrepo, workspace
 from piloop_common.errors import BadAddress, BadRequest, BlobMissing, Conflict, Corrupt, NotFound
 from piloop_common.protocol import (
-    TERMINAL_STATES, BundleResponse, CampaignCreate, CampaignJob, CampaignView, JobSpec, RepoSpec, RunView,
+    TERMINAL_STATES,
+    CampaignCreate,
+    CampaignJob,
+    CampaignView,
+    JobSpec,
+    RepoSpec,
+    RunView,
 )
+from piloop_server.campaign_repo import repo_dir
 from piloop_server.jobs import new_id
 from piloop_server.runtime import Runtime
+from piloop_server.state.records.campaign import Campaign
 
 log = logging.getLogger("piloop.campaigns")
 
-BUNDLE_CACHE_SECONDS = 3600
 INTEGRATE_BATCH = 100
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
-
-
-def repo_dir(rt: Runtime, name: str) -> Path:
-    return rt.home / "campaigns" / name / "repo.git"
 
 
 def eval_id(run: str) -> str:
@@ -53,28 +49,17 @@ def relayed_eval_id(run: str, commit: str) -> str:
     return "j" + hashlib.sha256(f"relayed-evaluation:{run}:{commit}".encode()).hexdigest()[:12]
 
 
-def evaluation_spec(rec: dict[str, str], name: str, commit: str, run: str) -> JobSpec:
+def evaluation_spec(rec: Campaign, commit: str, run: str) -> JobSpec:
     """The campaign's evaluation of `commit` for the run `run`: its eval spec, scored, at that commit."""
-    ev = JobSpec.model_validate_json(rec["eval_spec"])
-    ev.campaign = CampaignJob(repo=RepoSpec(campaign=name, bundle=rec["bundle"], commit=commit,
+    ev = JobSpec.model_validate_json(rec.eval_spec)
+    ev.campaign = CampaignJob(repo=RepoSpec(campaign=rec.name, bundle=rec.bundle, commit=commit,
                                             branch=f"runs/{run}"), score=True)
     return ev
 
 
-def repo_commit(rt: Runtime, name: str, commit: str) -> str:
-    """The full sha of `commit` (a sha or a prefix of one) in the campaign's repo on the server; else NotFound."""
-    repo = repo_dir(rt, name)
-    full = gitrepo.git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{commit}^{{commit}}", cwd=repo,
-                       check=False).strip() if repo.is_dir() else ""
-    if not gitrepo.SHA.match(full) or not full.startswith(commit):
-        raise NotFound(f"commit {commit}: not a commit of campaign {name}'s repo (its base, its branches and the "
-                       "runs taken in; an agent's own commits reach it when its run ends)")
-    return full
-
-
-def record(rt: Runtime, name: str) -> dict[str, str]:
-    rec = {_s(k): _s(v) for k, v in rt.redis.hgetall(rt.keys.campaign(name)).items()}
-    if not rec:
+def record(rt: Runtime, name: str) -> Campaign:
+    rec = rt.campaigns.get(name)
+    if rec is None:
         raise NotFound(f"no campaign named {name} (`piloop campaign list`)")
     return rec
 
@@ -93,7 +78,7 @@ def _check(rt: Runtime, req: CampaignCreate) -> None:
             raise BadRequest(f"--secret: no secret named {', '.join(missing)} (`piloop secret list`)")
     if req.workspace is not None and not Path(req.workspace).is_dir():
         raise BadRequest(f"--workspace {req.workspace}: not a directory on the server's host")
-    if rt.redis.sismember(rt.keys.campaign_names(), req.name):
+    if rt.campaigns.exists(req.name):
         raise Conflict(f"campaign {req.name} exists (`piloop campaign rm {req.name}` first)")
 
 
@@ -124,20 +109,18 @@ def create(rt: Runtime, req: CampaignCreate, by: str) -> CampaignView:
         bundle_path.unlink()
         manifest = workspace.snapshot(Path(req.workspace), rt.store) if req.workspace else {}
         ws = workspace.save(manifest, rt.store)
-        if rt.redis.sadd(rt.keys.campaign_names(), req.name) == 0:
+        if not rt.campaigns.reserve(req.name):
             raise Conflict(f"campaign {req.name} exists (`piloop campaign rm {req.name}` first)")
         if final.parent.exists():
             shutil.rmtree(final.parent)  # what a removed campaign of this name left
         tmp.rename(final.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    now = int(time.time() * 1000)
-    rt.redis.hset(rt.keys.campaign(req.name), mapping={
-        "name": req.name, "state": "active", "repo": src, "base": base, "branch": head_branch, "bundle": bundle,
-        "bundle_bytes": size, "agent_cmd": req.agent_cmd, "eval_cmd": req.eval_cmd, "agents": req.agents,
-        "agent_pool": req.agent_pool, "eval_pool": req.eval_pool, "workspace": ws,
-        "workspace_files": len(manifest), "agent_spec": _spec(req, agent=True), "eval_spec": _spec(req, agent=False),
-        "created": now, "by": by})
+    rt.campaigns.put(Campaign(
+        name=req.name, state="active", repo=src, base=base, branch=head_branch, bundle=bundle, bundle_bytes=size,
+        agent_cmd=req.agent_cmd, eval_cmd=req.eval_cmd, agents=req.agents, agent_pool=req.agent_pool,
+        eval_pool=req.eval_pool, workspace=ws, workspace_files=len(manifest), agent_spec=_spec(req, agent=True),
+        eval_spec=_spec(req, agent=False), created=int(time.time() * 1000), by=by))
     rt.events.add("campaign.created", by, campaign=req.name, repo=src, base=base, bundle=bundle,
                   bundle_bytes=str(size), agents=str(req.agents))
     return view(rt, req.name)
@@ -160,78 +143,61 @@ def _spec(req: CampaignCreate, agent: bool) -> str:
 def _free_agent_slots(rt: Runtime) -> dict[str, int]:
     """Per pool, the agent slots no agent holds or waits for: reachable, undrained workers (a provisioned pool:
     its `max` workers, which it starts for waiting agents)."""
-    k = rt.keys
-    names = [_s(n) for n in rt.redis.smembers(k.workers())]
-    pipe = rt.redis.pipeline(transaction=False)
-    for n in names:
-        pipe.hmget(k.worker(n), "pool", "draining")
-        pipe.exists(k.worker_alive(n))
-    got = pipe.execute()
     cap: dict[str, int] = {}
-    for i in range(len(names)):
-        pool, draining = (_s(x) for x in got[2 * i])
-        cfg = rt.executor.pools.get(pool)
-        if cfg is not None and got[2 * i + 1] and draining != "1":
-            cap[pool] = cap.get(pool, 0) + cfg.agents
+    for w in rt.workers.all():
+        cfg = rt.executor.pools.get(w.pool)
+        if cfg is not None and w.alive and not w.draining:
+            cap[w.pool] = cap.get(w.pool, 0) + cfg.agents
+    counts = rt.jobs.counts(sorted(rt.executor.pools), ("agent",))
     free = {}
     for pool, cfg in rt.executor.pools.items():
         total = cfg.provisioner.max * cfg.agents if cfg.provisioner is not None else cap.get(pool, 0)
-        busy = rt.redis.scard(k.active(pool, "agent")) + rt.redis.zcard(k.queue(pool, "agent"))
-        free[pool] = max(0, total - busy)
+        queued, running = counts[(pool, "agent")]
+        free[pool] = max(0, total - queued - running)
     return free
 
 
-def _start_commit(rt: Runtime, name: str, rec: dict[str, str]) -> str:
+def _start_commit(rt: Runtime, rec: Campaign) -> str:
     """A new agent starts from the best-scored run so far, else from the campaign's base."""
-    best = rt.redis.zrevrange(rt.keys.campaign_scores(name), 0, 0)
-    if best:
-        head = _run_head(rt, _s(best[0]))
+    for run, _ in rt.campaigns.best(rec.name, 1):
+        job = rt.jobs.get(run)
+        head = str(job.result_dict().get("head") or "") if job is not None else ""
         if head:
             return head
-    return rec["base"]
-
-
-def _run_head(rt: Runtime, run: str) -> str:
-    result = _s(rt.redis.hget(rt.keys.job(run), "result"))
-    return (json.loads(result).get("head") or "") if result else ""
+    return rec.base
 
 
 def tend(rt: Runtime) -> int:
     """Launch agents where campaigns are under target and slots are free; hand finished runs to the background.
     Returns how many agents it launched."""
-    names = sorted(_s(n) for n in rt.redis.smembers(rt.keys.campaign_names()))
-    recs = {}
+    recs: dict[str, Campaign] = {}
     count = {}
-    for name in names:
-        rec = {_s(k): _s(v) for k, v in rt.redis.hgetall(rt.keys.campaign(name)).items()}
-        if not rec:
+    for name in rt.campaigns.names():
+        rec = rt.campaigns.get(name)
+        if rec is None:
             continue
-        n, _ = rt.leases.launch(name, "-", rec["agent_pool"], None, by="service:daemon")
+        n, _ = rt.leases.launch(name, "-", rec.agent_pool, None, by="service:daemon")
         count[name] = n
-        if rec.get("state") == "active" and n < int(rec.get("agents") or 0):
+        if rec.state == "active" and n < rec.agents:
             recs[name] = rec
     launched = 0
     if recs:
         free = _free_agent_slots(rt)
-        last = {}
-        for name in recs:
-            newest = rt.redis.zrevrange(rt.keys.campaign_runs(name), 0, 0, withscores=True)
-            last[name] = newest[0][1] if newest else 0.0
+        last = {name: rt.campaigns.newest_run_ms(name) for name in recs}
         while recs:
             # the campaign with the fewest agents first, into a free slot of its pool; on a tie, the one that
             # launched longest ago, so campaigns sharing one slot take turns
             name = min(recs, key=lambda c: (count[c], last[c], c))
             rec = recs[name]
-            pool = rec["agent_pool"]
+            pool = rec.agent_pool
             if free.get(pool, 0) <= 0:
                 recs.pop(name)
                 continue
             job = new_id()
-            spec = JobSpec.model_validate_json(rec["agent_spec"])
+            spec = JobSpec.model_validate_json(rec.agent_spec)
             spec.campaign = CampaignJob(
-                repo=RepoSpec(campaign=name, bundle=rec["bundle"], commit=_start_commit(rt, name, rec),
-                              branch=f"runs/{job}"),
-                workspace=rec["workspace"] or None, collect=True)
+                repo=RepoSpec(campaign=name, bundle=rec.bundle, commit=_start_commit(rt, rec), branch=f"runs/{job}"),
+                workspace=rec.workspace or None, collect=True)
             n, did = rt.leases.launch(name, job, pool, spec.model_dump(mode="json", exclude_none=True),
                                       by="service:daemon")
             count[name] = n
@@ -241,7 +207,7 @@ def tend(rt: Runtime) -> int:
             launched += 1
             free[pool] -= 1
             last[name] = time.time() * 1000
-            if n >= int(rec["agents"]):
+            if n >= rec.agents:
                 recs.pop(name)
     _hand_off(rt)
     return launched
@@ -250,18 +216,11 @@ def tend(rt: Runtime) -> int:
 def _hand_off(rt: Runtime) -> None:
     from piloop_server import tasks  # the rq side; imported here so that the pass's module stays light
 
-    k = rt.keys
-    pending = [_s(j) for j in rt.redis.srandmember(k.campaign_pending(), INTEGRATE_BATCH) or []]
-    if not pending:
-        return
-    pipe = rt.redis.pipeline(transaction=False)
-    for job in pending:
-        pipe.hget(k.job(job), "campaign")
-    named = [_s(c) for c in pipe.execute()]
-    for job, campaign in zip(pending, named):
-        if not campaign or not rt.redis.sismember(k.campaign_names(), campaign):
+    pending = rt.campaigns.pending(INTEGRATE_BATCH)
+    for job, campaign in zip(pending, rt.jobs.field_of(pending, "campaign"), strict=True):
+        if not campaign or not rt.campaigns.exists(campaign):
             # a job labelled with a campaign that is not one (`job submit --campaign`) has nothing to take in
-            rt.redis.srem(k.campaign_pending(), job)
+            rt.campaigns.taken_in(job)
             continue
         # once per key while one is queued or running; after it ends, the job is out of the set
         tasks.submit(rt, "piloop_server.campaigns:integrate", job, key=f"campaign.integrate:{job}")
@@ -273,23 +232,22 @@ def _hand_off(rt: Runtime) -> None:
 def integrate(rt: Runtime, job_id: str) -> str:
     """Take in one succeeded campaign job: a run's commits, workspace writes and evaluation, or an evaluation's
     score. Safe to run again: every step is keyed by the job."""
-    k = rt.keys
-    h = {_s(a): _s(b) for a, b in rt.redis.hgetall(k.job(job_id)).items()}
-    name = h.get("campaign", "")
-    if not h or not name or not rt.redis.exists(k.campaign(name)):
-        rt.redis.srem(k.campaign_pending(), job_id)
+    job = rt.jobs.get(job_id)
+    rec = rt.campaigns.get(job.campaign) if job is not None and job.campaign else None
+    if job is None or rec is None:
+        rt.campaigns.taken_in(job_id)
         return "gone"
-    rec = record(rt, name)
-    result = json.loads(h.get("result") or "{}")
-    spec = JobSpec.model_validate_json(h["spec"])
+    name = rec.name
+    result = job.result_dict()
+    spec = JobSpec.model_validate_json(job.spec)
     what = "nothing"
-    if h["kind"] == "agent":
+    if job.kind == "agent":
         try:
-            what = _take_run(rt, name, rec, job_id, spec, result)
+            what = _take_run(rt, rec, job_id, spec, result)
         except (gitrepo.GitError, BlobMissing, Corrupt, BadAddress, ValueError) as e:
             # retrying cannot help (a bad bundle, a blob deleted since the report): say so once, on the run
             why = getattr(e, "message", None) or str(e)
-            rt.redis.hset(k.job(job_id), "campaign_error", why[:500])
+            rt.jobs.set_campaign_error(job_id, why[:500])
             rt.events.escalate("campaign.run_not_taken", f"run {job_id} of campaign {name} could not be taken in: "
                                f"{why}", campaign=name, job=job_id)
             what = "failed"
@@ -297,19 +255,19 @@ def integrate(rt: Runtime, job_id: str) -> str:
           and job_id == eval_id(spec.campaign.repo.branch.removeprefix("runs/"))):
         # a run is ranked by the evaluation of the head it brought back, never by one its agent asked for
         run = spec.campaign.repo.branch.removeprefix("runs/")
-        rt.redis.zadd(k.campaign_scores(name), {run: float(result["score"])})
+        rt.campaigns.score(name, run, float(result["score"]))
         rt.events.add("campaign.scored", "service:daemon", campaign=name, run=run, job=job_id,
                       score=repr(float(result["score"])))
         what = "scored"
-    rt.redis.srem(k.campaign_pending(), job_id)
+    rt.campaigns.taken_in(job_id)
     return what
 
 
-def _take_run(rt: Runtime, name: str, rec: dict[str, str], job_id: str, spec: JobSpec,
-              result: dict[str, Any]) -> str:
+def _take_run(rt: Runtime, rec: Campaign, job_id: str, spec: JobSpec, result: dict[str, Any]) -> str:
+    name = rec.name
     repo = repo_dir(rt, name)
     head, bundle = result.get("head") or "", result.get("bundle")
-    base = spec.campaign.repo.commit if spec.campaign else rec["base"]
+    base = spec.campaign.repo.commit if spec.campaign else rec.base
     if bundle and head and not gitrepo.has_commit(repo, head):
         with tempfile.TemporaryDirectory(dir=repo.parent) as d:
             path = Path(d) / "run.bundle"
@@ -322,9 +280,9 @@ def _take_run(rt: Runtime, name: str, rec: dict[str, str], job_id: str, spec: Jo
     if not head or head == base:
         rt.events.add("campaign.run_empty", "service:daemon", campaign=name, run=job_id)
         return "no commits"
-    ev = evaluation_spec(rec, name, head, job_id)
+    ev = evaluation_spec(rec, head, job_id)
     try:
-        rt.leases.enqueue(eval_id(job_id), "evaluation", rec["eval_pool"], ev.model_dump(mode="json", exclude_none=True),
+        rt.leases.enqueue(eval_id(job_id), "evaluation", rec.eval_pool, ev.model_dump(mode="json", exclude_none=True),
                           by="service:daemon", campaign=name)
     except Conflict:
         pass  # queued by an earlier try of this task
@@ -333,47 +291,32 @@ def _take_run(rt: Runtime, name: str, rec: dict[str, str], job_id: str, spec: Jo
 
 def _fold_workspace(rt: Runtime, name: str, writes_addr: str) -> None:
     writes = workspace.load(writes_addr, rt.store)
-    key = rt.keys.campaign(name)
-    for _ in range(20):  # runs of one campaign may end together: fold each in over the latest manifest
-        with rt.redis.pipeline() as pipe:
-            try:
-                pipe.watch(key)
-                old = _s(pipe.hget(key, "workspace"))
-                merged = workspace.merge(workspace.load(old, rt.store), writes)
-                new = workspace.save(merged, rt.store)
-                pipe.multi()
-                pipe.hset(key, mapping={"workspace": new, "workspace_files": len(merged)})
-                pipe.execute()
-                return
-            except redis.WatchError:
-                continue
-    raise Conflict(f"campaign {name}: the workspace kept changing while a run's writes were folded in")
+
+    def fold(old: str) -> tuple[str, int]:
+        merged = workspace.merge(workspace.load(old, rt.store), writes)
+        return workspace.save(merged, rt.store), len(merged)
+
+    if not rt.campaigns.fold_workspace(name, fold):
+        raise Conflict(f"campaign {name}: the workspace kept changing while a run's writes were folded in")
 
 
 # -- reading, pausing, removing -----------------------------------------------------------------
 
 
 def names(rt: Runtime) -> list[str]:
-    return sorted(_s(n) for n in rt.redis.smembers(rt.keys.campaign_names()))
+    return rt.campaigns.names()
 
 
 def view(rt: Runtime, name: str, runs: bool = True) -> CampaignView:
-    k = rt.keys
     rec = record(rt, name)
-    agents = [_s(j) for j in rt.redis.smembers(k.campaign_agents(name))]
-    pipe = rt.redis.pipeline(transaction=False)
-    for j in agents:
-        pipe.hget(k.job(j), "state")
-    states = [_s(st) for st in pipe.execute()]
-    scores = {_s(r): float(s) for r, s in rt.redis.zrange(k.campaign_scores(name), 0, -1, withscores=True)}
+    states = rt.jobs.field_of(rt.campaigns.agents(name), "state")
+    scores = rt.campaigns.scores(name)
     out = CampaignView(
-        name=name, state=rec["state"], repo=rec["repo"], base=rec["base"], bundle=rec["bundle"],
-        bundle_bytes=int(rec.get("bundle_bytes") or 0), agent_cmd=rec["agent_cmd"], eval_cmd=rec["eval_cmd"],
-        agents=int(rec["agents"]), agent_pool=rec["agent_pool"], eval_pool=rec["eval_pool"],
-        workspace=rec.get("workspace", ""), workspace_files=int(rec.get("workspace_files") or 0),
+        name=name, state=rec.state, repo=rec.repo, base=rec.base, bundle=rec.bundle, bundle_bytes=rec.bundle_bytes,
+        agent_cmd=rec.agent_cmd, eval_cmd=rec.eval_cmd, agents=rec.agents, agent_pool=rec.agent_pool,
+        eval_pool=rec.eval_pool, workspace=rec.workspace, workspace_files=rec.workspace_files,
         live=sum(1 for s in states if s in ("leased", "running")), queued=sum(1 for s in states if s == "queued"),
-        created_ms=int(rec.get("created") or 0), by=rec.get("by", ""),
-        best=max(scores.values()) if scores else None)
+        created_ms=rec.created, by=rec.by, best=max(scores.values()) if scores else None)
     if runs:
         out.runs = _runs(rt, name, scores)
     return out
@@ -384,32 +327,28 @@ def summary(rt: Runtime, top: int = 3) -> list[dict[str, Any]]:
     out = []
     for name in names(rt):
         c = view(rt, name, runs=False)
-        best = rt.redis.zrevrange(rt.keys.campaign_scores(name), 0, top - 1, withscores=True)
         out.append({"name": name, "state": c.state, "live": c.live, "queued": c.queued, "target": c.agents,
-                    "runs": rt.redis.zcard(rt.keys.campaign_runs(name)),
-                    "best": [{"branch": f"runs/{_s(r)}", "score": s} for r, s in best]})
+                    "runs": rt.campaigns.run_count(name),
+                    "best": [{"branch": f"runs/{r}", "score": s} for r, s in rt.campaigns.best(name, top)]})
     return out
 
 
 def _runs(rt: Runtime, name: str, scores: dict[str, float]) -> list[RunView]:
-    k = rt.keys
-    ids = [_s(j) for j in rt.redis.zrange(k.campaign_runs(name), 0, -1)]
-    pipe = rt.redis.pipeline(transaction=False)
-    for j in ids:
-        pipe.hmget(k.job(j), "state", "result", "spec", "reason", "created", "worker", "campaign_error")
-        pipe.hmget(k.job(eval_id(j)), "state", "reason")
-    got = pipe.execute()
+    ids = rt.campaigns.runs(name)
+    got = rt.jobs.get_many([x for j in ids for x in (j, eval_id(j))])
     out = []
     for i, j in enumerate(ids):
-        state, result, spec, reason, created, worker, error = (_s(x) for x in got[2 * i])
-        ev_state, ev_reason = (_s(x) for x in got[2 * i + 1])
-        res = json.loads(result) if result else {}
-        camp = (json.loads(spec).get("campaign") or {}) if spec else {}
+        run, ev = got[2 * i], got[2 * i + 1]
+        if run is None:
+            continue
+        ev_state, ev_reason = (ev.state, ev.reason) if ev is not None else ("", "")
+        camp = run.spec_dict().get("campaign") or {}
         out.append(RunView(
-            job=j, state=state, branch=f"runs/{j}", worker=worker, base=(camp.get("repo") or {}).get("commit", ""),
-            head=res.get("head") or "", evaluation=eval_id(j) if ev_state else "", evaluation_state=ev_state,
-            score=scores.get(j), reason=error or (ev_reason if ev_state == "failed" else reason),
-            created_ms=int(created or 0)))
+            job=j, state=run.state, branch=f"runs/{j}", worker=run.worker,
+            base=(camp.get("repo") or {}).get("commit", ""), head=run.result_dict().get("head") or "",
+            evaluation=eval_id(j) if ev_state else "", evaluation_state=ev_state, score=scores.get(j),
+            reason=run.campaign_error or (ev_reason if ev_state == "failed" else run.reason),
+            created_ms=run.created))
     # scored runs first, best first; then the rest, newest first
     out.sort(key=lambda r: (r.score is None, -(r.score or 0.0), -r.created_ms))
     return out
@@ -418,10 +357,10 @@ def _runs(rt: Runtime, name: str, scores: dict[str, float]) -> list[RunView]:
 def set_state(rt: Runtime, name: str, state: str, by: str) -> CampaignView:
     """Pause (launch no agent, withdraw the queued ones; live agents run to their end) or resume."""
     record(rt, name)
-    rt.redis.hset(rt.keys.campaign(name), "state", state)
+    rt.campaigns.set_state(name, state)
     if state == "paused":
-        for j in rt.redis.smembers(rt.keys.campaign_agents(name)):
-            rt.leases.cancel(_s(j), by, only_queued=True)  # one leased meanwhile runs on
+        for j in rt.campaigns.agents(name):
+            rt.leases.cancel(j, by, only_queued=True)  # one leased meanwhile runs on
     rt.events.add(f"campaign.{'paused' if state == 'paused' else 'resumed'}", by, campaign=name)
     return view(rt, name, runs=False)
 
@@ -429,7 +368,6 @@ def set_state(rt: Runtime, name: str, state: str, by: str) -> CampaignView:
 def remove(rt: Runtime, name: str, by: str, force: bool) -> list[str]:
     """Forget a campaign; its jobs stay listed, its blobs stay in the CAS. Refused while it has agents that have
     not ended, unless `force`, which cancels them."""
-    k = rt.keys
     record(rt, name)
     n, _ = rt.leases.launch(name, "-", "-", None, by=by)
     cancelled = []
@@ -437,45 +375,13 @@ def remove(rt: Runtime, name: str, by: str, force: bool) -> list[str]:
         if not force:
             raise Conflict(f"campaign {name} has {n} agent(s) not ended: `piloop campaign pause {name}` and wait, "
                            "or `--force` to cancel them")
-        rt.redis.hset(k.campaign(name), "state", "paused")
-        for j in rt.redis.smembers(k.campaign_agents(name)):
-            j = _s(j)
-            if _s(rt.redis.hget(k.job(j), "state")) not in TERMINAL_STATES:
+        rt.campaigns.set_state(name, "paused")
+        agents = rt.campaigns.agents(name)
+        for j, state in zip(agents, rt.jobs.field_of(agents, "state"), strict=True):
+            if state not in TERMINAL_STATES:
                 rt.leases.cancel(j, by)
                 cancelled.append(j)
-    pipe = rt.redis.pipeline()
-    pipe.srem(k.campaign_names(), name)
-    pipe.delete(k.campaign(name), k.campaign_agents(name), k.campaign_runs(name), k.campaign_scores(name))
-    pipe.hdel(k.campaign_live(), name)
-    pipe.execute()
+    rt.campaigns.forget(name)
     shutil.rmtree(repo_dir(rt, name).parent, ignore_errors=True)
     rt.events.add("campaign.removed", by, campaign=name, cancelled=",".join(cancelled))
     return cancelled
-
-
-# -- a worker's fetch of what is newer ---------------------------------------------------------
-
-
-def newer_bundle(rt: Runtime, name: str, have: list[str]) -> BundleResponse:
-    """A bundle of the campaign's branches leaving out what `have` reaches (cached in the CAS by what it
-    leaves out), or nothing when nothing is newer."""
-    repo = repo_dir(rt, name)
-    known = sorted({h for h in have if gitrepo.SHA.match(h) and gitrepo.has_commit(repo, h)})
-    tips = gitrepo.tips(repo)
-    key = rt.keys.campaign_bundle(name, hashlib.sha256(" ".join(known + ["|"] + tips).encode()).hexdigest()[:32])
-    cached = _s(rt.redis.get(key))
-    if cached:
-        addr, _, size = cached.partition(" ")
-        if addr == "-":
-            return BundleResponse()
-        if rt.store.has(addr):
-            return BundleResponse(address=addr, size=int(size))
-    with tempfile.TemporaryDirectory(dir=repo.parent) as d:
-        path = Path(d) / "newer.bundle"
-        if not gitrepo.bundle(repo, path, ["--branches", *(f"^{h}" for h in known)]):
-            rt.redis.set(key, "- 0", ex=BUNDLE_CACHE_SECONDS)
-            return BundleResponse()
-        size = path.stat().st_size
-        addr = rt.store.put_file(path)
-    rt.redis.set(key, f"{addr} {size}", ex=BUNDLE_CACHE_SECONDS)
-    return BundleResponse(address=addr, size=size)

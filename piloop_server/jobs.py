@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import json
 import secrets as _secrets
-from typing import Any
 
 from piloop_common import envnames
 from piloop_common.errors import BadRequest, NotFound
 from piloop_common.protocol import TERMINAL_STATES, JobView, SubmitRequest
 from piloop_common.sizes import format_memory
 from piloop_server.runtime import Runtime
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
 
 
 def new_id() -> str:
@@ -49,24 +44,16 @@ def submit(rt: Runtime, req: SubmitRequest, by: str) -> str:
 
 
 def view(rt: Runtime, job_id: str) -> JobView:
-    pipe = rt.redis.pipeline(transaction=False)
-    pipe.hgetall(rt.keys.job(job_id))
-    pipe.lrange(rt.keys.job_log(job_id), 0, -1)
-    pipe.lrange(rt.keys.job_progress(job_id), 0, -1)
-    h, log, notes = pipe.execute()
-    if not h:
+    got = rt.jobs.with_log(job_id)
+    if got is None:
         raise NotFound(f"no job {job_id} (see `piloop job list`)")
-    f = {_s(k): _s(v) for k, v in h.items()}
-    result = json.loads(f["result"]) if f.get("result") else {}
-    chunks = result.get("log") or [_s(c) for c in log]
+    j = got.job
+    result = j.result_dict()
     return JobView(
-        id=f["id"], kind=f["kind"], pool=f["pool"], campaign=f.get("campaign", ""), image=f.get("image", ""),
-        state=f["state"], attempts=int(f.get("attempts") or 0), lost=int(f.get("lost") or 0),
-        worker=f.get("worker", ""), token=f.get("token", ""), created_ms=int(f.get("created") or 0),
-        updated_ms=int(f.get("updated") or 0), reason=f.get("reason", ""),
-        spec=json.loads(f.get("spec") or "{}"), result=result, log=chunks,
-        progress=[json.loads(n) for n in notes], memory_mb=int(f.get("grant_mb") or 0),
-        retry_ms=int(f.get("retry_at") or 0))
+        id=j.id, kind=j.kind, pool=j.pool, campaign=j.campaign, image=j.image, state=j.state, attempts=j.attempts,
+        lost=j.lost, worker=j.worker, token=j.token, created_ms=j.created, updated_ms=j.updated, reason=j.reason,
+        spec=j.spec_dict(), result=result, log=result.get("log") or got.log,
+        progress=[json.loads(n) for n in got.progress], memory_mb=j.grant_mb, retry_ms=j.retry_at)
 
 
 def waiting(rt: Runtime, v: JobView) -> str:
@@ -75,25 +62,18 @@ def waiting(rt: Runtime, v: JobView) -> str:
     when one could take it, or the job waits out a backoff. It stays queued either way: a worker may come."""
     if v.state != "queued" or v.retry_ms:
         return ""
-    names = [_s(n) for n in rt.redis.smembers(rt.keys.workers())]
-    pipe = rt.redis.pipeline(transaction=False)
-    for n in names:
-        pipe.hmget(rt.keys.worker(n), "pool", "image", "room_mb", "draining")
-        pipe.exists(rt.keys.worker_alive(n))
-    got = pipe.execute()
-    live = [(_s(f[1]), _s(f[2])) for f, alive in zip(got[::2], got[1::2])
-            if alive and _s(f[0]) == v.pool and _s(f[3]) != "1"]
+    live = [w for w in rt.workers.all() if w.alive and w.pool == v.pool and not w.draining]
     pool = rt.executor.pools.get(v.pool)
     if not live:
         if pool is not None and pool.provisioner is not None:
             return ""  # the provisioner starts workers for what is queued
         return f"no live worker in pool {v.pool}"
     if v.image:
-        live = [w for w in live if w[0] == v.image]
+        live = [w for w in live if w.image == v.image]
         if not live:
             return f"no live worker of pool {v.pool} runs image {v.image}"
     grant = v.memory_mb or int(v.spec.get("memory_mb") or 0) or (pool.memory_mb if pool is not None else 0) or 0
-    rooms = [int(room) for _, room in live if room]
+    rooms = [w.room_mb for w in live if w.room_mb is not None]
     if grant and rooms and len(rooms) == len(live) and grant > max(rooms):  # a worker that sent no room takes any
         return (f"its grant of {format_memory(grant)} is larger than the room of every live worker of pool {v.pool} "
                 f"(the most: {format_memory(max(rooms))})")
@@ -101,7 +81,7 @@ def waiting(rt: Runtime, v: JobView) -> str:
 
 
 def listing(rt: Runtime, state: str | None, pool: str | None, limit: int = 200) -> list[JobView]:
-    ids = [_s(x) for x in rt.redis.zrevrange(rt.keys.jobs(), 0, max(limit * 5, 1000) - 1)]
+    ids = rt.jobs.newest(max(limit * 5, 1000))
     out: list[JobView] = []
     for jid in ids:
         try:

@@ -14,7 +14,6 @@ import time
 import types
 from typing import Annotated, Any, Union, get_args, get_origin
 
-import redis
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
@@ -22,6 +21,7 @@ from piloop_common.config import ExecutorConfig
 from piloop_common.errors import BadRequest, NotFound
 from piloop_common.protocol import LimitView
 from piloop_server.state import limits as state
+from piloop_server.state.connection import Client
 from piloop_server.state.keys import Keys
 from piloop_server.state.records.limit import Limit
 
@@ -147,7 +147,7 @@ def _with(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
 
 
 class Limits:
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: Client, keys: Keys) -> None:
         self.r = client
         self.k = keys
 

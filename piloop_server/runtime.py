@@ -8,18 +8,22 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis
-
 from piloop_common.cas import Store
 from piloop_common.config import ExecutorConfig, Settings
-from piloop_server.state.events import Events
 from piloop_server.limits import Limits
 from piloop_server.secrets import Secrets
+from piloop_server.state.campaigns import CampaignsState
+from piloop_server.state.connection import Client
 from piloop_server.state.disruption import Disruption
-from piloop_server.state.generation import GenerationCheck, GenerationRecord, ensure_generation
+from piloop_server.state.events import Events
+from piloop_server.state.generation import GenerationCheck, GenerationRecord, current_generation, ensure_generation
+from piloop_server.state.jobs import JobsState
 from piloop_server.state.keys import Keys
 from piloop_server.state.leases import Caps, Leases, Timings
 from piloop_server.state.provisioned import ProvisionedState
+from piloop_server.state.relay import RelayState
+from piloop_server.state.taskqueue import TaskQueues
+from piloop_server.state.workers import WorkersState
 from piloop_server.tokens import CACHE_SECONDS, TokenStore
 
 
@@ -27,7 +31,7 @@ from piloop_server.tokens import CACHE_SECONDS, TokenStore
 class Runtime:
     settings: Settings
     home: Path
-    redis: redis.Redis
+    redis: Client
     store: Store
     cas_id: str
     keys: Keys = field(init=False)
@@ -39,6 +43,11 @@ class Runtime:
     events: Events = field(init=False)
     secrets: Secrets = field(init=False)
     provisioned: ProvisionedState = field(init=False)
+    jobs: JobsState = field(init=False)
+    workers: WorkersState = field(init=False)
+    campaigns: CampaignsState = field(init=False)
+    relay: RelayState = field(init=False)
+    taskqueues: TaskQueues = field(init=False)
     user: str = field(default_factory=getpass.getuser)
     server_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     executor: ExecutorConfig = field(init=False)
@@ -55,11 +64,19 @@ class Runtime:
         self.events = Events(self.redis, self.keys, self.caps.events)
         self.secrets = Secrets(self.redis, self.keys, self.home)  # refuses a key file others can read
         self.provisioned = ProvisionedState(self.redis, self.keys)
+        self.jobs = JobsState(self.redis, self.keys)
+        self.workers = WorkersState(self.redis, self.keys)
+        self.campaigns = CampaignsState(self.redis, self.keys)
+        self.taskqueues = TaskQueues(self.redis, self.keys.rq_prefix())
+        self.relay = RelayState(self.redis, self.keys)  # one per runtime, so its scripts' SHAs load once
         self.refresh_limits()
 
     def check_generation(self, record: GenerationRecord) -> GenerationCheck:
         """The generation marker against the daemon's record; after a data loss no work is handed out for grace."""
         return ensure_generation(self.redis, self.keys, record, int(self.executor.grace_seconds * 1000))
+
+    def generation(self) -> int | None:
+        return current_generation(self.redis, self.keys)
 
     def refresh_limits(self) -> list[str]:
         """Apply the limits to config.toml's executor (each pass, and at once after a change)."""

@@ -27,11 +27,11 @@ from piloop_common.config import Settings
 from piloop_common.errors import Unavailable
 from piloop_common.listen import check_listen, uvicorn_tls
 from piloop_common.prctl import set_name
-from piloop_server import embedded
+from piloop_server.state import embedded
 from piloop_server.api import wakeup
 from piloop_server.app import create_app, via_socket
 from piloop_server.daemon import Pass, run as run_pass
-from piloop_server.redisconn import check_policy, connect
+from piloop_server.state.connection import check_policy, connect
 from piloop_server.runtime import Runtime
 from piloop_server.state.generation import GenerationRecord
 from piloop_server.tokens import check_stored_names

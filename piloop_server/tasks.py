@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import hashlib
 import importlib
 import logging
@@ -32,12 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 from piloop_common.errors import ConfigError
 from piloop_common.prctl import PR_SET_PDEATHSIG, prctl
+from piloop_server.state import taskqueue
 from piloop_server.state.keys import Keys
 
 if TYPE_CHECKING:
-    import redis
-
     from piloop_server.runtime import Runtime
+    from piloop_server.state.connection import Client
 
 log = logging.getLogger("piloop.tasks")
 
@@ -49,7 +48,6 @@ RETRY_ENV = "PILOOP_TASK_RETRY_SECONDS"
 RETRY_SECONDS = (5, 30, 120)
 TIMEOUT_SECONDS = 600  # a task still running then is killed (rq's death penalty) and retried
 FAILURE_TTL_SECONDS = 86_400  # how long rq keeps a task that failed its last retry, for inspection
-ENDED = (b"finished", b"failed", b"stopped", b"canceled")
 RESTART_MAX_SECONDS = 60.0
 # how often `Workers.watch` looks for queued tasks when nothing woke it: a submit in this process (the pass, the
 # API) wakes it at once; one from another process (a task that submits to another queue) is seen within this
@@ -85,21 +83,6 @@ def retry_seconds() -> list[int]:
     return got or list(RETRY_SECONDS)
 
 
-@functools.lru_cache(maxsize=None)
-def _classes(prefix: str) -> tuple[type, type]:
-    """rq's Job and Queue with our prefix: right whatever prefix rq was imported with in this process."""
-    from rq.job import Job
-    from rq.queue import Queue
-
-    job = type("PiloopJob", (Job,), {"redis_job_namespace_prefix": prefix + ":job:"})
-    queue = type("PiloopQueue", (Queue,), {"redis_queue_namespace_prefix": prefix + ":queue:",
-                                          "redis_queues_keys": prefix + ":queues", "job_class": job})
-    return job, queue
-
-
-_queues: dict[tuple[int, type, str], Any] = {}  # (client, prefix's Job class, queue) -> rq Queue; each holds its client
-
-
 def submit(rt: Runtime, func: str, *args: Any, key: str, queue: str = DEFAULT) -> bool:
     """Run `func` ("module:function", called as `function(rt, *args)`, args JSON-able) in a background worker.
 
@@ -111,15 +94,10 @@ def submit(rt: Runtime, func: str, *args: Any, key: str, queue: str = DEFAULT) -
     from rq import Retry
     from rq.callbacks import Callback
     from rq.exceptions import DuplicateJobError
-    from rq.serializers import JSONSerializer
 
     if ":" not in func:
         raise ValueError(f"func {func!r}: name it module:function")
-    job_cls, queue_cls = _classes(rt.keys.rq_prefix())
-    q = _queues.get((id(rt.redis), job_cls, queue))
-    if q is None:  # kept: a Queue asks the server's version (INFO) once
-        q = _queues[(id(rt.redis), job_cls, queue)] = queue_cls(queue, connection=rt.redis, job_class=job_cls,
-                                                                serializer=JSONSerializer)
+    q = rt.taskqueues.queue(queue)
     jid = job_id(key)
     intervals = retry_seconds()
     for _ in range(2):
@@ -132,27 +110,9 @@ def submit(rt: Runtime, func: str, *args: Any, key: str, queue: str = DEFAULT) -
             _submitted.set()
             return True
         except DuplicateJobError:
-            if not _clear_ended(rt.redis, job_cls.key_for(jid)):
+            if not rt.taskqueues.clear_ended(jid):
                 return False
     return False
-
-
-def _clear_ended(r: redis.Redis, job_key: str) -> bool:
-    """Forget a task that has ended (failed, stopped) so its key can run again; False while it is live."""
-    import redis as redis_lib
-
-    with r.pipeline(transaction=True) as pipe:
-        try:
-            pipe.watch(job_key)
-            status = pipe.hget(job_key, "status")
-            if status is not None and status not in ENDED:
-                return False
-            pipe.multi()
-            pipe.delete(job_key)
-            pipe.execute()
-            return True
-        except redis_lib.WatchError:
-            return False  # another submit got there first
 
 
 # -- inside a worker process -------------------------------------------------------------------------
@@ -166,7 +126,7 @@ def _call(func: str, key: str, args: list) -> None:
     fn(_rt, *args)
 
 
-def _failed(job: Any, connection: redis.Redis, exc_type: Any, exc_value: Any, _tb: Any) -> None:
+def _failed(job: Any, connection: Client, exc_type: Any, exc_value: Any, _tb: Any) -> None:
     """rq's failure callback, for every failed run (also of a task whose worker died): the last one is an event."""
     func, key = (job.args or ["?", "?"])[:2]
     error = f"{getattr(exc_type, '__name__', exc_type)}: {exc_value}"
@@ -194,75 +154,11 @@ def _die_with(parent: int) -> None:
         threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _worker_alive(conn: redis.Redis, name: str) -> bool:
-    from rq.worker import Worker
-
-    h = conn.hgetall(Worker.redis_worker_namespace_prefix + name) if name else {}
-    if not h or b"death" in h:
-        return False
-    if h.get(b"hostname", b"").decode() != socket.gethostname():
-        return True
-    with contextlib.suppress(ValueError):
-        pid = int(h.get(b"pid", b"0"))
-        if pid == os.getpid():
-            return False
-        with contextlib.suppress(OSError):
-            os.kill(pid, 0)
-            return True
-    return False
-
-
-def _reclaim(conn: redis.Redis, names: list[str]) -> None:
-    """Tasks left running by a worker that died: retried now (or failed, with their event), not after rq's
-    expiry, which would hold their keys for the task timeout and more."""
-    from rq.executions import Execution
-    from rq.registry import StartedJobRegistry
-    from rq.serializers import JSONSerializer
-
-    for name in names:
-        reg = StartedJobRegistry(name, connection=conn, serializer=JSONSerializer)
-        dead = []
-        for jid, eid in reg.get_job_and_execution_ids(cleanup=False):
-            try:
-                worker = Execution.fetch(eid, jid, conn).worker_name
-            except ValueError:
-                worker = ""
-            if not _worker_alive(conn, worker):
-                dead.append(f"{jid}:{eid}")
-        if dead:
-            log.warning("event=tasks.reclaimed queue=%s tasks=%d (their worker died)", name, len(dead))
-            conn.zadd(reg.key, {c: 0 for c in dead}, xx=True)
-            reg.cleanup(timestamp=1)  # rq's own handling of abandoned tasks: retry, or fail with the callback
-
-
-def _schedule(conn: redis.Redis, names: list[str], home: Path) -> None:
-    """Moves tasks whose retry delay has passed back to their queue (rq's scheduler, in a thread of this process
-    rather than rq's forked one, which would outlive the server). Named per host and home, so a restarted worker
-    takes its lock back at once."""
-    from rq.scheduler import RQScheduler
-    from rq.serializers import JSONSerializer
-
-    name = "piloop-" + hashlib.sha256(f"{socket.gethostname()}:{home}:{names}".encode()).hexdigest()[:16]
-    sched = RQScheduler(names, connection=conn, interval=1, serializer=JSONSerializer, name=name)
-    failing = False
-    while True:
-        try:
-            sched.acquire_locks()
-            if sched.acquired_locks:
-                sched.enqueue_scheduled_jobs()
-            failing = False
-        except Exception as e:  # Redis away: try again next second
-            if not failing:
-                log.warning("event=tasks.scheduler_failed error=%s", e)
-            failing = True
-        time.sleep(1.0)
-
-
 def _runtime(home: Path) -> Runtime:
     from piloop_common.cas import open_store
     from piloop_common.config import load_settings
-    from piloop_server.redisconn import connect
     from piloop_server.runtime import Runtime
+    from piloop_server.state.connection import connect
 
     settings = load_settings(home)
     client = connect(settings, home)
@@ -297,21 +193,17 @@ def main(argv: list[str] | None = None) -> int:
     rt = _runtime(a.home)
     prefix = rt.keys.rq_prefix()
     os.environ[PREFIX_ENV] = prefix
-    import redis as redis_lib
     import rq.defaults
 
-    if rq.defaults.RQ_KEY_PREFIX != prefix:
+    if prefix != rq.defaults.RQ_KEY_PREFIX:
         raise ConfigError(f"rq was imported with the key prefix {rq.defaults.RQ_KEY_PREFIX!r}, not {prefix!r}")
     from rq import SimpleWorker
     from rq.serializers import JSONSerializer
 
-    from piloop_server.redisconn import state_url
-
     _rt = rt
-    # rq's own client: rq lengthens its socket timeout for the blocking pop, which the Runtime's must not get
-    conn = redis_lib.Redis.from_url(state_url(rt.settings, a.home), socket_connect_timeout=5)
-    _reclaim(conn, a.queue)
-    threading.Thread(target=_schedule, args=(conn, a.queue, a.home), name="scheduler", daemon=True).start()
+    conn = taskqueue.rq_connection(rt.settings, a.home)
+    taskqueue.reclaim(conn, a.queue)
+    threading.Thread(target=taskqueue.schedule, args=(conn, a.queue, a.home), name="scheduler", daemon=True).start()
     worker = SimpleWorker(a.queue, connection=conn, serializer=JSONSerializer,
                           name=f"{'+'.join(a.queue)}.{socket.gethostname()}.{os.getpid()}")
     log.info("event=tasks.ready queues=%s pid=%d seconds=%.2f rss_mb=%.0f", ",".join(a.queue), os.getpid(),
@@ -348,11 +240,7 @@ class Workers:
         idle = [n for n in self.names if n not in self.procs]
         if not idle:
             return []
-        _, queue_cls = _classes(self.rt.keys.rq_prefix())
-        pipe = self.rt.redis.pipeline(transaction=False)
-        for n in idle:
-            pipe.llen(queue_cls.redis_queue_namespace_prefix + n)
-        return [n for n, waiting in zip(idle, pipe.execute()) if waiting]
+        return self.rt.taskqueues.waiting(idle)
 
     def watch(self, stop: threading.Event) -> None:
         due: dict[str, float] = {}
@@ -366,7 +254,7 @@ class Workers:
             try:
                 for name in self._wanted():
                     self._spawn(name)
-            except Exception as e:  # Redis away: the pass says so; look again next time
+            except Exception as e:  # noqa: BLE001 (Redis away: the pass says so; look again next time)
                 log.debug("event=tasks.watch_failed error=%s", e)
             now = time.monotonic()
             for name, p in list(self.procs.items()):

@@ -16,12 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from piloop_common.errors import Conflict, NotFound, Refused
 from piloop_common.names import check_name, problem
 from piloop_server.state import names as stored_names
 from piloop_server.state import tokens as state
+from piloop_server.state.connection import Client
 from piloop_server.state.keys import Keys
 from piloop_server.state.records.token import Token
 
@@ -43,7 +42,7 @@ def _live(rec: Token) -> Token:
 
 
 class TokenStore:
-    def __init__(self, client: redis.Redis, keys: Keys, cache_seconds: float = 0.0) -> None:
+    def __init__(self, client: Client, keys: Keys, cache_seconds: float = 0.0) -> None:
         self.r = client
         self.k = keys
         self.cache_seconds = cache_seconds
@@ -128,7 +127,7 @@ class TokenStore:
             self._cache.pop(h, None)
 
 
-def check_stored_names(client: redis.Redis, keys: Keys) -> None:
+def check_stored_names(client: Client, keys: Keys) -> None:
     """At start: Conflict naming the first token or worker name in Redis that the name rule refuses (one made
     before the rule), and how to remove it, since such a name may collide with another key."""
     for kind, name in stored_names.stored(client, keys):
@@ -143,7 +142,7 @@ def check_stored_names(client: redis.Redis, keys: Keys) -> None:
 
 def open_verifier(settings: Any, home: Path) -> Callable[[str], bool]:
     """For `piloop cas serve`: accepts a bearer token when it is a live piloop token."""
-    from piloop_server.redisconn import connect
+    from piloop_server.state.connection import connect
 
     store = TokenStore(connect(settings, home, start_embedded=False), Keys(settings.namespace))
 

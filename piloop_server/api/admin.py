@@ -31,10 +31,9 @@ def worker_list(rt: RuntimeDep, caller: ActorDep) -> list[WorkerView]:
 def status(request: Request, rt: RuntimeDep, caller: ActorDep) -> dict:
     ws = workers.views(rt)
     info = request.app.state.daemon_info
-    gen = rt.redis.get(rt.keys.generation())
     return {
         "daemon": {**info, "server_id": rt.server_id, "version": __version__},
-        "redis": {"embedded": rt.settings.plugins.state.embedded, "generation": int(gen) if gen else None,
+        "redis": {"embedded": rt.settings.plugins.state.embedded, "generation": rt.generation(),
                   "namespace": rt.settings.namespace},
         "cas": {"provider": rt.settings.plugins.cas.provider, "id": rt.cas_id},
         "pools": workers.pool_summary(rt, ws),

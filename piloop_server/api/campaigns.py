@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 
 from piloop_common.errors import BadRequest, Refused
 from piloop_common.protocol import PROTOCOL, BundleRequest, BundleResponse, CampaignCreate, CampaignView
-from piloop_server import campaigns
+from piloop_server import campaign_repo, campaigns
 from piloop_server.api import wakeup
 from piloop_server.api.deps import ActorDep, RuntimeDep, WorkerDep
 from piloop_server.api.relay import relay_state
@@ -56,4 +56,4 @@ def bundle(body: BundleRequest, rt: RuntimeDep, caller: WorkerDep, request: Requ
     live = relay_state(request).check(RelayCaller(body.job, body.token, caller.name))  # the lease must be live: else LeaseLost
     if not live.campaign:
         raise BadRequest(f"job {body.job} is not a campaign's")
-    return campaigns.newer_bundle(rt, live.campaign, body.have)
+    return campaign_repo.newer_bundle(rt, live.campaign, body.have)

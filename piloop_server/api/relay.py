@@ -17,9 +17,14 @@ from fastapi import APIRouter, Depends, Request
 
 from piloop_common.errors import BadRequest, Conflict, Forbidden, NotFound
 from piloop_common.protocol import (
-    RELAY_JOB_HEADER, RELAY_TOKEN_HEADER, JobView, ProgressNote, RelaySubmit, SubmitResponse,
+    RELAY_JOB_HEADER,
+    RELAY_TOKEN_HEADER,
+    JobView,
+    ProgressNote,
+    RelaySubmit,
+    SubmitResponse,
 )
-from piloop_server import campaigns, jobs
+from piloop_server import campaign_repo, campaigns, jobs
 from piloop_server.api import wakeup
 from piloop_server.api.deps import RuntimeDep, WorkerDep
 from piloop_server.runtime import Runtime
@@ -29,12 +34,8 @@ router = APIRouter(prefix="/v1/relay", tags=["relay"])
 
 
 def relay_state(request: Request) -> RelayState:
-    app = request.app
-    state = getattr(app.state, "relay_state", None)
-    if state is None:  # one per app, so the scripts' SHAs are loaded once
-        rt: Runtime = app.state.runtime
-        state = app.state.relay_state = RelayState(rt.redis, rt.keys)
-    return state
+    rt: Runtime = request.app.state.runtime
+    return rt.relay
 
 
 def _caller(request: Request, worker: WorkerDep) -> Caller:
@@ -80,11 +81,11 @@ def submit(body: RelaySubmit, rt: RuntimeDep, state: StateDep, caller: CallerDep
     except NotFound:
         raise Forbidden(f"job {caller.job}'s campaign {name} is not a campaign (removed, or a label given by hand): "
                         "only a campaign's agent may submit") from None
-    pool = rec.get("eval_pool", "")
+    pool = rec.eval_pool
     if pool not in rt.executor.pools:
         raise Conflict(f"campaign {name}'s eval pool {pool} is not a pool of this server's config")
-    commit = campaigns.repo_commit(rt, name, body.commit)
-    spec = campaigns.evaluation_spec(rec, name, commit, run=caller.job)
+    commit = campaign_repo.repo_commit(rt, name, body.commit)
+    spec = campaigns.evaluation_spec(rec, commit, run=caller.job)
     job_id = campaigns.relayed_eval_id(caller.job, commit)
     if state.submit_evaluation(caller, job_id, pool, spec.model_dump(mode="json", exclude_none=True), campaign=name):
         wakeup.notify(request.app)

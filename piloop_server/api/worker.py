@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 from fastapi import APIRouter, Request, Response
@@ -12,9 +11,24 @@ from starlette.concurrency import run_in_threadpool
 
 from piloop_common.errors import NotFound, PiloopError, Refused
 from piloop_common.protocol import (
-    PROTOCOL, Assignment, ClaimRequest, ClaimResponse, HeartbeatResponse, HostSample, JobSpec, LogAnswer, LogAppend,
+    PROTOCOL,
+    Assignment,
+    ClaimRequest,
+    ClaimResponse,
+    HeartbeatResponse,
+    HostSample,
+    JobSpec,
+    LogAnswer,
+    LogAppend,
     RegisterRequest,
-    RegisterResponse, ReleaseRequest, ReportAnswer, ReportRequest, ReportResponse, ReportsRequest, ReportsResponse, Timing,
+    RegisterResponse,
+    ReleaseRequest,
+    ReportAnswer,
+    ReportRequest,
+    ReportResponse,
+    ReportsRequest,
+    ReportsResponse,
+    Timing,
     WorkerHello,
 )
 from piloop_server import pools
@@ -103,7 +117,7 @@ async def claim(body: ClaimRequest, rt: RuntimeDep, caller: WorkerDep, request: 
             return _json(resp)
         try:
             await asyncio.wait_for(event.wait(), left)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if await request.is_disconnected():
                 return _json(ClaimResponse(reason="nothing"))
             return _json(await _claim_for(body, rt, caller, request))
@@ -128,14 +142,14 @@ def _give_back(rt: Runtime, caller: Caller, leases: list[Assignment]) -> None:
 
 def _claim(body: ClaimRequest, rt: Runtime, caller: Caller) -> ClaimResponse:
     name = caller.name
-    rec = rt.redis.hmget(rt.keys.worker(name), "pool", "image", "sample", "reason")
-    if rec[0] is None:
+    rec = rt.workers.get(name)
+    if rec is None or not rec.pool:
         raise NotFound(f"worker {name} is not registered: register again")
-    pool_name, image = rec[0].decode(), (rec[1] or b"").decode()
+    pool_name, image = rec.pool, rec.image
     pool = rt.executor.pools.get(pool_name)
     if pool is None:
         raise Refused(f"pool {pool_name} is gone from the server's config")
-    sample = json.loads(rec[2]) if rec[2] else None
+    sample = rec.sample_dict()
     hs = HostSample.model_validate({k: v for k, v in sample.items() if k != "admission"}) if sample else None
     reason = pools.host_reason(pool, hs, (sample or {}).get("admission", ""))
     leases: list[Lease] = []
@@ -152,8 +166,8 @@ def _claim(body: ClaimRequest, rt: Runtime, caller: Caller) -> ClaimResponse:
             leases += c.leases
             per_kind[kind] = c.reason or ("slots" if len(c.leases) >= want else "nothing")
         reason = "" if leases else pools.combine_reasons(per_kind)
-    if reason != (rec[3] or b"").decode():  # a worker claiming again and again mostly has the same: no write
-        rt.redis.hset(rt.keys.worker(name), "reason", reason)
+    if reason != rec.reason:  # a worker claiming again and again mostly has the same: no write
+        rt.workers.set_reason(name, reason)
     return ClaimResponse(leases=_assignments(rt, leases), reason=reason)
 
 
@@ -161,16 +175,14 @@ def _assignments(rt: Runtime, leases: list[Lease]) -> list[Assignment]:
     """What each lease's worker needs of its job, read in one round trip."""
     if not leases:
         return []
-    pipe = rt.redis.pipeline(transaction=False)
-    for lease in leases:
-        pipe.hmget(rt.keys.job(lease.job), "kind", "pool", "campaign", "image", "spec", "granted_mb")
     out = []
-    for lease, f in zip(leases, pipe.execute()):
-        spec = JobSpec.model_validate_json(f[4])
+    for lease, job in zip(leases, rt.jobs.get_many([lease.job for lease in leases]), strict=True):
+        if job is None:
+            continue  # removed since the claim (it cannot be: a leased job is kept); nothing to run
+        spec = JobSpec.model_validate_json(job.spec)
         secrets = rt.secrets.values(spec.secrets) if spec.secrets and getattr(rt, "secrets", None) else {}
-        out.append(Assignment(job=lease.job, token=lease.token, kind=f[0].decode(), pool=f[1].decode(),
-                              campaign=(f[2] or b"").decode(), image=(f[3] or b"").decode(), spec=spec,
-                              secrets=secrets, memory_mb=int(f[5] or 0) or None))
+        out.append(Assignment(job=lease.job, token=lease.token, kind=job.kind, pool=job.pool, campaign=job.campaign,
+                              image=job.image, spec=spec, secrets=secrets, memory_mb=job.granted_mb or None))
     return out
 
 

@@ -70,3 +70,9 @@ def ensure_generation(client: redis.Redis, keys: Keys, record: GenerationRecord,
     pipe.execute()
     record.write(keys.namespace, gen)
     return GenerationCheck(gen, True)
+
+
+def current_generation(client: redis.Redis, keys: Keys) -> int | None:
+    """The generation Redis holds now (None before the daemon's first start)."""
+    raw = client.get(keys.generation())
+    return int(raw) if raw is not None else None

@@ -12,7 +12,7 @@ from typing import Iterator
 
 
 def redis_server_binary() -> str:
-    from piloop_server.embedded import binary
+    from piloop_server.state.embedded import binary
 
     return binary()
 

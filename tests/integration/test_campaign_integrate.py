@@ -14,7 +14,7 @@ from piloop_common import gitrepo
 from piloop_common.cas import open_store
 from piloop_common.config import load_settings
 from piloop_common.protocol import CampaignCreate, CampaignJob, JobSpec, RepoSpec
-from piloop_server import campaigns
+from piloop_server import campaign_repo, campaigns
 from piloop_server.runtime import Runtime
 from tests.integration.test_campaigns import GIT_ENV, make_repo
 
@@ -61,7 +61,7 @@ def test_taking_a_run_in_twice_is_one_branch_and_one_evaluation(rt, tmp_path):
     assert not rt.redis.sismember(rt.keys.campaign_pending(), "jaaaaaaaaaaaa")
     # a retried task (the first one's answer lost) changes nothing
     assert campaigns.integrate(rt, "jaaaaaaaaaaaa") == "evaluation queued"
-    repo = campaigns.repo_dir(rt, "c")
+    repo = campaign_repo.repo_dir(rt, "c")
     assert gitrepo.git("rev-parse", "runs/jaaaaaaaaaaaa", cwd=repo).strip() == head
     ev = campaigns.eval_id("jaaaaaaaaaaaa")
     queued = [j.decode() for j in rt.redis.zrange(rt.keys.queue("serve", "evaluation"), 0, -1)]

@@ -8,7 +8,12 @@ import redis
 
 from piloop_common.config import Settings
 from piloop_common.errors import ConfigError, Unavailable
-from piloop_server import embedded
+from piloop_server.state import embedded
+
+# what the rest of the server holds and hands on, never reads through: the state modules take it
+Client = redis.Redis
+# the errors that mean Redis is not answering (the API answers 503 for them)
+UNREACHABLE: tuple[type[Exception], ...] = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
 def state_url(settings: Settings, home: Path) -> str:
@@ -16,7 +21,7 @@ def state_url(settings: Settings, home: Path) -> str:
     return st.url.get_secret_value() if st.url is not None else embedded.url(home)
 
 
-def connect(settings: Settings, home: Path, *, start_embedded: bool = False) -> redis.Redis:
+def connect(settings: Settings, home: Path, *, start_embedded: bool = False) -> Client:
     if settings.plugins.state.embedded and start_embedded:
         embedded.start(home)
     url = state_url(settings, home)

@@ -1,0 +1,81 @@
+"""A worker as Redis keeps it: one hash per worker (written by register.lua, heartbeat.lua, claim.lua and
+drain.lua), its field names written here once."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+# attribute -> the hash field it is stored under
+FIELDS: dict[str, str] = {
+    "name": "name",
+    "pool": "pool",
+    "image": "image",
+    "cas": "cas",  # the identity of the CAS it reads and writes
+    "sample": "sample",  # JSON: its last host sample (and its admission verdict)
+    "protocol": "protocol",
+    "info": "info",  # JSON: host, pid, version
+    "registered": "registered",  # ms
+    "seen": "seen",  # ms: its last heartbeat
+    "reason": "reason",  # why its last claim got no lease
+    "draining": "draining",  # '1': it takes no more jobs
+    "room_mb": "room_mb",  # the memory it said it has room for, at its last claim
+}
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
+
+
+def _i(v: Any) -> int:
+    s = _s(v)
+    return int(s) if s.lstrip("-").isdigit() else 0
+
+
+@dataclass(frozen=True)
+class Worker:
+    name: str
+    pool: str = ""
+    image: str = ""
+    cas: str = ""
+    sample: str = ""
+    protocol: str = ""
+    info: str = ""
+    registered: int = 0
+    seen: int = 0
+    reason: str = ""
+    draining: bool = False
+    room_mb: int | None = None
+    # beside the hash: whether its alive key is there, and the jobs it holds leases on, by kind
+    alive: bool = False
+    leases: dict[str, list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def from_hash(cls, h: dict[Any, Any], alive: bool = False, leases: dict[str, list[str]] | None = None
+                  ) -> Worker | None:
+        """The record of an HGETALL reply; None for an empty one (no such worker)."""
+        if not h:
+            return None
+        got = {_s(k): v for k, v in h.items()}
+        out: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in FIELDS:
+                continue
+            raw = got.get(FIELDS[f.name])
+            if f.name == "draining":
+                out[f.name] = _s(raw) == "1"
+            elif f.name == "room_mb":
+                out[f.name] = _i(raw) if _s(raw) else None
+            elif f.type == "int":
+                out[f.name] = _i(raw)
+            else:
+                out[f.name] = _s(raw)
+        return cls(**out, alive=alive, leases=leases or {})
+
+    def sample_dict(self) -> dict[str, Any] | None:
+        try:
+            got = json.loads(self.sample) if self.sample else None
+        except ValueError:
+            return None
+        return got if isinstance(got, dict) else None
