@@ -68,7 +68,7 @@ class Runtime:
         self.workers = WorkersState(self.redis, self.keys)
         self.campaigns = CampaignsState(self.redis, self.keys)
         self.taskqueues = TaskQueues(self.redis, self.keys.rq_prefix())
-        self.relay = RelayState(self.redis, self.keys)  # one per runtime, so its scripts' SHAs load once
+        self.relay = RelayState(self.redis, self.keys, self.caps.progress_keep)  # one per runtime: its SHAs load once
         self.refresh_limits()
 
     def check_generation(self, record: GenerationRecord) -> GenerationCheck:

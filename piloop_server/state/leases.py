@@ -36,10 +36,12 @@ class Caps:
     events: EventCap = EventCap()
     log_chunks: int = 20_000
     report_bytes: int = 256 * 1024
+    progress_keep: int = 200  # the newest notes of a job that the server keeps
 
     @classmethod
     def from_state(cls, st: Any) -> "Caps":
-        return cls(EventCap(st.events_max, st.event_value_bytes), st.log_chunks_max, st.report_max_bytes)
+        return cls(EventCap(st.events_max, st.event_value_bytes), st.log_chunks_max, st.report_max_bytes,
+                   st.progress_keep)
 
 
 @dataclass(frozen=True)

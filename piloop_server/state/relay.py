@@ -12,7 +12,6 @@ from piloop_common.errors import Forbidden
 from piloop_server.state.keys import Keys
 from piloop_server.state.scripts import Scripts
 
-PROGRESS_KEEP = 200  # the newest notes of a job that the server keeps
 RELAYED_EVALUATIONS = 100  # the most evaluations one agent may queue through its relay
 _FORBIDDEN = "PILOOP_FORBIDDEN "
 
@@ -43,8 +42,9 @@ class LiveJob:
 
 
 class RelayState:
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, progress_keep: int) -> None:
         self.k = keys
+        self.progress_keep = progress_keep
         self.scripts = Scripts(client)
 
     def _keys(self, c: Caller) -> list[str]:
@@ -62,7 +62,7 @@ class RelayState:
     def progress(self, c: Caller, note: str) -> int:
         return int(self.scripts.run(
             "relay_progress", [*self._keys(c), self.k.job_progress(c.job)],
-            [*self._args(c), json.dumps({"note": note, "by": c.signed}), PROGRESS_KEEP]))
+            [*self._args(c), json.dumps({"note": note, "by": c.signed}), self.progress_keep]))
 
     def submit_evaluation(self, c: Caller, job_id: str, pool: str, spec: dict[str, Any], *, campaign: str) -> bool:
         """Queue `campaign`'s evaluation `job_id` (its spec built by the server) for the agent `c`, checked against

@@ -224,8 +224,6 @@ def test_a_job_view_is_bounded(world):
     finish(world, a)
 
 
-@pytest.mark.xfail(strict=True, reason="[plugins.state] progress_keep is ignored: state/relay.py passes its own "
-                   "PROGRESS_KEEP = 200 to relay_progress.lua, so a job keeps 200 notes whatever the config says")
 def test_progress_notes_keep_the_configured_number(world):
     a = leased(world)
     try:
