@@ -213,7 +213,7 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     c = res.get("cas")
     if c:
         big, small = c["large"], c["small"]
-        for size, d, title in (("large", big, f"1 × {c['large_bytes'] // MiB} MiB"),
+        for _size, d, title in (("large", big, f"1 × {c['large_bytes'] // MiB} MiB"),
                                ("small", small, f"{c['small_count']:,} × 64 KiB")):
             for op in ("put", "get"):
                 key = f"{op}_mbs"
@@ -294,10 +294,10 @@ def table(rs: list[dict[str, Any]], load: dict[str, float], args: dict[str, Any]
         lines.append([r["figure"], r["unit"], fmt(r["piloop"]), *(fmt(r["peers"].get(p)) for p in PEERS), other,
                       fmt(r["best"]), ratio])
     widths = [max(len(x[i]) for x in [head, *lines]) for i in range(len(head))]
-    out = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |",
+    out = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |",
            "| " + " | ".join("-" * (w - 1) + (":" if i >= 2 else "-") for i, w in enumerate(widths)) + " |"]
     for x in lines:
-        out.append("| " + " | ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(x, widths)))
+        out.append("| " + " | ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(x, widths, strict=True)))
                    + " |")
     out.append("")
     out.append(f"(↑ higher is better, ↓ lower is better; one machine, {os.cpu_count()} CPUs, one redis-server; load "

@@ -30,14 +30,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import boto3  # noqa: E402
-from helpers.s3 import free_port, start_moto, stop, wait_until_answers  # noqa: E402
+import boto3
+from helpers.s3 import free_port, start_moto, stop, wait_until_answers
 
-from piloop_common.cas.cached import CachedStore  # noqa: E402
-from piloop_common.cas.config import S3CasConfig  # noqa: E402
-from piloop_common.cas.http import HttpStore  # noqa: E402
-from piloop_common.cas.local import LocalStore  # noqa: E402
-from piloop_common.cas.s3 import S3Store  # noqa: E402
+from piloop_common.cas.cached import CachedStore
+from piloop_common.cas.config import S3CasConfig
+from piloop_common.cas.http import HttpStore
+from piloop_common.cas.local import LocalStore
+from piloop_common.cas.s3 import S3Store
 
 MiB = 1 << 20
 BUCKET = "piloop-bench"

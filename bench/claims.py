@@ -17,27 +17,27 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
-import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import psutil  # noqa: E402
-import redis  # noqa: E402
+import psutil
+import redis
 
-from piloop_common.client import ApiClient  # noqa: E402
-from piloop_common.errors import Unavailable  # noqa: E402
-from piloop_server.state.generation import GenerationRecord, ensure_generation  # noqa: E402
-from piloop_server.state.keys import Keys  # noqa: E402
-from piloop_server.state.leases import Leases, Timings  # noqa: E402
-from piloop_server.tokens import TokenStore  # noqa: E402
-from tests.helpers.redis import RedisProcess, free_port  # noqa: E402
-from tests.helpers.serve import Daemon, short_home  # noqa: E402
-from tests.helpers.simworker import SimWorker, sample  # noqa: E402
+from piloop_common.client import ApiClient
+from piloop_common.errors import Unavailable
+from piloop_server.state.generation import GenerationRecord, ensure_generation
+from piloop_server.state.keys import Keys
+from piloop_server.state.leases import Leases, Timings
+from piloop_server.tokens import TokenStore
+from tests.helpers.redis import RedisProcess, free_port
+from tests.helpers.serve import Daemon, short_home
+from tests.helpers.simworker import SimWorker, sample
 
 TIMINGS = Timings(grace_ms=60_000, toleration_ms=600_000)
 
@@ -153,7 +153,7 @@ class Cpu:
     def _cpu(self) -> dict[str, float]:
         return {k: sum(p.cpu_times()[:2]) for k, p in self.procs.items()}
 
-    def __enter__(self) -> "Cpu":
+    def __enter__(self) -> Cpu:
         self.t, self.c = time.perf_counter(), self._cpu()
         return self
 

@@ -136,7 +136,7 @@ class RssWatch:
             if self.stop.wait(0.1):
                 return
 
-    def __enter__(self) -> "RssWatch":
+    def __enter__(self) -> RssWatch:
         self.thread.start()
         return self
 
@@ -306,7 +306,7 @@ class PiloopSide:
         self.homes: list[Path] = []
         self.n_workers = 0
 
-    def start(self) -> "PiloopSide":
+    def start(self) -> PiloopSide:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         if self.profile is None or os.environ.get("BENCH_PROFILE") == "worker":
@@ -416,7 +416,7 @@ class PiloopSide:
                         mark = tmp / f"piloop-{what}-{i}-{uuid.uuid4().hex[:6]}"
                         t = time.time()
                         api.call("POST", "/v1/jobs", {"pool": "bench", "spec": self.spec(api, what, stamp=mark)})
-                        started = wait_until(lambda: stamp_time(mark), 120, "a piloop job to start", every=0.001)
+                        started = wait_until(lambda mark=mark: stamp_time(mark), 120, "a piloop job to start", every=0.001)
                         if i >= 0:
                             out[what].samples.append(started - t)
                     say(f"piloop {what}: start latency median {out[what].median_ms:.0f} ms, p99 "
@@ -504,7 +504,7 @@ def rq_latency(rp: RedisProcess, k: int, gap: float, cls: str, tmp: Path) -> Lat
             mark = tmp / f"rq-{cls}-{i}-{uuid.uuid4().hex[:6]}"
             t = time.time()
             q.enqueue(stamp, str(mark))
-            started = wait_until(lambda: stamp_time(mark), 60, "an rq job to start", every=0.001)
+            started = wait_until(lambda mark=mark: stamp_time(mark), 60, "an rq job to start", every=0.001)
             if i >= 0:
                 out.samples.append(started - t)
         time.sleep(gap)
@@ -581,7 +581,7 @@ def celery_latency(rp: RedisProcess, k: int, gap: float, pool: str, tmp: Path) -
                 mark = tmp / f"celery-{pool}-{i}-{uuid.uuid4().hex[:6]}"
                 t = time.time()
                 app.send_task("bench.stamp", (str(mark),), queue=queue, producer=producer)
-                started = wait_until(lambda: stamp_time(mark), 60, "a Celery job to start", every=0.001)
+                started = wait_until(lambda mark=mark: stamp_time(mark), 60, "a Celery job to start", every=0.001)
                 if i >= 0:
                     out.samples.append(started - t)
         time.sleep(gap)

@@ -38,7 +38,6 @@ def main() -> None:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     else:
         import cProfile
-
         import time
 
         prof = cProfile.Profile() if wall else cProfile.Profile(time.process_time)

@@ -261,7 +261,7 @@ class Secrets:
             return {}
         openers = self.source.openers()
         out: dict[str, str] = {}
-        for name, rec in zip(names, self.state.get_many(names)):
+        for name, rec in zip(names, self.state.get_many(names), strict=True):
             if rec is None:
                 log.warning("event=secret.missing name=%s (removed after the job was submitted)", name)
                 continue

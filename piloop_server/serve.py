@@ -27,12 +27,13 @@ from piloop_common.config import Settings
 from piloop_common.errors import Unavailable
 from piloop_common.listen import check_listen, uvicorn_tls
 from piloop_common.prctl import set_name
-from piloop_server.state import embedded
 from piloop_server.api import wakeup
 from piloop_server.app import create_app, via_socket
-from piloop_server.daemon import Pass, run as run_pass
-from piloop_server.state.connection import check_policy, connect
+from piloop_server.daemon import Pass
+from piloop_server.daemon import run as run_pass
 from piloop_server.runtime import Runtime
+from piloop_server.state import embedded
+from piloop_server.state.connection import check_policy, connect
 from piloop_server.state.generation import GenerationRecord
 from piloop_server.tokens import check_stored_names
 
@@ -190,7 +191,7 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, lambda: [setattr(s, "should_exit", True) for s in servers])
-            await asyncio.gather(*(s.serve(sockets=[sk]) for s, sk in zip(servers, servers_socks)))
+            await asyncio.gather(*(s.serve(sockets=[sk]) for s, sk in zip(servers, servers_socks, strict=True)))
 
         try:
             with asyncio.Runner(loop_factory=uvloop.new_event_loop if uvloop else None) as runner:

@@ -14,9 +14,10 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 
@@ -24,22 +25,48 @@ from piloop_common import __version__, envnames
 from piloop_common.cas import Store
 from piloop_common.client import ApiClient
 from piloop_common.errors import BadRequest, LeaseLost, NotFound, PiloopError, Refused, StoreError, from_payload
-from piloop_common.hostinfo import Sampler, memory_pressure
 from piloop_common.gitrepo import GitError
+from piloop_common.hostinfo import Sampler, memory_pressure
 from piloop_common.protocol import (
-    PROTOCOL, Assignment, BundleRequest, BundleResponse, CampaignJob, ClaimRequest, ClaimResponse, HeldJob,
-    RegisterRequest, RegisterResponse, ReleaseRequest,
-    REPORTS_PER_CALL, ReportRequest, ReportResponse, ReportsRequest, ReportsResponse, Timing, Usage, WorkerHello, LogAppend,
+    PROTOCOL,
+    REPORTS_PER_CALL,
+    Assignment,
+    BundleRequest,
+    BundleResponse,
+    CampaignJob,
+    ClaimRequest,
+    ClaimResponse,
+    HeldJob,
+    LogAppend,
+    RegisterRequest,
+    RegisterResponse,
+    ReleaseRequest,
+    ReportRequest,
+    ReportResponse,
+    ReportsRequest,
+    ReportsResponse,
+    Timing,
+    Usage,
+    WorkerHello,
 )
 from piloop_worker import pressure
 from piloop_worker.cgroups import Cgroups, JobCgroup
 from piloop_worker.heartbeat import Heartbeat, Reachability, orphaned
-from piloop_worker.jobdir import (JobDir, SpareDirs, files_under, mark_run_dir, read_json, run_dir_for, scan,
-                                  sweep_run_dirs, unmark_run_dir)
+from piloop_worker.jobdir import (
+    JobDir,
+    SpareDirs,
+    files_under,
+    mark_run_dir,
+    read_json,
+    run_dir_for,
+    scan,
+    sweep_run_dirs,
+    unmark_run_dir,
+)
 from piloop_worker.logs import LogShipper
 from piloop_worker.relay import Relay, socket_path
-from piloop_worker.room import Room, available_mb
 from piloop_worker.repos import Repos, parse_score
+from piloop_worker.room import Room, available_mb
 from piloop_worker.shimhost import ShimHost
 from piloop_worker.spool import Spool
 
@@ -428,7 +455,7 @@ class Worker:
             carried = ask if i + REPORTS_PER_CALL >= len(ready) else None  # the claim rides the last call
             answers, got = self.send_reports([h.report for h in batch if h.report is not None],
                                              carried[0] if carried is not None else None)
-            for h, answer in zip(batch, answers):
+            for h, answer in zip(batch, answers, strict=True):
                 try:
                     self._sent(h, answer)
                 except OSError as e:
@@ -494,7 +521,7 @@ class Worker:
             self.reach.failed(e, self.name)
             return [None] * len(reports), None
         out: list[str | None] = []
-        for report, a in zip(reports, got.answers):
+        for report, a in zip(reports, got.answers, strict=True):
             if a.error is None:
                 self.spool.remove(report.report_id)
                 log.info("event=job.reported job=%s outcome=%s answer=%s", report.job, report.outcome, a.answer)

@@ -44,7 +44,7 @@ def orphan_after(grace_seconds: float) -> float | None:
         return None
 
 
-def orphaned(w: "Worker") -> bool:
+def orphaned(w: Worker) -> bool:
     """Whether this worker, holding no job, has not reached its server for its orphan time (logged once, when it
     has). Before it ever registered it knows no `grace_seconds` from the server: then the default's."""
     grace = w.timing.grace_seconds if w.timing else DEFAULT_GRACE_SECONDS
@@ -89,7 +89,7 @@ class Reachability:
 
 
 class Heartbeat(threading.Thread):
-    def __init__(self, worker: "Worker", api: ApiClient) -> None:
+    def __init__(self, worker: Worker, api: ApiClient) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self.worker = worker
         self.api = api

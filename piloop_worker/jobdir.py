@@ -193,11 +193,11 @@ class JobDir:
         self.run = run if run is not None else root
 
     @classmethod
-    def for_lease(cls, workdir: Path, job: str, token: str, rundir: Path | None = None) -> "JobDir":
+    def for_lease(cls, workdir: Path, job: str, token: str, rundir: Path | None = None) -> JobDir:
         return cls.named(workdir, f"{job}.{token}", rundir)
 
     @classmethod
-    def named(cls, workdir: Path, name: str, rundir: Path | None = None) -> "JobDir":
+    def named(cls, workdir: Path, name: str, rundir: Path | None = None) -> JobDir:
         """The job dir `name` of the worker whose `--dir` is `workdir` and whose run dir is `rundir`."""
         return cls(workdir / "jobs" / name, rundir / "jobs" / name if rundir is not None else None)
 
@@ -227,7 +227,7 @@ class JobDir:
         """Whether the control files are on the disk (no run dir), where `exit.json` is fsynced."""
         return self.run == self.root
 
-    def create(self, job_record: dict[str, Any], deadline: float | None = None, spare: "SpareDirs | None" = None,
+    def create(self, job_record: dict[str, Any], deadline: float | None = None, spare: SpareDirs | None = None,
                ) -> None:
         """The dirs with `work/` and `outputs/` (`inputs/` comes with the first input; a `spare` dir, emptied by an
         earlier job, where there is one), `job.json` and the first deadline. Those two are written in place, not
@@ -248,7 +248,7 @@ class JobDir:
         if deadline is not None:
             write_file(self.deadline_file, repr(float(deadline)))
 
-    def remove(self, spare: "SpareDirs | None" = None) -> None:
+    def remove(self, spare: SpareDirs | None = None) -> None:
         """Both dirs, the data first (emptied and kept as a `spare` where it takes it): a run dir left alone by a
         crash halfway is dropped by the next `scan`."""
         if spare is None or not spare.give(self.root):

@@ -20,8 +20,8 @@ import select
 import socket
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from piloop_common.client import ApiClient
 from piloop_common.protocol import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
@@ -160,7 +160,7 @@ class Relay:
         conn.settimeout(self.timeout * 3 + 5)
         try:
             _Handler(conn, ("relay", 0), (self, le))
-        except Exception as e:  # one bad call never ends the relay
+        except Exception as e:  # noqa: BLE001 — one bad call never ends the relay
             log.warning("event=relay.error job=%s error=%s", le.job, e)
         finally:
             with contextlib.suppress(OSError):
@@ -176,7 +176,7 @@ class Relay:
         try:
             status, content = self.api.request(method, path, body or None, headers={**self.api.headers, **headers},
                                                timeout=self.timeout)
-        except Exception as e:  # the server is away: the job's call fails now, as a direct call would
+        except Exception as e:  # noqa: BLE001 — the server is away: the job's call fails now, as a direct call would
             return 503, _error("unavailable", f"the worker's relay cannot reach the server: {type(e).__name__}: {e}")
         log.info("event=relay.call job=%s path=%s status=%d", le.job, path, status)
         return status, content

@@ -14,9 +14,9 @@ import json
 import math
 import re
 import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 from piloop_common import gitrepo, workspace
 from piloop_common.cas import Store

@@ -41,7 +41,6 @@ from typing import Any
 from piloop_common.prctl import set_name
 from piloop_worker import cgroups, shim, tasks  # imported here, once, so every forked shim starts warm
 
-
 IDLE_SECONDS = 60.0  # an idle shim held longer than this is let go: a burst's shims do not stay forever
 FDS_ENV = "PILOOP_SHIM_FDS_FD"  # the host's end of the socket the shims' pairs come on
 
@@ -112,7 +111,7 @@ def main() -> None:
 class _Shim:
     """The worker's end of one shim's socket pair, and what the worker knows of that shim."""
 
-    __slots__ = ("sock", "generation", "jobs", "idle_since")
+    __slots__ = ("generation", "idle_since", "jobs", "sock")
 
     def __init__(self, sock: socket.socket, generation: int) -> None:
         self.sock = sock
@@ -135,7 +134,7 @@ class ShimHost:
         self.generation = 0
         self.sent_modules: set[str] = set()  # the task modules the host was sent (and so imports)
 
-    def start(self) -> "ShimHost":
+    def start(self) -> ShimHost:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         fds_mine, fds_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:

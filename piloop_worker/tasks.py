@@ -72,7 +72,7 @@ def run(target: str, jd: JobDir) -> int:
         ser, args, kwargs = load_arguments(jd)
         value = resolve(target)(*args, **kwargs)
         data = dump_result(ser, value)
-    except BaseException as e:
+    except BaseException as e:  # noqa: BLE001 — whatever the task raised (SystemExit too) is its failure
         import traceback  # here, on a failure only: it brings linecache, tokenize and textwrap into the shim host
         tb = traceback.format_exc()
         sys.stderr.write(tb)
@@ -118,7 +118,7 @@ def child(req: dict[str, Any], jd: JobDir, cgroup_join: Path | None) -> None:
             with contextlib.suppress(Exception):
                 stream.reconfigure(line_buffering=True)  # lines reach the log (and `piloop attach`) as printed
         code = run(req["task"], jd)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 — the task's host reports any end as its exit status
         with contextlib.suppress(BaseException):
             import traceback
             traceback.print_exc()

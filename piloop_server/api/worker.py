@@ -240,7 +240,7 @@ def _reports(body: ReportsRequest, rt: Runtime, caller: Caller) -> tuple[list[Re
         batch.append(_as_report(one, caller.name, present))
         at.append(i)
     wake = False
-    for i, got in zip(at, rt.leases.report_many(batch, _memory_caps(rt)) if batch else []):
+    for i, got in zip(at, rt.leases.report_many(batch, _memory_caps(rt)) if batch else [], strict=True):
         if isinstance(got, PiloopError):
             answers[i] = ReportAnswer(error=got.code, message=got.message)
             continue

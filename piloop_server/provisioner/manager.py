@@ -28,7 +28,14 @@ from typing import Any
 
 from piloop_common.config import ProvisionerConfig
 from piloop_server.provisioner.base import (
-    NAME_ENV, ORPHAN_ENV, TAG_ENV, Handle, PlatformAuthError, Provider, StartRefused, open_provider,
+    NAME_ENV,
+    ORPHAN_ENV,
+    TAG_ENV,
+    Handle,
+    PlatformAuthError,
+    Provider,
+    StartRefused,
+    open_provider,
 )
 from piloop_server.runtime import Runtime
 from piloop_server.state.provisioned import KINDS, ProvisionedState
@@ -357,7 +364,7 @@ def start(rt: Runtime, name: str, pool: str, url: str) -> None:
         auth_failed(rt, pool, e)
         st.update(name, state="stopped", since=st.now_ms(), why="the platform refused our credentials")
         return
-    except Exception as e:  # a quota, no GPU, or any other failed start: the pool backs off
+    except Exception as e:  # noqa: BLE001 — a quota, no GPU, or any other failed start: the pool backs off
         msg = getattr(e, "message", None) or str(e)
         st.update(name, state="stopped", since=st.now_ms(), why=f"refused: {msg}")
         fail(rt, pool, msg, refused=True)

@@ -79,7 +79,7 @@ class Disruption:
              policy.absent_ms, policy.settle_ms, uuid.uuid4().hex, *self.unusable_tokens()])
         pairs = [_s(x) for x in ended]
         return Decision(tuple(_s(p) for p in held), tuple(_s(p) for p in began),
-                        tuple(zip(pairs[::2], pairs[1::2])), tuple(_s(w) for w in forget))
+                        tuple(zip(pairs[::2], pairs[1::2], strict=True)), tuple(_s(w) for w in forget))
 
     def holds(self) -> dict[str, Hold]:
         """Every hold Redis keeps, by pool (those that timed out included, until their pool is back)."""
@@ -99,4 +99,4 @@ class Disruption:
             ([k.worker(n), k.worker_alive(n), k.workers(), *(k.worker_leases(n, kind) for kind in KINDS), k.events()],
              [n, by]) for n in names]
         replies = self.scripts.run_many("forget_worker", calls) if calls else []
-        return [n for n, r in zip(names, replies) if r == 1]
+        return [n for n, r in zip(names, replies, strict=True) if r == 1]

@@ -9,10 +9,11 @@ from typing import Any
 
 import redis
 
-from piloop_common.errors import LeaseLost, NotFound, PiloopError, TooLarge
+from piloop_common.errors import NotFound, PiloopError, TooLarge
 from piloop_common.protocol import JobSpec
 from piloop_server.state.keys import Keys
-from piloop_server.state.records.job import FIELDS as JF, HISTORY_KEEP
+from piloop_server.state.records.job import FIELDS as JF
+from piloop_server.state.records.job import HISTORY_KEEP
 from piloop_server.state.scripts import EventCap, Scripts
 
 KINDS = ("agent", "evaluation")
@@ -33,13 +34,13 @@ def fence(token: str) -> int:
 class Caps:
     """What one caller may make Redis hold ([plugins.state]): see docs/security.md."""
 
-    events: EventCap = EventCap()
+    events: EventCap = field(default_factory=EventCap)
     log_chunks: int = 20_000
     report_bytes: int = 256 * 1024
     progress_keep: int = 200  # the newest notes of a job that the server keeps
 
     @classmethod
-    def from_state(cls, st: Any) -> "Caps":
+    def from_state(cls, st: Any) -> Caps:
         return cls(EventCap(st.events_max, st.event_value_bytes), st.log_chunks_max, st.report_max_bytes,
                    st.progress_keep)
 
@@ -56,7 +57,7 @@ class RetryPolicy:
     memory_cap_mb: int  # 0: the worker's room
 
     @classmethod
-    def of(cls, spec_json: str | bytes | None, pool_cap_mb: int | None) -> "RetryPolicy":
+    def of(cls, spec_json: str | bytes | None, pool_cap_mb: int | None) -> RetryPolicy:
         try:
             spec = JobSpec.model_validate_json(spec_json or b"{}")
         except ValueError:
@@ -129,7 +130,7 @@ class Timings:
     max_lost: int = 3
 
     @classmethod
-    def from_executor(cls, ex: Any) -> "Timings":
+    def from_executor(cls, ex: Any) -> Timings:
         return cls(int(ex.grace_seconds * 1000), int(ex.toleration_seconds * 1000), ex.max_lost)
 
 
@@ -139,9 +140,9 @@ def _s(v: Any) -> str:
 
 def _heartbeat_answers(beats: list[Beat], reply: list[Any]) -> list[tuple[int, dict[str, str]] | NotFound]:
     now = int(reply[0])
-    return [(now, {lease.job: _s(st) for lease, st in zip(b.held, answer[1:])}) if int(answer[0])
+    return [(now, {lease.job: _s(st) for lease, st in zip(b.held, answer[1:], strict=True)}) if int(answer[0])
             else NotFound(f"worker {b.worker} is not registered: register again")
-            for b, answer in zip(beats, reply[1:])]
+            for b, answer in zip(beats, reply[1:], strict=True)]
 
 
 def _answered(answer: tuple[int, dict[str, str]] | NotFound) -> tuple[int, dict[str, str]]:
@@ -251,7 +252,7 @@ class Leases:
             raise got
         return got
 
-    def report_many(self, reports: list["Report"], memory_caps: dict[str, int | None] | None = None,
+    def report_many(self, reports: list[Report], memory_caps: dict[str, int | None] | None = None,
                     ) -> list[dict[str, Any] | PiloopError]:
         """`report` for each, in order, in two round trips (the jobs' kind and pool, then the scripts): each answer,
         or the PiloopError that report met (an unknown job, a lease lost), the others standing."""
@@ -261,7 +262,7 @@ class Leases:
             pipe.hmget(k.job(rep.job), JF["kind"], JF["pool"], JF["spec"])
         out: list[Any] = [None] * len(reports)
         calls, at = [], []
-        for i, (rep, (kind_b, pool_b, spec)) in enumerate(zip(reports, pipe.execute())):
+        for i, (rep, (kind_b, pool_b, spec)) in enumerate(zip(reports, pipe.execute(), strict=True)):
             if kind_b is None:
                 out[i] = NotFound(f"job {rep.job} does not exist")
                 continue
@@ -281,7 +282,7 @@ class Leases:
                  REPORT_TTL_SECONDS, self.t.max_lost, rep.reason, self.t.grace_ms, self.t.toleration_ms,
                  1 if rep.oom else 0, *RetryPolicy.of(spec, (memory_caps or {}).get(pool)).args(),
                  stale_summary(rep.result)]))
-        for i, reply in zip(at, self.scripts.run_many("report", calls) if calls else []):
+        for i, reply in zip(at, self.scripts.run_many("report", calls) if calls else [], strict=True):
             out[i] = reply if isinstance(reply, PiloopError) else json.loads(_s(reply))
         return out
 

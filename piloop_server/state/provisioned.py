@@ -61,7 +61,7 @@ class ProvisionedState:
         pipe = self.r.pipeline(transaction=False)
         for n in names:
             pipe.hgetall(self.k.provisioned(n))
-        return {n: Provisioned.from_redis(n, h) for n, h in zip(names, pipe.execute()) if h}
+        return {n: Provisioned.from_redis(n, h) for n, h in zip(names, pipe.execute(), strict=True) if h}
 
     def get(self, name: str) -> Provisioned | None:
         h = self.r.hgetall(self.k.provisioned(name))
@@ -141,7 +141,7 @@ class ProvisionedState:
         pipe = self.r.pipeline(transaction=False)
         for kind in KINDS:
             pipe.zcard(self.k.queue(pool, kind))
-        return dict(zip(KINDS, (int(n) for n in pipe.execute())))
+        return dict(zip(KINDS, (int(n) for n in pipe.execute()), strict=True))
 
     # -- a worker's end ------------------------------------------------------------------------
     def drain(self, name: str, by: str, why: str) -> bool:

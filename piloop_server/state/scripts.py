@@ -121,7 +121,7 @@ class Scripts:
                     raise
                 raise err from e
             again = []
-            for i, reply in zip(todo, replies):
+            for i, reply in zip(todo, replies, strict=True):
                 if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 0:
                     again.append(i)  # Redis restarted or SCRIPT FLUSH: this call never ran; load again, once
                 elif isinstance(reply, redis.exceptions.RedisError):

@@ -47,7 +47,7 @@ class WorkersState:
         out = []
         for i, _ in enumerate(names):
             h, alive, *held = got[step * i: step * i + step]
-            rec = Worker.from_hash(h, bool(alive), {kind: sorted(_s(j) for j in ids) for kind, ids in zip(KINDS, held)})
+            rec = Worker.from_hash(h, bool(alive), {kind: sorted(_s(j) for j in ids) for kind, ids in zip(KINDS, held, strict=True)})
             if rec is not None:
                 out.append(rec)
         return out

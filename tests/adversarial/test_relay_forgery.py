@@ -266,7 +266,7 @@ def test_a_bad_commit_is_refused(world, what, commit, status, words):
 
 def test_a_body_that_is_not_an_object_is_refused(world):
     for raw in (b"not json", b"[]", b'"' + world.base.encode() + b'"', b"{}"):
-        refused(world, lambda: as_holder(world, "agent", "POST", "/v1/relay/submit", raw=raw), 400, "")
+        refused(world, lambda raw=raw: as_holder(world, "agent", "POST", "/v1/relay/submit", raw=raw), 400, "")
 
 
 # -- whose lease: the holder, under its token, of a live uncancelled agent of a campaign ---------------------
@@ -276,7 +276,7 @@ def test_another_jobs_id_with_your_own_token_is_refused(world):
     # my worker, the victim's job id, my lease's token: the lease key of that job holds another token
     for method, path, body in (("POST", "/v1/relay/submit", {"commit": world.base}), ("GET", "/v1/relay/job", None),
                                ("POST", "/v1/relay/progress", {"note": "x"})):
-        refused(world, lambda: relay(world, method, path, worker=me.worker, job=other.job, lease=me.token, body=body),
+        refused(world, lambda method=method, path=path, body=body: relay(world, method, path, worker=me.worker, job=other.job, lease=me.token, body=body),
                 409, "lease under this token has ended")
     # a job that does not exist, and the headers missing
     refused(world, lambda: relay(world, "GET", "/v1/relay/job", worker=me.worker, job="jnope", lease=me.token),
@@ -291,7 +291,7 @@ def test_another_workers_lease_token_is_refused_and_named(world):
     before = len(events(world.d, "lease.foreign_token"))
     for method, path, body in (("POST", "/v1/relay/submit", {"commit": world.base}), ("GET", "/v1/relay/job", None),
                                ("POST", "/v1/relay/progress", {"note": "x"})):
-        refused(world, lambda: relay(world, method, path, worker=thief, job=me.job, lease=me.token, body=body),
+        refused(world, lambda method=method, path=path, body=body: relay(world, method, path, worker=thief, job=me.job, lease=me.token, body=body),
                 409, f"is not leased to worker {thief}")
     # one event a call, naming both workers (the stream is left out of the snapshots: this is its one change)
     seen = events(world.d, "lease.foreign_token")[before:]
@@ -383,6 +383,6 @@ def test_a_cancelled_jobs_lease_cannot_submit(world):
         wait_for(lambda: not world.r.scard(world.k.campaign_pending()), 30, what="earlier runs integrated")
         for method, path, body in (("POST", "/v1/relay/submit", {"commit": world.base}),
                                    ("POST", "/v1/relay/progress", {"note": "x"}), ("GET", "/v1/relay/job", None)):
-            refused(world, lambda: as_holder(world, "agent", method, path, body), 409, "was cancelled")
+            refused(world, lambda method=method, path=path, body=body: as_holder(world, "agent", method, path, body), 409, "was cancelled")
     finally:
         holder.resume()

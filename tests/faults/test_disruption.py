@@ -224,7 +224,7 @@ def test_a_daemon_paused_longer_than_grace_during_a_hold_neither_ends_nor_repeat
         paused = time.monotonic()
         wait_for(lambda: time.monotonic() > paused + GRACE + 1, GRACE + 2)  # the machine slept
         d.resume()
-        (rearmed,) = wait_for(lambda: events(d, "daemon.rearmed"), 10, interval=0.1, what="the re-arm")
+        (_rearmed,) = wait_for(lambda: events(d, "daemon.rearmed"), 10, interval=0.1, what="the re-arm")
         # the re-arm made every worker look alive for grace; the hold neither ended nor began again meanwhile
         _passes(redis_client, namespace, int((GRACE + 1) / 0.2) + 5)
         assert disruption.holds()["gpu"] == hold

@@ -12,7 +12,14 @@ from piloop_common.errors import Unavailable
 from tests.helpers.redis import RedisProcess, wait_for
 from tests.helpers.simworker import SimWorker
 from tests.helpers.workers import (
-    GRACE, events, marker_job, marker_runs, overlapping, state, tcp_server, token,
+    GRACE,
+    events,
+    marker_job,
+    marker_runs,
+    overlapping,
+    state,
+    tcp_server,
+    token,
 )
 
 

@@ -22,7 +22,7 @@ def test_a_piloop_call_after_the_lease_ended_is_refused(server, workers):
                  opts=("--campaign", "c1"))
     v = state(d, job)
     assert v["state"] == "succeeded" and [n["note"] for n in v["progress"]] == ["while leased"], v
-    lease = v["token"] or [e for e in events(d, "lease.granted") if e["job"] == job][0]["token"]
+    lease = v["token"] or next(e for e in events(d, "lease.granted") if e["job"] == job)["token"]
     # the same relayed calls under the ended lease (what the worker's relay forwards): 409 lease_lost, nothing written
     with ApiClient(url=d.url, token=tok) as api:
         api.headers.update({RELAY_JOB_HEADER: job, RELAY_TOKEN_HEADER: lease})

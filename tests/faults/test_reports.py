@@ -9,7 +9,17 @@ import signal
 from piloop_common.cas.local import LocalStore
 from tests.helpers.redis import wait_for
 from tests.helpers.workers import (
-    FENCE_AFTER, KILL_GRACE, TOLERATION, events, marker_job, marker_runs, pgid_alive, state, submit, token, view,
+    FENCE_AFTER,
+    KILL_GRACE,
+    TOLERATION,
+    events,
+    marker_job,
+    marker_runs,
+    pgid_alive,
+    state,
+    submit,
+    token,
+    view,
     worker_api,
 )
 

@@ -13,7 +13,17 @@ import time
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import cli_env
 from tests.helpers.workers import (
-    GRACE, TOLERATION, events, job_dirs, job_pgids, marker_job, marker_runs, overlapping, pgid_alive, state, token,
+    GRACE,
+    TOLERATION,
+    events,
+    job_dirs,
+    job_pgids,
+    marker_job,
+    marker_runs,
+    overlapping,
+    pgid_alive,
+    state,
+    token,
 )
 
 

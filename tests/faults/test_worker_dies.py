@@ -10,8 +10,18 @@ import time
 from piloop_common.cas.local import LocalStore
 from tests.helpers.redis import wait_for
 from tests.helpers.workers import (
-    FENCE_AFTER, KILL_GRACE, TOLERATION, events, job_dirs, marker_job, marker_runs, overlapping, pgid_alive, state,
-    token, view,
+    FENCE_AFTER,
+    KILL_GRACE,
+    TOLERATION,
+    events,
+    job_dirs,
+    marker_job,
+    marker_runs,
+    overlapping,
+    pgid_alive,
+    state,
+    token,
+    view,
 )
 
 

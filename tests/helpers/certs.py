@@ -27,7 +27,7 @@ def _name(cn: str) -> x509.Name:
 def make_pki(where: Path) -> Pki:
     """Write ca.pem, server.pem (its chain) and server.key (0600) under `where`."""
     where.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (x509.CertificateBuilder().subject_name(_name("piloop test CA")).issuer_name(_name("piloop test CA"))
           .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())

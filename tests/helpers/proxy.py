@@ -55,7 +55,7 @@ class Proxy:
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "Proxy":
+    def start(self) -> Proxy:
         import httpx
 
         from tests.helpers.redis import wait_for

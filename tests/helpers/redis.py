@@ -7,8 +7,8 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 def redis_server_binary() -> str:
@@ -52,7 +52,7 @@ class RedisProcess:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> "RedisProcess":
+    def start(self) -> RedisProcess:
         args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
                 "--appendonly", "yes" if self.appendonly else "no", "--save", "", "--daemonize", "no",
                 "--maxmemory-policy", "noeviction", "--loglevel", "warning"]

@@ -80,7 +80,7 @@ class Daemon:
         self.proc: subprocess.Popen | None = None
         self.listen: str | None = None
 
-    def start(self, listen: str | None = None, timeout: float = 30) -> "Daemon":
+    def start(self, listen: str | None = None, timeout: float = 30) -> Daemon:
         self.listen = listen
         args = [sys.executable, "-m", "piloop_common.cli", "serve"] + (["--listen", listen] if listen else [])
         (self.home / "logs").mkdir(exist_ok=True)

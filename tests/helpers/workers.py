@@ -3,6 +3,7 @@ job views, events, process groups, and a marker file each job appends its runs t
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -46,7 +47,7 @@ class RemoteWorker:
             (self.home / "config.toml").write_text(f'[plugins.cas]\nprovider = "local"\npath = "{d.home}/cas"\n')
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "RemoteWorker":
+    def start(self) -> RemoteWorker:
         env = cli_env(self.home, {"PILOOP_HTTPS_TOKEN": self.token, **self.env})
         self.log = open(self.home / "worker.log", "ab")
         # a session of its own: a test may stop the worker with its shim host as one group (the shims have theirs)
@@ -236,7 +237,7 @@ def marker_runs(marker: Path) -> dict[str, list[dict]]:
 def overlapping(runs: list[dict]) -> bool:
     """Whether any two runs of one job overlap in time."""
     rs = sorted(runs, key=lambda r: r["start"])
-    return any(b["start"] < a["last"] for a, b in zip(rs, rs[1:]))
+    return any(b["start"] < a["last"] for a, b in itertools.pairwise(rs))
 
 
 def marker_job(d: Daemon, marker: Path, *, pool: str = "gpu", kind: str = "evaluation", seconds: float = 1.0,

@@ -3,6 +3,7 @@ their lives tied to the server's."""
 
 from __future__ import annotations
 
+import itertools
 import signal
 import types
 import uuid
@@ -86,7 +87,7 @@ def test_a_task_that_raises_is_retried_with_backoff_then_is_a_task_failed_event(
     attempts = _events(server, "test.attempt", name)
     assert len(attempts) == 3  # the first run and two retries
     at = [int(e["id"].split("-")[0]) for e in attempts]
-    assert all(b - a >= 1000 for a, b in zip(at, at[1:])), at  # each retry waited (an immediate one takes ms)
+    assert all(b - a >= 1000 for a, b in itertools.pairwise(at)), at  # each retry waited (an immediate one takes ms)
     assert len(failed) == 1 and failed[0]["func"] == f"{MOD}:boom"
     assert failed[0]["error"] == f"ValueError: {name} always fails"
     assert tasks.submit(rt, f"{MOD}:boom", name, key=key)  # a failed task's key can run again

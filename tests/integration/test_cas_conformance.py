@@ -44,9 +44,10 @@ class CasServer:
     """A real `piloop cas serve` over a local store, with its tokens in Redis; tests stop and restart it."""
 
     def __init__(self, home: Path, redis_url: str) -> None:
+        import redis
+
         from piloop_server.state.keys import Keys
         from piloop_server.tokens import TokenStore
-        import redis
 
         self.home = home
         self.root = home / "served"
@@ -316,9 +317,8 @@ def test_unreachable_remote_is_unavailable_and_loses_nothing(provider: Provider)
     remote = config.get("remote", config)
     endpoint = remote.get("endpoint_url") or remote["url"]  # the message must name it
     if provider.outage is not None:
-        with provider.outage():
-            with pytest.raises(Unavailable, match=endpoint):
-                store.put_bytes(lost)
+        with provider.outage(), pytest.raises(Unavailable, match=endpoint):
+            store.put_bytes(lost)
     else:
         with pytest.raises(Unavailable, match=endpoint):
             provider.open(provider.unreachable).put_bytes(lost)

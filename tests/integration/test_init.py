@@ -39,7 +39,7 @@ def test_init_runs_everything_on_the_embedded_defaults_and_stop_keeps_the_data()
         # a new daemon finds the job where the old one left it: the AOF kept it
         proc = subprocess.Popen([sys.executable, "-m", "piloop_common.cli", "serve", "--detach"],
                                 env=cli_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        out, err = proc.communicate(timeout=90)
+        _out, err = proc.communicate(timeout=90)
         assert proc.returncode == 0, err
         shown = json.loads(piloop(home, "job", "show", job, "--json", check=True).stdout)
         assert shown["state"] == "succeeded" and shown["worker"] == "serve"

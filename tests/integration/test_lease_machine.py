@@ -18,7 +18,8 @@ import uuid
 
 import pytest
 import redis
-from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from piloop_common.errors import Conflict, LeaseLost

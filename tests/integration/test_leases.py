@@ -63,7 +63,7 @@ def test_claim_reads_past_jobs_it_may_not_run_in_pages_and_keeps_their_order(lea
     c = leases.claim("w1", "p", "evaluation", slots=10, image="img:1", most=6, room_mb=1024)
     assert [lease.job for lease in c.leases] == ["c1", "c2"]
     queued = [_s(j) for j in leases.r.zrange(leases.k.queue("p", "evaluation"), 0, -1)]
-    assert queued == other + ["big0", "big1"]
+    assert queued == [*other, "big0", "big1"]
     assert leases.claim("w1", "p", "evaluation", slots=10, image="img:1", most=6, room_mb=1024).reason == "memory"
     assert leases.claim("w1", "p", "evaluation", slots=10, image="", most=0).reason == "slots"  # none asked for
     _worker(leases, name="w2", image="img:2")

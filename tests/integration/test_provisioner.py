@@ -191,15 +191,15 @@ def _worker_pid(d: Daemon, name: str) -> int:
             env = p.environ()
         except psutil.Error:
             continue
-        if env.get("PILOOP_PROVISIONED_NAME") == name and "worker" in p.cmdline():
-            if env.get("PILOOP_PROVISIONER_TAG") == _server_id(d):
-                # the worker, not its shim host: its parent (init, since it was started detached) is not of it
-                try:
-                    parent = psutil.Process(p.ppid()).environ().get("PILOOP_PROVISIONED_NAME")
-                except psutil.Error:
-                    parent = None
-                if parent != name:
-                    return p.pid
+        named = env.get("PILOOP_PROVISIONED_NAME") == name and "worker" in p.cmdline()
+        if named and env.get("PILOOP_PROVISIONER_TAG") == _server_id(d):
+            # the worker, not its shim host: its parent (init, since it was started detached) is not of it
+            try:
+                parent = psutil.Process(p.ppid()).environ().get("PILOOP_PROVISIONED_NAME")
+            except psutil.Error:
+                parent = None
+            if parent != name:
+                return p.pid
     raise AssertionError(f"no process for worker {name}")
 
 

@@ -11,7 +11,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from piloop_common.client import ApiClient
 from piloop_common.protocol import PROTOCOL
@@ -62,7 +63,7 @@ def _snapshot(r: redis.Redis, keys: Keys) -> dict[bytes, bytes]:
     pipe = r.pipeline(transaction=False)
     for k in names:
         pipe.dump(k)
-    return dict(zip(names, pipe.execute()))
+    return dict(zip(names, pipe.execute(), strict=True))
 
 
 def test_no_5xx_and_refused_calls_change_nothing(fuzz_server, redis_client):

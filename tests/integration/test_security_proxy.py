@@ -82,7 +82,7 @@ def test_act_callers_sign_their_writes_as_the_rules_say(net, key, signed):
 
 
 def test_a_caller_no_rule_matches_is_refused(net):
-    d, proxy = net
+    _d, proxy = net
     forged = {"x-org-id": "acme", "x-principal": "key-0123", "x-piloop-worker": "w"}  # stripped by the proxy
     for path, body in (("/v1/jobs", {"pool": "gpu", "spec": {"argv": ["true"]}}), ("/v1/worker/heartbeat", {})):
         r = _call(proxy, OTHER_KEY, "POST", path, body, headers=forged)
@@ -103,7 +103,7 @@ def test_piloop_tokens_are_refused_on_the_proxy_network(net):
 
 
 def test_the_worker_rule_names_the_worker_by_its_header_and_allows_worker_routes_only(net):
-    d, proxy = net
+    _d, proxy = net
     r = _call(proxy, WORKER_KEY, "POST", "/v1/worker/claim", {"protocol": 1, "want": {}})
     assert r.status_code == 403 and "x-piloop-worker" in r.json()["message"]
     r = _call(proxy, WORKER_KEY, "POST", "/v1/worker/claim", {"protocol": 1, "want": {}},

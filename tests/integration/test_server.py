@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from piloop_server.state.leases import fence
 from piloop_common.client import ApiClient
 from piloop_common.errors import Refused
+from piloop_server.state.leases import fence
 from tests.helpers.redis import RedisProcess, free_port, wait_for
 from tests.helpers.serve import Daemon, piloop, short_home
 from tests.helpers.simworker import SimWorker, sample
@@ -153,7 +153,7 @@ def test_worker_list_columns_and_reasons(tcp_daemon):
               "gpu2": ["gpu2", "gpu", r"\ds ago", "21.8/32", "103.8 GB", "816.4 GB", "0", "0", "nothing"]}
     for name, cells in expect.items():
         line = rows[name]
-        for start, cell, end in zip(starts, cells, starts[1:] + [None]):
+        for start, cell, end in zip(starts, cells, [*starts[1:], None], strict=True):
             # every cell starts under its header, two spaces apart, as the spec prints them
             assert re.fullmatch(cell, line[start:end].rstrip()), (name, cell, line)
     assert rows["gpu3"].endswith("memory")
@@ -225,7 +225,7 @@ def test_silent_worker_leases_expire_and_jobs_requeue_with_a_new_token(tcp_daemo
     # w1 goes silent; w2 keeps beating. grace 2 s: w1 unreachable; toleration 6 s: its lease expires
     def unreachable():
         w2.heartbeat()
-        return "unreachable" in [ln for ln in d.cli("worker", "list").stdout.splitlines() if "gpu1" in ln][0]
+        return "unreachable" in next(ln for ln in d.cli("worker", "list").stdout.splitlines() if "gpu1" in ln)
     wait_for(unreachable, 10, interval=0.3, what="gpu1 unreachable")
 
     def requeued():

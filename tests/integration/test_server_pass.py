@@ -68,7 +68,7 @@ def test_most_of_a_pool_going_silent_holds_requeues_and_escalates(gpu_daemon):
         inbox = api.call("GET", "/v1/inbox")
     assert any(e["what"] == "pool.disrupted" and "2 of 3 workers of pool gpu" in e["message"] for e in inbox)
     # past toleration (6 s) the silent workers' leases would expire; while held (2 × 6 s) they stay
-    held = [j for j, w in zip(jobs, ws) if w is not survivor]
+    held = [j for j, w in zip(jobs, ws, strict=True) if w is not survivor]
 
     def still_held() -> bool:
         survivor.heartbeat()
@@ -92,7 +92,7 @@ def test_an_evaluation_lost_max_lost_times_ends_lost_with_an_escalation(gpu_daem
     for attempt in range(2):
         w.register()
         w.heartbeat()
-        (lease,) = w.claim()["leases"]
+        (_lease,) = w.claim()["leases"]
         w.held.clear()  # then silent: the lease lapses and the pass takes it back
         wait_for(lambda: _state(d, job) in ("queued", "lost"), 15, interval=0.2, what=f"loss {attempt + 1}")
     assert _state(d, job) == "lost"

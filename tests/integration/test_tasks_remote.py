@@ -41,7 +41,7 @@ def remote(redis_server):
 
 
 def test_a_remote_client_runs_a_task_and_attaches_through_the_api(remote, monkeypatch):
-    d, env, elsewhere = remote
+    _d, env, elsewhere = remote
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     with Client.from_env(elsewhere) as client:

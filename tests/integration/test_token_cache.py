@@ -3,7 +3,6 @@ still stops working within the cache's bound, however it was changed. A real `pi
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
@@ -12,7 +11,6 @@ import redis
 from piloop_common.client import ApiClient
 from piloop_common.errors import Refused
 from piloop_server.state.keys import Keys
-from piloop_server import tokens
 from piloop_server.tokens import CACHE_SECONDS, TokenStore
 from tests.helpers.redis import wait_for
 from tests.helpers.simworker import SimWorker

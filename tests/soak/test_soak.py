@@ -23,8 +23,17 @@ import pytest
 from piloop_common.errors import PiloopError
 from tests.helpers.redis import RedisProcess, wait_for
 from tests.helpers.workers import (
-    ENDED, GRACE, MARKER_JOB, TOLERATION, RemoteWorker, events, kill_tree_of, marker_runs, overlapping,
-    tcp_server, token,
+    ENDED,
+    GRACE,
+    MARKER_JOB,
+    TOLERATION,
+    RemoteWorker,
+    events,
+    kill_tree_of,
+    marker_runs,
+    overlapping,
+    tcp_server,
+    token,
 )
 
 pytestmark = pytest.mark.soak
@@ -66,7 +75,7 @@ class Soak:
         self.rng.shuffle(kinds)
         start = time.monotonic()
         for i, kind in enumerate(kinds):
-            wait_for(lambda: time.monotonic() >= start + window * i / total, window + 5, interval=0.05)
+            wait_for(lambda i=i: time.monotonic() >= start + window * i / total, window + 5, interval=0.05)
             pool = ("serve", "gpu")[i % 2]
             self.submit(kind, pool, 2.0 if kind == "agent" else self.rng.uniform(0.1, 0.4))
 
@@ -196,7 +205,7 @@ def test_soak(tmp_path, namespace):
         lost_agents = [j for j in agents_ if views[j]["state"] == "worker_lost"]
         bad_agents = {j: views[j]["state"] for j in agents_ if views[j]["state"] not in ("succeeded", "worker_lost")}
         no_end_event = [j for j in soak.jobs
-                        if not ends[(j, f"job.{views[j]['state']}")] and not (j in expired_lost)]
+                        if not ends[(j, f"job.{views[j]['state']}")] and j not in expired_lost]
         reruns = sum(1 for j in soak.jobs if len(runs.get(j, [])) > 1)
         f = soak.figures
         print(f"soak: seed={seed} jobs={len(soak.jobs)} (evaluations={len(evals)} agents={len(agents_)}) "

@@ -40,7 +40,7 @@ def test_each_rounds_ratio_is_against_that_rounds_best_peer() -> None:
 
 def test_the_table_names_the_rounds_and_gives_each_ratio() -> None:
     names = ["piloop process", "piloop task", "rq Worker subprocess", "rq Worker python"]
-    per = [{n: _drain(s, 1.0) for n, s in zip(names, secs)} for secs in ([1.0, 1.0, 2.0, 4.0], [2.0, 1.0, 2.0, 1.0])]
+    per = [{n: _drain(s, 1.0) for n, s in zip(names, secs, strict=True)} for secs in ([1.0, 1.0, 2.0, 4.0], [2.0, 1.0, 2.0, 1.0])]
     jobs = {**merge_rounds(per), "rounds": per}
     drain_rows = [r for r in rows({"jobs": jobs}) if r["figure"].startswith("drain")]
     assert [r["figure"] for r in drain_rows] == ["drain 100 jobs, 2 workers: /bin/true each, median of 2 rounds",

@@ -116,7 +116,7 @@ def piloop_argv(svc: dict[str, Any]) -> list[str]:
     assert isinstance(entry, list) and entry[:2] == ["/bin/sh", "-c"] and len(entry) == 4 and entry[3] == "piloop", (
         f"entrypoint {entry}: use the image's (piloop) or [/bin/sh, -c, '… exec piloop \"$@\" …', piloop]")
     script = entry[2]
-    head, sep, tail = script.partition('exec piloop "$@"')
+    _head, sep, tail = script.partition('exec piloop "$@"')
     assert sep, f"entrypoint script {script!r} must end in `exec piloop \"$@\" …`"
     extra = shlex.split(tail.replace("$HOSTNAME", SAMPLE_HOSTNAME))
     assert "$" not in " ".join(extra), f"entrypoint script: only $HOSTNAME is expanded after \"$@\": {tail!r}"

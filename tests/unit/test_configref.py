@@ -33,8 +33,18 @@ def test_every_config_field_has_a_description() -> None:
 
 def test_every_key_of_the_models_is_in_the_reference() -> None:
     from piloop_common.cas.config import CachedCasConfig, HttpCasConfig, LocalCasConfig, S3CasConfig
-    from piloop_common.config import (ExecutorConfig, LocalCompute, ModalCompute, NetworkConfig, PoolConfig,
-                                      ProvisionerConfig, ProxyRule, RegistryConfig, StateConfig, TlsFiles)
+    from piloop_common.config import (
+        ExecutorConfig,
+        LocalCompute,
+        ModalCompute,
+        NetworkConfig,
+        PoolConfig,
+        ProvisionerConfig,
+        ProxyRule,
+        RegistryConfig,
+        StateConfig,
+        TlsFiles,
+    )
 
     text = configref.render()
     for model in (ExecutorConfig, PoolConfig, ProvisionerConfig, LocalCompute, ModalCompute, RegistryConfig,

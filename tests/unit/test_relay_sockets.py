@@ -8,6 +8,7 @@ import json
 import socket
 import threading
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -18,13 +19,13 @@ from piloop_worker.relay import Relay
 class _Upstream:
     """Stands in for the worker's API client: answers each forwarded call with the job it came for."""
 
-    headers: dict[str, str] = {}
+    headers: ClassVar[dict[str, str]] = {}
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
         self.lock = threading.Lock()
 
-    def request(self, method: str, path: str, body, headers, timeout):  # noqa: ANN001 - the client's signature
+    def request(self, method: str, path: str, body, headers, timeout):
         with self.lock:
             self.calls.append((headers[RELAY_JOB_HEADER], path))
         return 200, json.dumps({"job": headers[RELAY_JOB_HEADER]}).encode()

@@ -15,11 +15,18 @@ import pytest
 
 from piloop_common.cas.local import LocalStore
 from piloop_common.hostinfo import Sampler, memory_pressure, parse_psi, sample
-from piloop_common.protocol import (PROTOCOL, ClaimResponse, HostSample, ReportAnswer, ReportRequest, ReportsResponse,
-                                    Timing)
+from piloop_common.protocol import (
+    PROTOCOL,
+    ClaimResponse,
+    HostSample,
+    ReportAnswer,
+    ReportRequest,
+    ReportsResponse,
+    Timing,
+)
+from piloop_worker import jobdir
 from piloop_worker.agent import EVALUATIONS_PER_CLAIM, Held, Worker, outcome_of, report_id_for
 from piloop_worker.heartbeat import Reachability
-from piloop_worker import jobdir
 from piloop_worker.jobdir import JobDir, SpareDirs, files_under, run_dir_for, scan
 from piloop_worker.logs import LogShipper
 from piloop_worker.pressure import admission

@@ -10,7 +10,7 @@ import itertools
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from modal import exception
 
@@ -35,7 +35,7 @@ class Secret:
     name: str
 
     @staticmethod
-    def from_name(name: str) -> "Secret":
+    def from_name(name: str) -> Secret:
         return Secret(name)
 
 
@@ -46,11 +46,11 @@ class Image:
     secret: Secret | None = None
 
     @staticmethod
-    def from_registry(tag: str, secret: Secret | None = None) -> "Image":
+    def from_registry(tag: str, secret: Secret | None = None) -> Image:
         return Image("registry", tag, secret)
 
     @staticmethod
-    def from_aws_ecr(tag: str, secret: Secret) -> "Image":
+    def from_aws_ecr(tag: str, secret: Secret) -> Image:
         return Image("aws-ecr", tag, secret)
 
 
@@ -63,7 +63,7 @@ class App:
         return f"ap-{self.name}"
 
     @staticmethod
-    def lookup(name: str, create_if_missing: bool = False) -> "App":
+    def lookup(name: str, create_if_missing: bool = False) -> App:
         return App(name)
 
 
@@ -73,10 +73,10 @@ class Sandbox:
     tags: dict[str, str] = field(default_factory=dict)
     app_id: str = ""
 
-    live = {}  # type: ignore[var-annotated]  # object_id -> Sandbox: what the "platform" runs
+    live: ClassVar[dict[str, Any]] = {}  # object_id -> Sandbox: what the "platform" runs
 
     @staticmethod
-    def create(*args: str, **kwargs: Any) -> "Sandbox":
+    def create(*args: str, **kwargs: Any) -> Sandbox:
         mode = os.environ.get("FAKE_MODAL_MODE", "")
         if mode == "quota":
             raise exception.ResourceExhaustedError("no A100 is free in your workspace's quota")
@@ -88,7 +88,7 @@ class Sandbox:
         return sb
 
     @staticmethod
-    def from_id(object_id: str) -> "Sandbox":
+    def from_id(object_id: str) -> Sandbox:
         if object_id not in Sandbox.live:
             raise exception.NotFoundError(f"sandbox {object_id} not found")
         return Sandbox.live[object_id]
