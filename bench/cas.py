@@ -179,8 +179,9 @@ def one(name: str, inputs: Path, work: Path, s3_url: str, http_url: str, cached_
         "local": lambda: LocalStore(work / f"local-{tag}"),
         "s3 (moto)": lambda: S3Store(S3CasConfig(provider="s3", bucket=BUCKET, prefix=f"{tag}/", endpoint_url=s3_url)),
         "http": lambda: HttpStore(http_url, token=TOKEN),
-        "cached over http (get: a hit)": lambda: CachedStore(HttpStore(cached_url, token=TOKEN), work / f"cache-{tag}",
-                                                            max_bytes=10**10),
+        "cached over http (get: a hit)": lambda: CachedStore(
+            HttpStore(cached_url, token=TOKEN), work / f"cache-{tag}", max_bytes=10**10
+        ),
     }
     store = factories[name]() if name in factories else None
     base = reset_peak_rss()
@@ -192,13 +193,26 @@ def one(name: str, inputs: Path, work: Path, s3_url: str, http_url: str, cached_
     else:
         run_store(store, files, work / "out", clock)
     shutil.rmtree(work, ignore_errors=True)
-    return {"put_seconds": clock.wall["put"], "get_seconds": clock.wall["get"], "put_cpu_seconds": clock.cpu["put"],
-            "get_cpu_seconds": clock.cpu["get"], "bytes": sum(f.stat().st_size for f in files),
-            "rss_before_mib": base, "rss_peak_mib": peak_rss_mib()}
+    return {
+        "put_seconds": clock.wall["put"],
+        "get_seconds": clock.wall["get"],
+        "put_cpu_seconds": clock.cpu["put"],
+        "get_cpu_seconds": clock.cpu["get"],
+        "bytes": sum(f.stat().st_size for f in files),
+        "rss_before_mib": base,
+        "rss_peak_mib": peak_rss_mib(),
+    }
 
 
-def measure(s3_url: str, urls: tuple[str, str], work: Path, count: int, size: int,
-            providers: tuple[str, ...] = PROVIDERS, repeat: int = 1) -> dict[str, dict[str, float]]:
+def measure(
+    s3_url: str,
+    urls: tuple[str, str],
+    work: Path,
+    count: int,
+    size: int,
+    providers: tuple[str, ...] = PROVIDERS,
+    repeat: int = 1,
+) -> dict[str, dict[str, float]]:
     """Every provider on `count` files of `size` bytes, each in a process of its own; MB/s (MiB/s) and RSS.
 
     With `repeat`, the median of the rounds (each figure on its own; `rounds` lists them all)."""
@@ -210,8 +224,15 @@ def measure(s3_url: str, urls: tuple[str, str], work: Path, count: int, size: in
     return out
 
 
-def measure_rounds(s3_url: str, urls: tuple[str, str], work: Path, count: int, size: int,
-                   providers: tuple[str, ...] = PROVIDERS, repeat: int = 1) -> list[dict[str, dict[str, float]]]:
+def measure_rounds(
+    s3_url: str,
+    urls: tuple[str, str],
+    work: Path,
+    count: int,
+    size: int,
+    providers: tuple[str, ...] = PROVIDERS,
+    repeat: int = 1,
+) -> list[dict[str, dict[str, float]]]:
     """`repeat` rounds of every provider on the same input files; odd rounds go in reverse order."""
     inputs = make_files(work / f"in-{count}x{size}", count, size)[0].parent
     rounds = []
@@ -219,14 +240,36 @@ def measure_rounds(s3_url: str, urls: tuple[str, str], work: Path, count: int, s
         for i in range(repeat):
             out = {}
             for name in providers if i % 2 == 0 else providers[::-1]:
-                got = subprocess.run([sys.executable, __file__, "--one", name, "--inputs", str(inputs), "--work",
-                                      str(work / "w"), "--s3", s3_url, "--http", urls[0], "--http-cached", urls[1]],
-                                     capture_output=True, text=True, check=True)
+                got = subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--one",
+                        name,
+                        "--inputs",
+                        str(inputs),
+                        "--work",
+                        str(work / "w"),
+                        "--s3",
+                        s3_url,
+                        "--http",
+                        urls[0],
+                        "--http-cached",
+                        urls[1],
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
                 r = json.loads(got.stdout)
-                out[name] = {"put_mbs": r["bytes"] / MiB / r["put_seconds"],
-                             "get_mbs": r["bytes"] / MiB / r["get_seconds"],
-                             "put_cpu_s": r["put_cpu_seconds"], "get_cpu_s": r["get_cpu_seconds"],
-                             "rss_before_mib": r["rss_before_mib"], "rss_peak_mib": r["rss_peak_mib"]}
+                out[name] = {
+                    "put_mbs": r["bytes"] / MiB / r["put_seconds"],
+                    "get_mbs": r["bytes"] / MiB / r["get_seconds"],
+                    "put_cpu_s": r["put_cpu_seconds"],
+                    "get_cpu_s": r["get_cpu_seconds"],
+                    "rss_before_mib": r["rss_before_mib"],
+                    "rss_peak_mib": r["rss_peak_mib"],
+                }
             rounds.append({name: {**out[name], "load": os.getloadavg()[0]} for name in providers})
     finally:
         shutil.rmtree(inputs, ignore_errors=True)
@@ -258,7 +301,10 @@ def main() -> None:
         print(json.dumps(one(a.one, a.inputs, a.work, a.s3, a.http, a.http_cached)))
         return
     providers = tuple(a.providers) if a.providers else PROVIDERS
-    workloads = [(f"1 × {a.large_mb} MiB", 1, a.large_mb * MiB), (f"{a.small_count:,} × 64 KiB", a.small_count, 64 * 1024)]
+    workloads = [
+        (f"1 × {a.large_mb} MiB", 1, a.large_mb * MiB),
+        (f"{a.small_count:,} × 64 KiB", a.small_count, 64 * 1024),
+    ]
     with tempfile.TemporaryDirectory(prefix="piloop-bench-") as tmp, start_moto() as s3_url:
         work = Path(tmp)
         servers: list[subprocess.Popen[bytes]] = []
@@ -282,8 +328,12 @@ def main() -> None:
 
 def ratios(title: str, rounds: list[dict[str, dict[str, float]]]) -> str:
     """Each provider's put and get over boto3's of the same round: every round, and their median."""
-    lines = [f"### {title}: ÷ boto3 of the same round", "", "| provider | put, each round | put median "
-             "| get, each round | get median |", "| --- | --- | ---: | --- | ---: |"]
+    lines = [
+        f"### {title}: ÷ boto3 of the same round",
+        "",
+        "| provider | put, each round | put median | get, each round | get median |",
+        "| --- | --- | ---: | --- | ---: |",
+    ]
     for name in rounds[0]:
         row = [name]
         for op in ("put_mbs", "get_mbs"):
@@ -292,8 +342,12 @@ def ratios(title: str, rounds: list[dict[str, dict[str, float]]]) -> str:
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
+
 if __name__ == "__main__":
-    for _name, _value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                          "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for _name, _value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         os.environ.setdefault(_name, _value)
     main()

@@ -119,8 +119,9 @@ max_load = 100000
             cas_id = api.call("GET", "/v1/status")["cas"]["id"]
         lz = Leases(r, keys, TIMINGS)
         fill(lz, n)
-        w = SimWorker(ApiClient(url=f"http://127.0.0.1:{port}", token=tokens.create("claimer", by="human:bench")),
-                      "bench", cas_id)
+        w = SimWorker(
+            ApiClient(url=f"http://127.0.0.1:{port}", token=tokens.create("claimer", by="human:bench")), "bench", cas_id
+        )
         w.register()
         t = time.perf_counter()
         got = 0
@@ -129,8 +130,11 @@ max_load = 100000
         claims = n / (time.perf_counter() - t)
         sims = []
         for i in range(workers):
-            s = SimWorker(ApiClient(url=f"http://127.0.0.1:{port}", token=tokens.create(f"w{i}", by="human:bench")),
-                          "bench", cas_id)
+            s = SimWorker(
+                ApiClient(url=f"http://127.0.0.1:{port}", token=tokens.create(f"w{i}", by="human:bench")),
+                "bench",
+                cas_id,
+            )
             s.sample = sample()
             s.register()
             sims.append(s)
@@ -189,8 +193,9 @@ def once_more(fn: Any) -> Any:
         return fn()
 
 
-def paced(sims: list[SimWorker], rate: float, seconds: float, threads: int,
-          pids: dict[str, int]) -> tuple[int, dict[str, float]]:
+def paced(
+    sims: list[SimWorker], rate: float, seconds: float, threads: int, pids: dict[str, int]
+) -> tuple[int, dict[str, float]]:
     """Heartbeats from `sims` in turn, `rate` a second for `seconds`, spread evenly; how many were sent, and the CPU
     `pids` spent meanwhile."""
     sent = 0
@@ -212,8 +217,9 @@ def floor_cpu(workers: int, rate: float, seconds: float, threads: int, cas_id: s
     """The share of a core a bare uvicorn app (`bench/floor.py`) spends on the same paced heartbeats from as many
     kept-alive connections: what the HTTP server alone costs on this machine now."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parent / "floor.py"), str(port)],
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve().parent / "floor.py"), str(port)], stdin=subprocess.DEVNULL
+    )
     sims: list[SimWorker] = []
     try:
         deadline = time.monotonic() + 30
@@ -271,8 +277,11 @@ min_memory_gb = 0
         out["server_rss_rest_mib"] = psutil.Process(d.proc.pid).memory_info().rss / 2**20  # type: ignore[union-attr]
         sims = []
         for i in range(workers):
-            s = SimWorker(ApiClient(url=f"http://127.0.0.1:{port}", token=tokens.create(f"w{i}", by="human:bench")),
-                          "bench", cas_id)
+            s = SimWorker(
+                ApiClient(url=f"http://127.0.0.1:{port}", token=tokens.create(f"w{i}", by="human:bench")),
+                "bench",
+                cas_id,
+            )
             s.sample = sample()
             sims.append(s)
         with ThreadPoolExecutor(threads) as ex:
@@ -325,9 +334,13 @@ def main() -> None:
         rp = RedisProcess(Path(tmp) / "redis").start()
         try:
             r = redis.Redis(port=rp.port)
-            rows = {"piloop claim (Lua script)": [], "piloop heartbeat, 1,000 workers (Lua script)": [],
-                    "rq enqueue+dequeue": [], "piloop claim (HTTP API)": [],
-                    "piloop heartbeat, 1,000 workers (HTTP API, 8 threads)": []}
+            rows = {
+                "piloop claim (Lua script)": [],
+                "piloop heartbeat, 1,000 workers (Lua script)": [],
+                "rq enqueue+dequeue": [],
+                "piloop claim (HTTP API)": [],
+                "piloop heartbeat, 1,000 workers (HTTP API, 8 threads)": [],
+            }
             for _ in range(a.runs):
                 rows["piloop claim (Lua script)"].append(lua_claims(r, Path(tmp), a.jobs))
                 rows["piloop heartbeat, 1,000 workers (Lua script)"].append(lua_heartbeats(r, Path(tmp), a.workers, 2))
@@ -343,7 +356,9 @@ def main() -> None:
     for k, v in rows.items():
         m = statistics.median(v)
         print(f"{k.ljust(width)}  {m:10.0f}  {m / rq:6.2f}")
-    print(f"({a.jobs} jobs, {a.workers} workers, median of {a.runs} runs for the Lua and rq rows; one machine, one Redis)")
+    print(
+        f"({a.jobs} jobs, {a.workers} workers, median of {a.runs} runs for the Lua and rq rows; one machine, one Redis)"
+    )
 
 
 if __name__ == "__main__":

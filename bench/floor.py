@@ -35,8 +35,16 @@ def main() -> None:
         import uvloop
     except ImportError:  # as `piloop serve`: asyncio's own loop where uvloop is missing
         uvloop = None
-    config = uvicorn.Config(app, host="127.0.0.1", port=int(sys.argv[1]), lifespan="off", log_level="warning",
-                            access_log=False, timeout_keep_alive=SERVER_KEEPALIVE_SECONDS, proxy_headers=False)
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=int(sys.argv[1]),
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=SERVER_KEEPALIVE_SECONDS,
+        proxy_headers=False,
+    )
     with asyncio.Runner(loop_factory=uvloop.new_event_loop if uvloop else None) as runner:
         runner.run(uvicorn.Server(config).serve())
 

@@ -60,8 +60,9 @@ def say(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def wait_until(cond: Callable[[], Any], timeout: float, what: str, every: float = 0.05,
-               report: Callable[[], None] | None = None) -> Any:
+def wait_until(
+    cond: Callable[[], Any], timeout: float, what: str, every: float = 0.05, report: Callable[[], None] | None = None
+) -> Any:
     end = time.monotonic() + timeout
     last = time.monotonic()
     while time.monotonic() < end:
@@ -298,8 +299,9 @@ class PiloopSide:
     def __init__(self, rp: RedisProcess, slots: int = 8, profile: Path | None = None) -> None:
         self.ns = "bj" + uuid.uuid4().hex[:8]
         self.slots, self.profile = slots, profile
-        self.daemon = Daemon(short_home("bench"), config=PILOOP_CONFIG.format(slots=slots), redis_url=rp.url,
-                             namespace=self.ns)
+        self.daemon = Daemon(
+            short_home("bench"), config=PILOOP_CONFIG.format(slots=slots), redis_url=rp.url, namespace=self.ns
+        )
         self.r = redis.Redis.from_url(rp.url)
         self.redis_pid = rp.proc.pid  # type: ignore[union-attr]
         self.keys = Keys(self.ns)
@@ -321,8 +323,17 @@ class PiloopSide:
         d = self.daemon
         (d.home / "logs").mkdir(exist_ok=True)
         log = open(d.home / "logs" / "test-daemon.log", "ab")
-        args = [sys.executable, str(ROOT / "bench" / "profiled.py"), "yappi", str(self.profile / "server.prof"),
-                "-m", "piloop_common.cli", "serve", "--listen", f"127.0.0.1:{port}"]
+        args = [
+            sys.executable,
+            str(ROOT / "bench" / "profiled.py"),
+            "yappi",
+            str(self.profile / "server.prof"),
+            "-m",
+            "piloop_common.cli",
+            "serve",
+            "--listen",
+            f"127.0.0.1:{port}",
+        ]
         d.proc = subprocess.Popen(args, env=cli_env(d.home, d.env), stdout=log, stderr=log, start_new_session=True)
         wait_until(d.healthy, 60, "the profiled server")
 
@@ -337,15 +348,27 @@ class PiloopSide:
             home = short_home("bw")
             self.homes.append(home)
             (home / "config.toml").write_text(f'[plugins.cas]\nprovider = "local"\npath = "{self.daemon.home}/cas"\n')
-            env = cli_env(home, {"PILOOP_HTTPS_TOKEN": self.tokens.create(f"b{i}", by="human:bench"),
-                                 "PYTHONPATH": str(ROOT)})
+            env = cli_env(
+                home, {"PILOOP_HTTPS_TOKEN": self.tokens.create(f"b{i}", by="human:bench"), "PYTHONPATH": str(ROOT)}
+            )
             log = open(home / "worker.log", "ab")
             cmd = ["-m", "piloop_common.cli", "worker", "--server", self.url, "--pool", "bench"]
             if self.profile is not None and os.environ.get("BENCH_PROFILE") != "server":
-                profiler = os.environ.get("BENCH_WORKER_PROFILER", "cprofile")  # yappi: every thread, not the loop's only
+                profiler = os.environ.get(
+                    "BENCH_WORKER_PROFILER", "cprofile"
+                )  # yappi: every thread, not the loop's only
                 cmd = [str(ROOT / "bench" / "profiled.py"), profiler, str(self.profile / f"worker-{i}.prof"), *cmd]
-            procs.append(subprocess.Popen([sys.executable, *cmd], env=env, stdout=log, stderr=log,
-                                          stdin=subprocess.DEVNULL, start_new_session=True, cwd=home))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, *cmd],
+                    env=env,
+                    stdout=log,
+                    stderr=log,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    cwd=home,
+                )
+            )
         return procs
 
     def left(self) -> int:
@@ -364,8 +387,11 @@ class PiloopSide:
     def spec(self, api, what: str, stamp: Path | None = None) -> dict[str, Any]:
         if what == "task":
             args = [str(stamp)] if stamp else []
-            return {"runner": "task", "argv": ["bench.noop:stamp" if stamp else "bench.noop:noop"],
-                    "inputs": {"args.json": self.args_blob(api, args)}}
+            return {
+                "runner": "task",
+                "argv": ["bench.noop:stamp" if stamp else "bench.noop:noop"],
+                "inputs": {"args.json": self.args_blob(api, args)},
+            }
         if stamp:
             return {"argv": ["sh", "-c", f"date +%s.%N > {stamp}.tmp && mv {stamp}.tmp {stamp}"]}
         return {"argv": ["/bin/true"]}
@@ -384,6 +410,7 @@ class PiloopSide:
             groups = {"server": [self.pid], **{f"w{i}": [p.pid] for i, p in enumerate(procs)}}
             cpu = CpuWatch({"server": [self.pid], "workers": [p.pid for p in procs], "redis": [self.redis_pid]})
             with RssWatch(groups) as watch:
+
                 def report() -> None:
                     done = n - self.left()
                     say(f"piloop {what}: {done}/{n} done, {done / (time.perf_counter() - t0):.1f} jobs/s")
@@ -401,8 +428,11 @@ class PiloopSide:
         states = [s.decode() for s in pipe.execute()]
         bad = sum(1 for s in states if s != "succeeded")
         d = Drain(n, seconds, bad, max(v for k, v in watch.peak.items() if k != "server"), watch.peak["server"], cpu_ms)
-        say(f"piloop {what}: {d.rate:.1f} jobs/s, CPU ms per job "
-            + ", ".join(f"{k} {v:.1f}" for k, v in cpu_ms.items()) + (f", {bad} did not succeed" if bad else ""))
+        say(
+            f"piloop {what}: {d.rate:.1f} jobs/s, CPU ms per job "
+            + ", ".join(f"{k} {v:.1f}" for k, v in cpu_ms.items())
+            + (f", {bad} did not succeed" if bad else "")
+        )
         return d
 
     def latency(self, k: int, gap: float, tmp: Path, whats: Sequence[str] = ("process", "task")) -> dict[str, Latency]:
@@ -416,11 +446,15 @@ class PiloopSide:
                         mark = tmp / f"piloop-{what}-{i}-{uuid.uuid4().hex[:6]}"
                         t = time.time()
                         api.call("POST", "/v1/jobs", {"pool": "bench", "spec": self.spec(api, what, stamp=mark)})
-                        started = wait_until(lambda mark=mark: stamp_time(mark), 120, "a piloop job to start", every=0.001)
+                        started = wait_until(
+                            lambda mark=mark: stamp_time(mark), 120, "a piloop job to start", every=0.001
+                        )
                         if i >= 0:
                             out[what].samples.append(started - t)
-                    say(f"piloop {what}: start latency median {out[what].median_ms:.0f} ms, p99 "
-                        f"{out[what].p99_ms:.0f} ms")
+                    say(
+                        f"piloop {what}: start latency median {out[what].median_ms:.0f} ms, p99 "
+                        f"{out[what].p99_ms:.0f} ms"
+                    )
             wait_until(lambda: self.left() == 0, 60, "the last latency job to be reported")
             time.sleep(gap)
             rest = max(rss_mib([psutil.Process(p) for p in long_lived(w.pid)]) for w in procs)
@@ -451,8 +485,13 @@ PY_JOB = {"python": "noop", "subprocess": "run_true"}
 
 def _rq_worker(rp: RedisProcess, queue: str, cls: str, burst: bool, tmp: Path) -> subprocess.Popen:
     args = [str(BIN / "rq"), "worker", "--url", rp.url, "--quiet", "--worker-class", RQ_CLASSES[cls]]
-    return subprocess.Popen(args + (["--burst"] if burst else []) + [queue], env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp)
+    return subprocess.Popen(
+        args + (["--burst"] if burst else []) + [queue],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=tmp,
+    )
 
 
 def rq_drain(rp: RedisProcess, n: int, cls: str, job: str, tmp: Path) -> Drain:
@@ -467,8 +506,10 @@ def rq_drain(rp: RedisProcess, n: int, cls: str, job: str, tmp: Path) -> Drain:
         q.enqueue(fn)
     t0 = time.perf_counter()
     procs = [_rq_worker(rp, q.name, cls, True, tmp) for _ in range(2)]
-    cpu = CpuWatch({"workers": [p.pid for p in procs], "redis": [rp.proc.pid]},  # type: ignore[union-attr]
-                   reaped="workers")
+    cpu = CpuWatch(
+        {"workers": [p.pid for p in procs], "redis": [rp.proc.pid]},  # type: ignore[union-attr]
+        reaped="workers",
+    )
     last = cpu.start
     with RssWatch({f"w{i}": [p.pid] for i, p in enumerate(procs)}, children=False) as watch:  # not its horses
 
@@ -523,15 +564,32 @@ CELERY_TASK = {"python": "bench.noop", "subprocess": "bench.true"}
 
 def _celery_workers(rp: RedisProcess, queue: str, pool: str, tmp: Path) -> list[subprocess.Popen]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PILOOP_BENCH_BROKER": rp.url, "PILOOP_BENCH_QUEUE": queue}
-    base = [str(BIN / "celery"), "-A", "bench.tasks", "worker", "--loglevel", "WARNING", "--without-gossip",
-            "--without-mingle", "--without-heartbeat"]
+    base = [
+        str(BIN / "celery"),
+        "-A",
+        "bench.tasks",
+        "worker",
+        "--loglevel",
+        "WARNING",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+    ]
     if pool == "prefork":
         shapes = [["--pool", "prefork", "--concurrency", "2"]]
     else:
         shapes = [["--pool", "solo"], ["--pool", "solo"]]
-    return [subprocess.Popen(base + shape + ["-n", f"w{i}-{queue}@%h"], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, cwd=tmp, start_new_session=True)
-            for i, shape in enumerate(shapes)]
+    return [
+        subprocess.Popen(
+            base + shape + ["-n", f"w{i}-{queue}@%h"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=tmp,
+            start_new_session=True,
+        )
+        for i, shape in enumerate(shapes)
+    ]
 
 
 def _celery_client(rp: RedisProcess, queue: str):
@@ -552,12 +610,19 @@ def celery_drain(rp: RedisProcess, n: int, pool: str, job: str, tmp: Path) -> Dr
     t0 = time.perf_counter()
     procs = _celery_workers(rp, queue, pool, tmp)
     try:
-        cpu = CpuWatch({"workers": [p.pid for p in procs], "redis": [rp.proc.pid]},  # type: ignore[union-attr]
-                       reaped="workers")
+        cpu = CpuWatch(
+            {"workers": [p.pid for p in procs], "redis": [rp.proc.pid]},  # type: ignore[union-attr]
+            reaped="workers",
+        )
         with RssWatch({f"w{i}": [p.pid] for i, p in enumerate(procs)}) as watch:
             done = lambda: int(r.get(f"{queue}:done") or 0)  # noqa: E731
-            wait_until(lambda: done() >= n, 3600, "Celery to drain", every=0.01,
-                       report=lambda: say(f"celery {pool} {job}: {done()}/{n} done"))
+            wait_until(
+                lambda: done() >= n,
+                3600,
+                "Celery to drain",
+                every=0.01,
+                report=lambda: say(f"celery {pool} {job}: {done()}/{n} done"),
+            )
             seconds = time.perf_counter() - t0
             cpu_ms = cpu.per_job_ms(n)
     finally:

@@ -20,8 +20,13 @@ except ImportError:  # rq's side needs no Celery
     app = None
 else:
     app = Celery("bench", broker=BROKER)
-    app.conf.update(task_default_queue=QUEUE, task_ignore_result=True, worker_hijack_root_logger=False,
-                    broker_connection_retry_on_startup=True, worker_send_task_events=False)
+    app.conf.update(
+        task_default_queue=QUEUE,
+        task_ignore_result=True,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        worker_send_task_events=False,
+    )
     _redis = None
 
     def _done() -> None:

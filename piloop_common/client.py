@@ -51,8 +51,15 @@ class ApiClient:
     """The JSON calls (`call`) go through kept-alive `http.client` connections (piloop_common.connections); raw bytes
     (`call_bytes`) through httpx, made on first use, so a worker never imports it."""
 
-    def __init__(self, *, url: str | None = None, socket: Path | None = None, token: str | None = None,
-                 worker: str | None = None, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        socket: Path | None = None,
+        token: str | None = None,
+        worker: str | None = None,
+        timeout: float = 10.0,
+    ) -> None:
         if (url is None) == (socket is None):
             raise ValueError("give the server's url or its socket")
         self.headers: dict[str, str] = {}
@@ -80,12 +87,16 @@ class ApiClient:
         limits = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_SECONDS)
         if self.socket is not None:
             transport = httpx.HTTPTransport(uds=str(self.socket), limits=limits)
-            return httpx.Client(base_url="http://piloop", transport=transport, headers=self.headers,
-                                timeout=self.timeout)
+            return httpx.Client(
+                base_url="http://piloop", transport=transport, headers=self.headers, timeout=self.timeout
+            )
         # httpx writes a request's head and body apart: without TCP_NODELAY, Nagle's algorithm and the
         # server's delayed ACK hold the body ~40 ms
-        transport = httpx.HTTPTransport(verify=self._ssl or False, limits=limits, socket_options=[
-            (socket_mod.IPPROTO_TCP, socket_mod.TCP_NODELAY, 1)])
+        transport = httpx.HTTPTransport(
+            verify=self._ssl or False,
+            limits=limits,
+            socket_options=[(socket_mod.IPPROTO_TCP, socket_mod.TCP_NODELAY, 1)],
+        )
         return httpx.Client(base_url=self.url or "", headers=self.headers, timeout=self.timeout, transport=transport)
 
     @classmethod
@@ -115,15 +126,37 @@ class ApiClient:
         return cls.local(home, **kw)
 
     @overload
-    def call(self, method: str, path: str, body: BaseModel | dict[str, Any] | None = None,
-             params: dict[str, Any] | None = None, *, model: type[M], timeout: float | None = None) -> M: ...
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: BaseModel | dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
+        *,
+        model: type[M],
+        timeout: float | None = None,
+    ) -> M: ...
 
     @overload
-    def call(self, method: str, path: str, body: BaseModel | dict[str, Any] | None = None,
-             params: dict[str, Any] | None = None, model: None = None, timeout: float | None = None) -> Any: ...
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: BaseModel | dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
+        model: None = None,
+        timeout: float | None = None,
+    ) -> Any: ...
 
-    def call(self, method: str, path: str, body: BaseModel | dict[str, Any] | None = None,
-             params: dict[str, Any] | None = None, model: type[M] | None = None, timeout: float | None = None) -> Any:
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: BaseModel | dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
+        model: type[M] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
         payload = body.model_dump(mode="json") if isinstance(body, BaseModel) else body
         headers = self.headers
         data = None
@@ -138,18 +171,38 @@ class ApiClient:
         out = json.loads(content)
         return model.model_validate(out) if model is not None else out
 
-    def request(self, method: str, path: str, body: bytes | None = None, *, headers: dict[str, str] | None = None,
-                params: dict[str, Any] | None = None, timeout: float | None = None) -> tuple[int, bytes]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        params: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> tuple[int, bytes]:
         """One call as it is: the status and the body, whatever the status; an unreachable server is `Unavailable`."""
         headers = self.headers if headers is None else headers
         try:
-            return self.connections.request(method, path, body=body, headers=headers, params=params,
-                                            timeout=self.timeout if timeout is None else timeout)
+            return self.connections.request(
+                method,
+                path,
+                body=body,
+                headers=headers,
+                params=params,
+                timeout=self.timeout if timeout is None else timeout,
+            )
         except (OSError, http.client.HTTPException) as e:
             raise self._unavailable(e, connecting=isinstance(e, ConnectFailed)) from e
 
-    def call_bytes(self, method: str, path: str, content: bytes | None = None, timeout: float | None = None,
-                   headers: dict[str, str] | None = None) -> httpx.Response:
+    def call_bytes(
+        self,
+        method: str,
+        path: str,
+        content: bytes | None = None,
+        timeout: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
         """A call whose request or answer is raw bytes (CAS blobs, log chunks); errors map as in `call`."""
         import httpx
 
@@ -169,9 +222,11 @@ class ApiClient:
             return Unavailable(f"no daemon answers on {self.socket}: start one with `piloop serve --detach`")
         untrusted = _untrusted(e)
         if untrusted:
-            return Unavailable(f"{self.where}: the server's certificate is not trusted ({untrusted}); for a "
-                               "certificate your system does not trust, set SSL_CERT_FILE to the CA that signed it",
-                               tls="untrusted")
+            return Unavailable(
+                f"{self.where}: the server's certificate is not trusted ({untrusted}); for a "
+                "certificate your system does not trust, set SSL_CERT_FILE to the CA that signed it",
+                tls="untrusted",
+            )
         cause = e.__cause__ if isinstance(e, ConnectFailed) and e.__cause__ is not None else e
         return Unavailable(f"{self.where} cannot be reached: {type(cause).__name__}: {cause}")
 

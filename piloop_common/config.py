@@ -26,6 +26,7 @@ CONFIG_FILE = "config.toml"
 
 RUNNER_PROCESS: Literal["process"] = "process"
 
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -37,7 +38,9 @@ class LocalCompute(_Model):
     provider: Literal["local"] = Field("local", description="Workers as processes on the server's machine.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for each started worker.")
     hang: bool = Field(False, description="Start a process that never registers (for testing the register deadline).")
-    refuse: bool = Field(False, description="Refuse every start as a platform would on quota (for testing the backoff).")
+    refuse: bool = Field(
+        False, description="Refuse every start as a platform would on quota (for testing the backoff)."
+    )
 
 
 class RegistryConfig(_Model):
@@ -65,9 +68,13 @@ ComputeConfig = Annotated[LocalCompute | ModalCompute, Field(discriminator="prov
 class ProvisionerConfig(_Model):
     max: int = Field(ge=0, description="The most workers this pool runs at once; 0 drains the pool.")
     idle_seconds: float = Field(300, gt=0, description="A worker that held no lease this long is drained and stopped.")
-    register_seconds: float = Field(300, gt=0, description="A started worker that has not registered by then is stopped.")
+    register_seconds: float = Field(
+        300, gt=0, description="A started worker that has not registered by then is stopped."
+    )
     orphan_exit_seconds: float | None = Field(
-        None, gt=0, description="A worker that cannot reach its server this long exits once it holds no job; unset: never waits, exits at once when orphaned and idle."
+        None,
+        gt=0,
+        description="A worker that cannot reach its server this long exits once it holds no job; unset: never waits, exits at once when orphaned and idle.",
     )
     compute: ComputeConfig = Field(default_factory=LocalCompute, description="Where the workers run.")
 
@@ -80,11 +87,27 @@ class PoolConfig(_Model):
     evaluations: int = Field(1, ge=0, description="Evaluation slots per worker of this pool.")
     max_load: float = Field(2.0, gt=0, description="A worker whose 1-minute load per CPU is over this takes no job.")
     min_memory_gb: float = Field(0.5, ge=0, description="A worker with less free memory than this takes no job.")
-    memory_mb: int | None = Field(None, gt=0, description="The memory grant (MiB) of a job of this pool that asks for none; unset: such a job has no grant and is limited to its worker's room.")
-    memory_max_mb: int | None = Field(None, gt=0, description="The most a grant raised after an out-of-memory attempt may reach (MiB), unless the job says; unset: its worker's room.")
-    memory_reserve_mb: int = Field(512, ge=0, description="A worker's room (the memory it grants) is its available memory less this (MiB).")
-    memory_held_seconds: float = Field(60, gt=0, description="A job held at its memory limit (reclaiming pages it needs again) this long is stopped and reported out of memory.")
-    runners: list[Literal["process"]] = Field(default_factory=lambda: [RUNNER_PROCESS], description="How jobs run on its workers.")
+    memory_mb: int | None = Field(
+        None,
+        gt=0,
+        description="The memory grant (MiB) of a job of this pool that asks for none; unset: such a job has no grant and is limited to its worker's room.",
+    )
+    memory_max_mb: int | None = Field(
+        None,
+        gt=0,
+        description="The most a grant raised after an out-of-memory attempt may reach (MiB), unless the job says; unset: its worker's room.",
+    )
+    memory_reserve_mb: int = Field(
+        512, ge=0, description="A worker's room (the memory it grants) is its available memory less this (MiB)."
+    )
+    memory_held_seconds: float = Field(
+        60,
+        gt=0,
+        description="A job held at its memory limit (reclaiming pages it needs again) this long is stopped and reported out of memory.",
+    )
+    runners: list[Literal["process"]] = Field(
+        default_factory=lambda: [RUNNER_PROCESS], description="How jobs run on its workers."
+    )
     provisioner: ProvisionerConfig | None = Field(None, description="Start and stop this pool's workers.")
 
 
@@ -95,14 +118,25 @@ def _default_pools() -> dict[str, PoolConfig]:
 class ExecutorConfig(_Model):
     provider: Literal["workers"] = Field("workers", description="Jobs run on workers that lease them.")
     renew_seconds: float = Field(10, gt=0, description="The worker's heartbeat period.")
-    grace_seconds: float = Field(50, gt=0, description="After this much silence a worker is unreachable: its slots count zero.")
-    toleration_seconds: float = Field(300, gt=0, description="After this much silence a worker's leases expire and their jobs go back with a new token.")
-    request_timeout_seconds: float = Field(10, gt=0, description="The longest a worker waits on one call to the server.")
+    grace_seconds: float = Field(
+        50, gt=0, description="After this much silence a worker is unreachable: its slots count zero."
+    )
+    toleration_seconds: float = Field(
+        300,
+        gt=0,
+        description="After this much silence a worker's leases expire and their jobs go back with a new token.",
+    )
+    request_timeout_seconds: float = Field(
+        10, gt=0, description="The longest a worker waits on one call to the server."
+    )
     kill_grace_seconds: float = Field(5, ge=0, description="Between SIGTERM and SIGKILL when a job is stopped.")
     pass_seconds: float = Field(1, gt=0, description="The period of the daemon's pass (expiry, requeue, limits).")
     max_lost: int = Field(3, ge=1, description="An evaluation lost this many times in a row ends `lost`.")
     memory_pressure_max: float = Field(
-        40.0, ge=0, le=100, description="A worker whose memory pressure (PSI `some avg10`, %) is above this claims nothing."
+        40.0,
+        ge=0,
+        le=100,
+        description="A worker whose memory pressure (PSI `some avg10`, %) is above this claims nothing.",
     )
     pools: dict[str, PoolConfig] = Field(default_factory=_default_pools, description="The pools, by name.")
 
@@ -146,31 +180,60 @@ class ProxyRule(_Model):
 
 
 class NetworkConfig(_Model):
-    provider: Literal["token", "proxy"] = Field("token", description="`token`: piloop's own tokens; `proxy`: a proxy's claims.")
+    provider: Literal["token", "proxy"] = Field(
+        "token", description="`token`: piloop's own tokens; `proxy`: a proxy's claims."
+    )
     listen: str | None = Field(None, description="HOST:PORT to listen on beside the unix socket.")
     url: str | None = Field(None, description="The address workers and provisioned workers dial.")
-    tls: Literal["proxy"] | TlsFiles | None = Field(None, description="`{cert, key}`, or `\"proxy\"` when a proxy ends TLS.")
-    claims: dict[str, str] = Field(default_factory=dict, description="Claim names and the headers a proxy stamps them in.")
-    name_claims: list[str] = Field(default_factory=list, description="The claims that name a caller, first non-empty wins.")
+    tls: Literal["proxy"] | TlsFiles | None = Field(
+        None, description='`{cert, key}`, or `"proxy"` when a proxy ends TLS.'
+    )
+    claims: dict[str, str] = Field(
+        default_factory=dict, description="Claim names and the headers a proxy stamps them in."
+    )
+    name_claims: list[str] = Field(
+        default_factory=list, description="The claims that name a caller, first non-empty wins."
+    )
     rules: list[ProxyRule] = Field(default_factory=list, description="Access by claims; the first match wins.")
     max_body_mb: int = Field(16, gt=0, description="The largest request body the API accepts (the CAS streams apart).")
-    cas_max_put_mb: int = Field(4096, gt=0, description="The largest blob `piloop cas serve` takes in one put, in MiB; "
-                                "a bigger one is refused (413, naming this key) and nothing is stored.")
+    cas_max_put_mb: int = Field(
+        4096,
+        gt=0,
+        description="The largest blob `piloop cas serve` takes in one put, in MiB; "
+        "a bigger one is refused (413, naming this key) and nothing is stored.",
+    )
 
 
 # --- state -------------------------------------------------------------------------------
 
 
 class StateConfig(_Model):
-    url: SecretStr | None = Field(None, description="The Redis URL (`redis://`, `rediss://`, `unix://`); absent: the "
-                                  "embedded Redis under `$PILOOP_HOME`.")
-    events_max: int = Field(100_000, ge=1000, description="The events stream keeps about this many of the newest events.")
-    event_value_bytes: int = Field(1024, ge=64, description="An event's field value past this many bytes is cut, so "
-                                   "the stream's memory is bounded whatever a caller sends.")
-    log_chunks_max: int = Field(20_000, ge=1, description="The log chunks a job keeps (one every few seconds: over a "
-                                "day of an agent's session); later ones are dropped and `job show` says how many.")
-    report_max_bytes: int = Field(256 * 1024, ge=4096, description="The largest result a report may carry, its log's "
-                                  "chunk list aside; a larger report is refused naming this key.")
+    url: SecretStr | None = Field(
+        None,
+        description="The Redis URL (`redis://`, `rediss://`, `unix://`); absent: the "
+        "embedded Redis under `$PILOOP_HOME`.",
+    )
+    events_max: int = Field(
+        100_000, ge=1000, description="The events stream keeps about this many of the newest events."
+    )
+    event_value_bytes: int = Field(
+        1024,
+        ge=64,
+        description="An event's field value past this many bytes is cut, so "
+        "the stream's memory is bounded whatever a caller sends.",
+    )
+    log_chunks_max: int = Field(
+        20_000,
+        ge=1,
+        description="The log chunks a job keeps (one every few seconds: over a "
+        "day of an agent's session); later ones are dropped and `job show` says how many.",
+    )
+    report_max_bytes: int = Field(
+        256 * 1024,
+        ge=4096,
+        description="The largest result a report may carry, its log's "
+        "chunk list aside; a larger report is refused naming this key.",
+    )
     progress_keep: int = Field(200, ge=1, description="The newest progress notes a job keeps.")
 
     @property
@@ -179,11 +242,21 @@ class StateConfig(_Model):
 
 
 class Plugins(_Model):
-    executor: ExecutorConfig = Field(default_factory=ExecutorConfig, description="How jobs run: workers, their pools and the timings of silence.")
-    cas: CasConfig = Field(default_factory=LocalCasConfig, description="The content-addressed store that holds every byte; a worker's must be the server's.")
-    network: NetworkConfig = Field(default_factory=NetworkConfig, description="Where the daemon listens beside its socket, and how callers authenticate.")
-    state: StateConfig = Field(default_factory=StateConfig, description="Redis: its URL (absent: the embedded one) and "
-                               "the caps on what callers may write.")
+    executor: ExecutorConfig = Field(
+        default_factory=ExecutorConfig, description="How jobs run: workers, their pools and the timings of silence."
+    )
+    cas: CasConfig = Field(
+        default_factory=LocalCasConfig,
+        description="The content-addressed store that holds every byte; a worker's must be the server's.",
+    )
+    network: NetworkConfig = Field(
+        default_factory=NetworkConfig,
+        description="Where the daemon listens beside its socket, and how callers authenticate.",
+    )
+    state: StateConfig = Field(
+        default_factory=StateConfig,
+        description="Redis: its URL (absent: the embedded one) and the caps on what callers may write.",
+    )
 
 
 class Settings(BaseSettings):
@@ -194,11 +267,14 @@ class Settings(BaseSettings):
     plugins: Plugins = Field(default_factory=Plugins, description="The `[plugins.*]` tables.")
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-                                   env_settings: PydanticBaseSettingsSource,
-                                   dotenv_settings: PydanticBaseSettingsSource,
-                                   file_secret_settings: PydanticBaseSettingsSource,
-                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
         # load_settings merges the sources itself, so errors can name the one at fault.
         return (init_settings,)
 
@@ -244,7 +320,7 @@ def _env_source(env: dict[str, str]) -> tuple[dict[str, Any], dict[tuple[str, ..
     for name in sorted(env):
         if not name.startswith("PILOOP_") or "__" not in name:
             continue
-        path = tuple(p.lower() for p in name[len("PILOOP_"):].split("__"))
+        path = tuple(p.lower() for p in name[len("PILOOP_") :].split("__"))
         node: dict[str, Any] = {}
         cur = node
         for p in path[:-1]:
@@ -303,7 +379,9 @@ def _model_of(ann: Any) -> Any:
 
 
 def _describe(err: ErrorDetails, sources: list[tuple[str, dict[str, Any]]], origin: dict[tuple[str, ...], str]) -> str:
-    loc = tuple(str(p) for p in err["loc"] if not (isinstance(p, str) and p in ("local", "s3", "http", "cached", "modal")))
+    loc = tuple(
+        str(p) for p in err["loc"] if not (isinstance(p, str) and p in ("local", "s3", "http", "cached", "modal"))
+    )
     key = ".".join(loc[1:] if loc and loc[0] == "plugins" else loc) or "(top level)"
     where = "defaults"
     for i in range(len(loc), 0, -1):
@@ -338,7 +416,7 @@ def load_settings(home: Path | None = None, env: dict[str, str] | None = None, p
         except ValueError as e:
             raise ConfigError(f"env PILOOP_PLUGINS: not valid JSON: {e}") from e
         if not isinstance(parsed, dict):
-            raise ConfigError("env PILOOP_PLUGINS: must be a JSON object of plugin tables, like {\"network\": {...}}")
+            raise ConfigError('env PILOOP_PLUGINS: must be a JSON object of plugin tables, like {"network": {...}}')
         plugins_json = {"plugins": parsed}
     sources = [(str(file), file_data), ("env", env_data), ("env PILOOP_PLUGINS", plugins_json)]
     merged: dict[str, Any] = {}

@@ -124,7 +124,7 @@ def _type(ann: Any) -> str:
     for a in members:
         origin = typing.get_origin(a)
         if origin is Literal:
-            parts.extend(f'`{json.dumps(v)}`' for v in _args(a))
+            parts.extend(f"`{json.dumps(v)}`" for v in _args(a))
         elif a is str:
             parts.append("string")
         elif a is bool:
@@ -162,7 +162,9 @@ def _toml(v: Any) -> str:
     if isinstance(v, str):
         return f"`{json.dumps(v)}`"
     if isinstance(v, BaseModel):
-        return f"`provider = {json.dumps(dict(v)['provider'])}`" if "provider" in type(v).model_fields else "its defaults"
+        return (
+            f"`provider = {json.dumps(dict(v)['provider'])}`" if "provider" in type(v).model_fields else "its defaults"
+        )
     if isinstance(v, list):
         return "`[" + ", ".join(json.dumps(x) for x in v) + "]`" if v else "`[]`"
     if isinstance(v, dict):
@@ -198,8 +200,9 @@ class _Renderer:
             return ""
         return field.description
 
-    def table(self, model: type[BaseModel], path: str, heading: str, level: int, skip: tuple[str, ...] = (),
-              intro: str = "") -> None:
+    def table(
+        self, model: type[BaseModel], path: str, heading: str, level: int, skip: tuple[str, ...] = (), intro: str = ""
+    ) -> None:
         self.seen.setdefault(model, heading)
         self.out += [f"{'#' * level} {heading}", ""]
         for text in (intro, (model.__doc__ or "").strip()):
@@ -251,8 +254,9 @@ class _Renderer:
         nested = self._nested(members)
         if nested is not None:
             if typing.get_origin(members[0]) is dict:
-                self.table(nested, f"{where}.<{_singular(where)}>", f"[{where}.<{_singular(where)}>]", level,
-                           intro=intro)
+                self.table(
+                    nested, f"{where}.<{_singular(where)}>", f"[{where}.<{_singular(where)}>]", level, intro=intro
+                )
             else:
                 self.table(nested, where, f"[[{where}]]", level, intro=intro)
             return
@@ -260,15 +264,17 @@ class _Renderer:
             self.table(models[0], where, f"[{where}]", level, intro=intro)
             return
         # a union chosen by `provider`
-        self.out += [f"{'#' * level} [{where}]", ""] + ([_cell(intro), ""] if intro else []) + [
-                     "One of these tables, chosen by `provider`: "
-                     + ", ".join(f"`{_provider(m)}`" for m in models) + ".", ""]
+        self.out += (
+            [f"{'#' * level} [{where}]", ""]
+            + ([_cell(intro), ""] if intro else [])
+            + ["One of these tables, chosen by `provider`: " + ", ".join(f"`{_provider(m)}`" for m in models) + ".", ""]
+        )
         for m in models:
             p = _provider(m)
             if m in self.seen:
-                self.out.append(f"- `{{ provider = \"{p}\", … }}`: the keys of `{self.seen[m]}`.")
+                self.out.append(f'- `{{ provider = "{p}", … }}`: the keys of `{self.seen[m]}`.')
                 continue
-            self.table(m, where, f"[{where}] provider = \"{p}\"", level + 1)
+            self.table(m, where, f'[{where}] provider = "{p}"', level + 1)
         if self.out[-1].startswith("- "):
             self.out.append("")
 
@@ -329,10 +335,17 @@ def render_state() -> str:
     from piloop_server.state.keys import Keys
 
     keys = Keys()
-    out = [STATE_BEGIN, "", "### Redis keys", "",
-           f"Built only in `piloop_server/state/keys.py`; every key starts with the hash tag `{keys.prefix()}` "
-           "(`{<namespace>}:`, so multi-key scripts stay on one Cluster slot).", "",
-           "| key | `Keys.` | what |", "| - | - | - |"]
+    out = [
+        STATE_BEGIN,
+        "",
+        "### Redis keys",
+        "",
+        f"Built only in `piloop_server/state/keys.py`; every key starts with the hash tag `{keys.prefix()}` "
+        "(`{<namespace>}:`, so multi-key scripts stay on one Cluster slot).",
+        "",
+        "| key | `Keys.` | what |",
+        "| - | - | - |",
+    ]
     for name, fn in vars(Keys).items():  # in the module's order
         if name.startswith("_") or name == "prefix" or not inspect.isfunction(fn):
             continue
@@ -340,9 +353,14 @@ def render_state() -> str:
         key = getattr(keys, name)(*(f"<{p}>" for p in params))
         doc = " ".join((inspect.getdoc(fn) or _KEY_NOTES.get(name, "")).split())
         out.append(f"| `{key}` | `{name}({', '.join(params)})` | {_cell(doc)} |")
-    out += ["", "### Lua scripts", "",
-            "`piloop_server/state/scripts/<operation>.lua`, one operation each, loaded once and called by SHA "
-            "(`state/scripts.py`); each header lists its KEYS, ARGV and replies:", ""]
+    out += [
+        "",
+        "### Lua scripts",
+        "",
+        "`piloop_server/state/scripts/<operation>.lua`, one operation each, loaded once and called by SHA "
+        "(`state/scripts.py`); each header lists its KEYS, ARGV and replies:",
+        "",
+    ]
     scripts = resources.files("piloop_server.state").joinpath("scripts")
     for entry in sorted(scripts.iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".lua"):

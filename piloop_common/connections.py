@@ -46,8 +46,14 @@ class Connections:
     """Idle connections to one server, each reused for the next call until it has been idle `keepalive` seconds or
     the server closed it. Safe across threads: a connection serves one call at a time."""
 
-    def __init__(self, *, url: str | None = None, socket_path: str | None = None, context: ssl.SSLContext | None = None,
-                 keepalive: float = 25.0) -> None:
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        socket_path: str | None = None,
+        context: ssl.SSLContext | None = None,
+        keepalive: float = 25.0,
+    ) -> None:
         self.keepalive = keepalive
         self.socket_path = socket_path
         self.context = context
@@ -91,8 +97,16 @@ class Connections:
         with self._lock:
             self._idle.append((conn, time.monotonic()))
 
-    def request(self, method: str, path: str, *, body: bytes | None = None, headers: dict[str, str],
-                params: dict[str, object] | None = None, timeout: float) -> Answer:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        headers: dict[str, str],
+        params: dict[str, object] | None = None,
+        timeout: float,
+    ) -> Answer:
         # a path may carry its own query (the relay forwards a job's request line as it came)
         target = self.prefix + quote(path, safe="/:@!$&'()*+,;=-._~%?")
         if params:

@@ -17,19 +17,45 @@ from piloop_common.errors import BadRequest
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 # read by the loader, a shell or an interpreter when a process starts
-EXACT = frozenset({
-    "PATH", "HOME", "SHELL", "IFS", "ENV", "BASH_ENV", "CDPATH", "GCONV_PATH", "LOCPATH", "NLSPATH",
-    "PERL5LIB", "PERL5OPT", "PERLLIB", "PERL5DB", "RUBYLIB", "RUBYOPT", "NODE_OPTIONS", "NODE_PATH",
-    "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "CLASSPATH",
-})
+EXACT = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "SHELL",
+        "IFS",
+        "ENV",
+        "BASH_ENV",
+        "CDPATH",
+        "GCONV_PATH",
+        "LOCPATH",
+        "NLSPATH",
+        "PERL5LIB",
+        "PERL5OPT",
+        "PERLLIB",
+        "PERL5DB",
+        "RUBYLIB",
+        "RUBYOPT",
+        "NODE_OPTIONS",
+        "NODE_PATH",
+        "JAVA_TOOL_OPTIONS",
+        "_JAVA_OPTIONS",
+        "JDK_JAVA_OPTIONS",
+        "CLASSPATH",
+    }
+)
 # every name beginning so: the dynamic loader's (LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, ...), macOS's, Python's
 # (PYTHONPATH, PYTHONHOME, PYTHONSTARTUP, PYTHON_GIL, ...), and piloop's own
 PREFIXES = ("LD_", "DYLD_", "PYTHON", "PILOOP_")
 # secrets the server itself uses, never a job: `secret set` takes them, a job may not name them
 SERVER_SECRETS = frozenset({"PILOOP_WORKER_CREDENTIAL"})
 
-RULE = ("it would shadow the environment a job runs in (" + ", ".join(sorted(EXACT))
-        + ", and names beginning " + ", ".join(PREFIXES) + ", in any case, are refused)")
+RULE = (
+    "it would shadow the environment a job runs in ("
+    + ", ".join(sorted(EXACT))
+    + ", and names beginning "
+    + ", ".join(PREFIXES)
+    + ", in any case, are refused)"
+)
 
 
 def shadows(name: str) -> bool:

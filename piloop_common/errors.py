@@ -101,7 +101,6 @@ class Unavailable(PiloopError):
     status = 503
 
 
-
 class TaskFailed(PiloopError):
     """A task (`piloop_common.tasks`) ended without a value: its error and traceback, or the job's state."""
 

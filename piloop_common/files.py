@@ -10,7 +10,7 @@ import os
 def write_all(fd: int, data: bytes | str) -> None:
     view = memoryview(data.encode() if isinstance(data, str) else data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def write_file(path: str | os.PathLike[str], data: bytes | str, flags: int = os.O_TRUNC, mode: int = 0o600) -> None:

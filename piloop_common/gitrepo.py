@@ -34,8 +34,9 @@ def git(*args: str, cwd: str | os.PathLike[str] | None = None, check: bool = Tru
     """Run `git args…`; its stdout, or GitError with git's own last line of stderr."""
     if shutil.which("git") is None:
         raise GitError("git is not installed on this host: campaigns need it (apt-get install git)")
-    p = subprocess.run(["git", *args], cwd=cwd, env=_env(), stdin=subprocess.DEVNULL, capture_output=True,
-                       text=True, timeout=timeout)
+    p = subprocess.run(
+        ["git", *args], cwd=cwd, env=_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
+    )
     if check and p.returncode != 0:
         last = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
         raise GitError(f"git {args[0]}: {last}")
@@ -45,8 +46,16 @@ def git(*args: str, cwd: str | os.PathLike[str] | None = None, check: bool = Tru
 def has_commit(repo: Path, sha: str) -> bool:
     if not (repo / "HEAD").exists() and not (repo / ".git").exists():
         return False
-    return subprocess.run(["git", "cat-file", "-e", f"{sha}^{{commit}}"], cwd=repo, env=_env(),
-                          stdin=subprocess.DEVNULL, capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["git", "cat-file", "-e", f"{sha}^{{commit}}"],
+            cwd=repo,
+            env=_env(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+        ).returncode
+        == 0
+    )
 
 
 def tips(repo: Path) -> list[str]:
@@ -57,8 +66,14 @@ def tips(repo: Path) -> list[str]:
 
 def bundle(repo: Path, dest: Path, refs: list[str]) -> bool:
     """Write a bundle of `refs` (e.g. `--all`, `HEAD`, `^<sha>` to leave out what a reader has); False when empty."""
-    p = subprocess.run(["git", "bundle", "create", str(dest), *refs], cwd=repo, env=_env(),
-                       stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    p = subprocess.run(
+        ["git", "bundle", "create", str(dest), *refs],
+        cwd=repo,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+    )
     if p.returncode != 0:
         if "empty bundle" in p.stderr:
             return False

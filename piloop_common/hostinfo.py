@@ -62,8 +62,9 @@ def sample(disk_path: Path | str = "/", psi_path: Path = PSI_MEMORY) -> HostSamp
 class Sampler:
     """A time-boxed, cached `sample()`: `get()` never waits longer than `timeout` seconds."""
 
-    def __init__(self, disk_path: Path | str = "/", max_age: float = 5.0, timeout: float = 1.0,
-                 psi_path: Path = PSI_MEMORY) -> None:
+    def __init__(
+        self, disk_path: Path | str = "/", max_age: float = 5.0, timeout: float = 1.0, psi_path: Path = PSI_MEMORY
+    ) -> None:
         self.disk_path, self.max_age, self.timeout, self.psi_path = disk_path, max_age, timeout, psi_path
         self._lock = threading.Lock()
         self._cached: HostSample | None = None

@@ -34,7 +34,8 @@ def check_listen(settings: Any, listen: str) -> tuple[str, int]:
         raise ConfigError(
             f"--listen {listen}: {host} is not a loopback address, and [plugins.network] tls is not set. "
             'Set tls = { cert = "<cert.pem>", key = "<key.pem>" }, or tls = "proxy" when a proxy or an SSH tunnel '
-            "ends TLS; or listen on 127.0.0.1")
+            "ends TLS; or listen on 127.0.0.1"
+        )
     return host, port
 
 

@@ -79,8 +79,12 @@ class Timing(Message):
     request_timeout_seconds: float
     kill_grace_seconds: float
     memory_pressure_max: float
-    memory_reserve_mb: int = Field(0, description="The pool's memory reserve: the worker's room is its available memory less this.")
-    memory_held_seconds: float = Field(60, description="A job held at its memory limit this long is stopped, out of memory.")
+    memory_reserve_mb: int = Field(
+        0, description="The pool's memory reserve: the worker's room is its available memory less this."
+    )
+    memory_held_seconds: float = Field(
+        60, description="A job held at its memory limit this long is stopped, out of memory."
+    )
 
 
 class RegisterResponse(Message):
@@ -97,41 +101,75 @@ class ClaimRequest(Message):
     protocol: int
     want: dict[Kind, int] = Field(description="How many jobs of each kind the worker has room for now.")
     wait_seconds: float = Field(0, ge=0, le=60, description="With nothing to lease, wait up to this long for a job.")
-    room_mb: int | None = Field(None, ge=0, description=(
-        "The memory (MiB) this worker can grant: its available memory less the pool's reserve. A job is leased only "
-        "when its grant fits beside the grants the worker holds; none: grants are not checked."))
+    room_mb: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "The memory (MiB) this worker can grant: its available memory less the pool's reserve. A job is leased only "
+            "when its grant fits beside the grants the worker holds; none: grants are not checked."
+        ),
+    )
 
 
 class JobSpec(Message):
-    runner: Literal["process", "task"] = Field("process", description=(
-        "process: exec argv; task: argv[0] is `module:function`, run in a process forked from the worker's warm "
-        "interpreter (`piloop_common.tasks`), its arguments the input args.json or args.pickle"))
+    runner: Literal["process", "task"] = Field(
+        "process",
+        description=(
+            "process: exec argv; task: argv[0] is `module:function`, run in a process forked from the worker's warm "
+            "interpreter (`piloop_common.tasks`), its arguments the input args.json or args.pickle"
+        ),
+    )
     argv: list[str] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
     secrets: list[str] = Field(default_factory=list, description="Names of the secrets the job gets as env.")
     inputs: dict[str, str] = Field(default_factory=dict, description="File name -> CAS address, put in the job's dir.")
     timeout_seconds: float | None = Field(None, gt=0)
-    memory_mb: int | None = Field(None, gt=0, description=(
-        "The job's memory grant (MiB): its cgroup limit, and what a worker must have room for to take it; "
-        "unset: the pool's `memory_mb`, else no grant (limited to the worker's room)."))
-    memory_growth: float = Field(1.5, ge=1, le=10, description=(
-        "After an attempt runs out of memory, the next one is granted this many times as much (1: never raise)."))
-    memory_max_mb: int | None = Field(None, gt=0, description=(
-        "The most a raised grant may reach (MiB); unset: the pool's `memory_max_mb`, else the room of the worker "
-        "where the attempt ran out."))
-    max_attempts: int = Field(1, ge=1, le=100, description=(
-        "Attempts that may fail (exit code, signal, timeout, out of memory) before the job ends `failed`; a lost "
-        "or fenced run is not an attempt, and an out-of-memory attempt whose grant can still grow does not count."))
+    memory_mb: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "The job's memory grant (MiB): its cgroup limit, and what a worker must have room for to take it; "
+            "unset: the pool's `memory_mb`, else no grant (limited to the worker's room)."
+        ),
+    )
+    memory_growth: float = Field(
+        1.5,
+        ge=1,
+        le=10,
+        description=(
+            "After an attempt runs out of memory, the next one is granted this many times as much (1: never raise)."
+        ),
+    )
+    memory_max_mb: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "The most a raised grant may reach (MiB); unset: the pool's `memory_max_mb`, else the room of the worker "
+            "where the attempt ran out."
+        ),
+    )
+    max_attempts: int = Field(
+        1,
+        ge=1,
+        le=100,
+        description=(
+            "Attempts that may fail (exit code, signal, timeout, out of memory) before the job ends `failed`; a lost "
+            "or fenced run is not an attempt, and an out-of-memory attempt whose grant can still grow does not count."
+        ),
+    )
     backoff_seconds: float = Field(10, ge=0, le=86400, description="The wait before a failed job's next attempt.")
-    backoff_factor: float = Field(2, ge=1, le=10, description=(
-        "Each further failed attempt waits this many times longer (at most an hour)."))
+    backoff_factor: float = Field(
+        2, ge=1, le=10, description=("Each further failed attempt waits this many times longer (at most an hour).")
+    )
     campaign: CampaignJob | None = Field(None, description="Set by the server for a campaign's agents and evaluations.")
 
     @model_validator(mode="after")
     def _memory_cap(self) -> JobSpec:
         if self.memory_mb and self.memory_max_mb and self.memory_max_mb < self.memory_mb:
-            raise ValueError(f"memory_max_mb ({self.memory_max_mb}) is below memory_mb ({self.memory_mb}): "
-                             "the cap on a raised grant cannot be under the first grant")
+            raise ValueError(
+                f"memory_max_mb ({self.memory_max_mb}) is below memory_mb ({self.memory_mb}): "
+                "the cap on a raised grant cannot be under the first grant"
+            )
         return self
 
 
@@ -149,7 +187,9 @@ class CampaignJob(Message):
 
     repo: RepoSpec
     workspace: str | None = Field(None, description="Agents: CAS address of the workspace manifest they get a copy of.")
-    collect: bool = Field(False, description="Agents: bring back new commits (a bundle from `commit`) and workspace writes.")
+    collect: bool = Field(
+        False, description="Agents: bring back new commits (a bundle from `commit`) and workspace writes."
+    )
     score: bool = Field(False, description="Evaluations: take the score from the last line of the output.")
 
 
@@ -162,8 +202,11 @@ class Assignment(Message):
     image: str = ""
     spec: JobSpec
     secrets: dict[str, str] = Field(default_factory=dict, description="Values of the secrets the job names.")
-    memory_mb: int | None = Field(None, description="This attempt's grant (MiB), raised after an out-of-memory "
-                                  "attempt; none: limited to the worker's room.")
+    memory_mb: int | None = Field(
+        None,
+        description="This attempt's grant (MiB), raised after an out-of-memory "
+        "attempt; none: limited to the worker's room.",
+    )
 
 
 class ClaimResponse(Message):
@@ -198,9 +241,13 @@ class ReportRequest(Message):
     outputs: dict[str, Address] = Field(default_factory=dict, description="Output name -> CAS address.")
     metrics: Address | None = Field(None, description="CAS address of metrics.jsonl.")
     duration_seconds: float = 0.0
-    head: str = Field("", pattern=r"^([0-9a-f]{40})?$", description="Agents of a campaign: the commit their clone ended at.")
+    head: str = Field(
+        "", pattern=r"^([0-9a-f]{40})?$", description="Agents of a campaign: the commit their clone ended at."
+    )
     bundle: Address | None = Field(None, description="Agents: CAS address of a bundle of their new commits.")
-    workspace: Address | None = Field(None, description="Agents: CAS address of their workspace writes (path -> address or null).")
+    workspace: Address | None = Field(
+        None, description="Agents: CAS address of their workspace writes (path -> address or null)."
+    )
     score: float | None = Field(None, description="Evaluations of a campaign: the score the eval command printed.")
     fetched_bytes: int = Field(0, ge=0, description="Bytes of repo bundles the worker fetched for this job.")
 
@@ -216,15 +263,21 @@ REPORTS_PER_CALL = 64
 class ReportsRequest(Message):
     """Several reports in one call (a worker's jobs that ended together): one HTTP call, one token check, one CAS
     lookup for all the blobs they name. Each is still its own report, answered on its own."""
+
     protocol: int
     reports: list[ReportRequest] = Field(min_length=1, max_length=REPORTS_PER_CALL)
-    claim: ClaimRequest | None = Field(None, description=(
-        "A claim made after the reports, in the same call (the slots they free are free for it); it never waits "
-        "(`wait_seconds` is not heeded)."))
+    claim: ClaimRequest | None = Field(
+        None,
+        description=(
+            "A claim made after the reports, in the same call (the slots they free are free for it); it never waits "
+            "(`wait_seconds` is not heeded)."
+        ),
+    )
 
 
 class ReportAnswer(Message):
     """One report's answer in a `ReportsResponse`: `answer` (and `state`), or the error that refused it alone."""
+
     answer: Literal["accepted", "stale"] | None = None
     state: str | None = None
     error: str | None = Field(None, description="The error's code, where this report was refused (bad_request, ...).")
@@ -233,22 +286,28 @@ class ReportAnswer(Message):
 
 class ReportsResponse(Message):
     answers: list[ReportAnswer] = Field(description="One per report, in the order sent.")
-    claim: ClaimResponse | None = Field(None, description=(
-        "The answer to the request's claim; none when it had none or the claim failed (the worker claims alone "
-        "next, and hears why)."))
+    claim: ClaimResponse | None = Field(
+        None,
+        description=(
+            "The answer to the request's claim; none when it had none or the claim failed (the worker claims alone "
+            "next, and hears why)."
+        ),
+    )
 
 
 class LogAppend(Message):
     protocol: int
     job: JobId
     token: LeaseToken
-    chunks: list[Address] = Field(min_length=1, max_length=LOG_CHUNKS_PER_CALL,
-                                  description="CAS addresses of new log chunks, in order.")
+    chunks: list[Address] = Field(
+        min_length=1, max_length=LOG_CHUNKS_PER_CALL, description="CAS addresses of new log chunks, in order."
+    )
 
 
 class LogAnswer(Message):
-    dropped: int = Field(0, description="Chunks of this call past the job's cap ([plugins.state] log_chunks_max), "
-                         "not kept.")
+    dropped: int = Field(
+        0, description="Chunks of this call past the job's cap ([plugins.state] log_chunks_max), not kept."
+    )
 
 
 # --- the operator's calls ----------------------------------------------------------------
@@ -275,16 +334,22 @@ class RelaySubmit(Message):
     The agent names the commit only; the server builds the rest (kind, pool, command, image, env, secrets, inputs,
     scoring) from the campaign record that the agent's lease points to."""
 
-    commit: str = Field(pattern=RELAY_COMMIT, description=(
-        "A commit of the campaign's repo on the server: its sha, or a prefix of it (7 to 40 lowercase hex digits)."))
+    commit: str = Field(
+        pattern=RELAY_COMMIT,
+        description=(
+            "A commit of the campaign's repo on the server: its sha, or a prefix of it (7 to 40 lowercase hex digits)."
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _commit_only(cls, data: Any) -> Any:
         extra = sorted(set(data) - {"commit"}) if isinstance(data, dict) else []
         if extra:
-            raise ValueError(f"{', '.join(extra)}: an agent names only the commit to evaluate; its campaign sets "
-                             "the pool, command, image, env, secrets, inputs and scoring")
+            raise ValueError(
+                f"{', '.join(extra)}: an agent names only the commit to evaluate; its campaign sets "
+                "the pool, command, image, env, secrets, inputs and scoring"
+            )
         commit = data.get("commit") if isinstance(data, dict) else None
         if isinstance(commit, str) and not re.fullmatch(RELAY_COMMIT, commit):
             raise ValueError(f"commit {commit[:80]!r}: not a commit's sha (7 to 40 lowercase hex digits)")
@@ -311,9 +376,12 @@ class JobView(Message):
     progress: list[dict[str, Any]] = Field(default_factory=list, description="The job's own notes: note, by, at_ms.")
     memory_mb: int = Field(0, description="The grant (MiB) of the job's current or next attempt; 0: none of its own.")
     retry_ms: int = Field(0, description="A failed job waiting to be tried again: when it goes back to the queue.")
-    waiting: str = Field("", description="Why a queued job has no lease, where the live workers of its pool tell (none "
-                                         "is live, none runs its image, its grant exceeds every one's room); "
-                                         "`job show` only.")
+    waiting: str = Field(
+        "",
+        description="Why a queued job has no lease, where the live workers of its pool tell (none "
+        "is live, none runs its image, its grant exceeds every one's room); "
+        "`job show` only.",
+    )
 
 
 class ProgressNote(Message):
@@ -386,14 +454,18 @@ class CampaignCreate(Message):
     agents: int = Field(1, ge=0, le=1000)
     agent_pool: str = "serve"
     eval_pool: str = "serve"
-    workspace: str | None = Field(None, description="A directory on the server's host: the shared workspace's first copy.")
+    workspace: str | None = Field(
+        None, description="A directory on the server's host: the shared workspace's first copy."
+    )
     agent_timeout_seconds: float | None = Field(None, gt=0)
     eval_timeout_seconds: float | None = Field(None, gt=0)
     secrets: list[str] = Field(default_factory=list, description="Secrets the campaign's agents get.")
     env: dict[str, str] = Field(default_factory=dict)
     agent_memory_mb: int | None = Field(None, gt=0, description="Each agent's memory grant (else the pool's).")
     eval_memory_mb: int | None = Field(None, gt=0, description="Each evaluation's memory grant (else the pool's).")
-    eval_max_attempts: int = Field(1, ge=1, le=100, description="Attempts an evaluation may fail before it ends failed.")
+    eval_max_attempts: int = Field(
+        1, ge=1, le=100, description="Attempts an evaluation may fail before it ends failed."
+    )
 
 
 class RunView(Message):

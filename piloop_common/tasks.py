@@ -72,11 +72,26 @@ class Client:
         return data
 
     # -- jobs --------------------------------------------------------------------------------
-    def submit(self, argv: list[str], *, pool: str = "serve", kind: str = "evaluation", env: dict[str, str] | None = None,
-               inputs: dict[str, str] | None = None, secrets: list[str] | None = None, timeout: float | None = None,
-               memory_mb: int | None = None, image: str = "", campaign: str = "", runner: str = "process",
-               memory: str | int | None = None, memory_growth: float | None = None, memory_max: str | int | None = None,
-               max_attempts: int | None = None, backoff: float | None = None) -> str:
+    def submit(
+        self,
+        argv: list[str],
+        *,
+        pool: str = "serve",
+        kind: str = "evaluation",
+        env: dict[str, str] | None = None,
+        inputs: dict[str, str] | None = None,
+        secrets: list[str] | None = None,
+        timeout: float | None = None,
+        memory_mb: int | None = None,
+        image: str = "",
+        campaign: str = "",
+        runner: str = "process",
+        memory: str | int | None = None,
+        memory_growth: float | None = None,
+        memory_max: str | int | None = None,
+        max_attempts: int | None = None,
+        backoff: float | None = None,
+    ) -> str:
         """Queue a job; its id. `inputs` maps a file name in the job's `inputs/` to a CAS address (`put_blob`).
         `memory` is its grant (`"4G"`, `"512M"`, or MiB); `max_attempts` and `backoff` (seconds) its retry policy;
         a bad value raises BadRequest before anything is queued."""
@@ -85,12 +100,20 @@ class Client:
         if memory is not None and memory_mb is not None:
             raise BadRequest("memory and memory_mb: give one")
         spec: dict[str, Any] = {
-            "runner": runner, "argv": list(argv), "env": dict(env or {}), "secrets": list(secrets or []),
-            "inputs": dict(inputs or {}), "timeout_seconds": timeout,
-            "memory_mb": parse_memory(memory, "memory") if memory is not None else memory_mb}
-        for key, value in (("memory_growth", memory_growth), ("max_attempts", max_attempts),
-                           ("backoff_seconds", backoff),
-                           ("memory_max_mb", parse_memory(memory_max, "memory_max") if memory_max is not None else None)):
+            "runner": runner,
+            "argv": list(argv),
+            "env": dict(env or {}),
+            "secrets": list(secrets or []),
+            "inputs": dict(inputs or {}),
+            "timeout_seconds": timeout,
+            "memory_mb": parse_memory(memory, "memory") if memory is not None else memory_mb,
+        }
+        for key, value in (
+            ("memory_growth", memory_growth),
+            ("max_attempts", max_attempts),
+            ("backoff_seconds", backoff),
+            ("memory_max_mb", parse_memory(memory_max, "memory_max") if memory_max is not None else None),
+        ):
             if value is not None:
                 spec[key] = value
         body = {"kind": kind, "pool": pool, "campaign": campaign, "image": image, "spec": spec}
@@ -146,20 +169,35 @@ class AsyncResult(Generic[R]):
             error = json.loads(self.client.get_blob(outputs["error.json"]))
         tb = error.get("traceback") or self.client.log(self.id).decode(errors="replace")
         what = f"{error['type']}: {error['message']}" if error else (view.reason or view.state)
-        raise TaskFailed(f"task {self.id} {view.state}: {what}\n{tb}".rstrip(), job=self.id, state=view.state,
-                         reason=view.reason, error_type=error.get("type", ""), traceback=tb)
+        raise TaskFailed(
+            f"task {self.id} {view.state}: {what}\n{tb}".rstrip(),
+            job=self.id,
+            state=view.state,
+            reason=view.reason,
+            error_type=error.get("type", ""),
+            traceback=tb,
+        )
 
 
 class Task(Generic[R]):
     """A function that runs on a worker: `.delay(*args, **kw)` queues it; calling it runs it here."""
 
-    def __init__(self, fn: Callable[..., R], *, pool: str, kind: str, serializer: str, timeout: float | None,
-                 client: Client | None) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., R],
+        *,
+        pool: str,
+        kind: str,
+        serializer: str,
+        timeout: float | None,
+        client: Client | None,
+    ) -> None:
         if serializer not in SERIALIZERS:
             raise ValueError(f"serializer={serializer!r}: use one of {', '.join(SERIALIZERS)}")
         if "<locals>" in fn.__qualname__:
-            raise ValueError(f"{fn.__qualname__}: a task must be defined at a module's top level, for a worker to "
-                             "import it")
+            raise ValueError(
+                f"{fn.__qualname__}: a task must be defined at a module's top level, for a worker to import it"
+            )
         self.fn, self.pool, self.kind, self.serializer, self.timeout = fn, pool, kind, serializer, timeout
         self._client = client
         self.name = f"{fn.__module__}:{fn.__qualname__}"
@@ -178,23 +216,45 @@ class Task(Generic[R]):
     def delay(self, *args: Any, **kwargs: Any) -> AsyncResult[R]:
         return self.apply_async(args, kwargs)
 
-    def apply_async(self, args: tuple[Any, ...] | list[Any] = (), kwargs: dict[str, Any] | None = None, *, pool: str | None = None,
-                    timeout: float | None = None, client: Client | None = None) -> AsyncResult[R]:
+    def apply_async(
+        self,
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        pool: str | None = None,
+        timeout: float | None = None,
+        client: Client | None = None,
+    ) -> AsyncResult[R]:
         if self.fn.__module__ == "__main__":
-            raise ValueError(f"{self.fn.__qualname__} is defined in __main__: a worker cannot import it; define "
-                             "the task in a module")
+            raise ValueError(
+                f"{self.fn.__qualname__} is defined in __main__: a worker cannot import it; define the task in a module"
+            )
         payload = {"args": list(args), "kwargs": dict(kwargs or {})}
         data = json.dumps(payload).encode() if self.serializer == "json" else pickle.dumps(payload)
         c = client or self.client
         address = c.put_blob(data)
-        job = c.submit([self.name], pool=pool or self.pool, kind=self.kind, runner="task",
-                       inputs={f"args.{self.serializer}": address}, timeout=timeout or self.timeout)
+        job = c.submit(
+            [self.name],
+            pool=pool or self.pool,
+            kind=self.kind,
+            runner="task",
+            inputs={f"args.{self.serializer}": address},
+            timeout=timeout or self.timeout,
+        )
         return AsyncResult(job, c, self.serializer)
 
 
-def task(fn: Callable[..., R] | None = None, *, pool: str = "serve", kind: str = "evaluation",
-         serializer: str = "json", timeout: float | None = None, client: Client | None = None) -> Any:
+def task(
+    fn: Callable[..., R] | None = None,
+    *,
+    pool: str = "serve",
+    kind: str = "evaluation",
+    serializer: str = "json",
+    timeout: float | None = None,
+    client: Client | None = None,
+) -> Any:
     """Make a module-level function a task: `@task` or `@task(pool="gpu", serializer="pickle")`."""
+
     def wrap(f: Callable[..., R]) -> Task[R]:
         return Task(f, pool=pool, kind=kind, serializer=serializer, timeout=timeout, client=client)
 

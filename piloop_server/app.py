@@ -21,8 +21,17 @@ def create_app(rt: Runtime, daemon_info: dict[str, Any] | None = None) -> FastAP
     app = FastAPI(title="piloop", version=__version__, docs_url=None, redoc_url=None)
     app.state.runtime = rt
     app.state.daemon_info = daemon_info or {}
-    for r in (worker.router, jobs.router, joblog.router, blobs.router, admin.router, secrets.router, relay.router,
-              campaigns.router, campaigns.worker_router):
+    for r in (
+        worker.router,
+        jobs.router,
+        joblog.router,
+        blobs.router,
+        admin.router,
+        secrets.router,
+        relay.router,
+        campaigns.router,
+        campaigns.worker_router,
+    ):
         app.include_router(r)
     app.add_middleware(BodyLimit, max_body=rt.settings.plugins.network.max_body_mb * 1024 * 1024)
 

@@ -22,11 +22,18 @@ def repo_dir(rt: Runtime, name: str) -> Path:
 def repo_commit(rt: Runtime, name: str, commit: str) -> str:
     """The full sha of `commit` (a sha or a prefix of one) in the campaign's repo on the server; else NotFound."""
     repo = repo_dir(rt, name)
-    full = gitrepo.git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{commit}^{{commit}}", cwd=repo,
-                       check=False).strip() if repo.is_dir() else ""
+    full = (
+        gitrepo.git(
+            "rev-parse", "--verify", "--quiet", "--end-of-options", f"{commit}^{{commit}}", cwd=repo, check=False
+        ).strip()
+        if repo.is_dir()
+        else ""
+    )
     if not gitrepo.SHA.match(full) or not full.startswith(commit):
-        raise NotFound(f"commit {commit}: not a commit of campaign {name}'s repo (its base, its branches and the "
-                       "runs taken in; an agent's own commits reach it when its run ends)")
+        raise NotFound(
+            f"commit {commit}: not a commit of campaign {name}'s repo (its base, its branches and the "
+            "runs taken in; an agent's own commits reach it when its run ends)"
+        )
     return full
 
 

@@ -52,8 +52,9 @@ def relayed_eval_id(run: str, commit: str) -> str:
 def evaluation_spec(rec: Campaign, commit: str, run: str) -> JobSpec:
     """The campaign's evaluation of `commit` for the run `run`: its eval spec, scored, at that commit."""
     ev = JobSpec.model_validate_json(rec.eval_spec)
-    ev.campaign = CampaignJob(repo=RepoSpec(campaign=rec.name, bundle=rec.bundle, commit=commit,
-                                            branch=f"runs/{run}"), score=True)
+    ev.campaign = CampaignJob(
+        repo=RepoSpec(campaign=rec.name, bundle=rec.bundle, commit=commit, branch=f"runs/{run}"), score=True
+    )
     return ev
 
 
@@ -116,24 +117,58 @@ def create(rt: Runtime, req: CampaignCreate, by: str) -> CampaignView:
         tmp.rename(final.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    rt.campaigns.put(Campaign(
-        name=req.name, state="active", repo=src, base=base, branch=head_branch, bundle=bundle, bundle_bytes=size,
-        agent_cmd=req.agent_cmd, eval_cmd=req.eval_cmd, agents=req.agents, agent_pool=req.agent_pool,
-        eval_pool=req.eval_pool, workspace=ws, workspace_files=len(manifest), agent_spec=_spec(req, agent=True),
-        eval_spec=_spec(req, agent=False), created=int(time.time() * 1000), by=by))
-    rt.events.add("campaign.created", by, campaign=req.name, repo=src, base=base, bundle=bundle,
-                  bundle_bytes=str(size), agents=str(req.agents))
+    rt.campaigns.put(
+        Campaign(
+            name=req.name,
+            state="active",
+            repo=src,
+            base=base,
+            branch=head_branch,
+            bundle=bundle,
+            bundle_bytes=size,
+            agent_cmd=req.agent_cmd,
+            eval_cmd=req.eval_cmd,
+            agents=req.agents,
+            agent_pool=req.agent_pool,
+            eval_pool=req.eval_pool,
+            workspace=ws,
+            workspace_files=len(manifest),
+            agent_spec=_spec(req, agent=True),
+            eval_spec=_spec(req, agent=False),
+            created=int(time.time() * 1000),
+            by=by,
+        )
+    )
+    rt.events.add(
+        "campaign.created",
+        by,
+        campaign=req.name,
+        repo=src,
+        base=base,
+        bundle=bundle,
+        bundle_bytes=str(size),
+        agents=str(req.agents),
+    )
     return view(rt, req.name)
 
 
 def _spec(req: CampaignCreate, agent: bool) -> str:
     """The JobSpec every agent (or evaluation) of the campaign starts from, as JSON."""
     if agent:
-        spec = JobSpec(argv=["sh", "-c", req.agent_cmd], timeout_seconds=req.agent_timeout_seconds, env=dict(req.env),
-                       secrets=list(req.secrets), memory_mb=req.agent_memory_mb)
+        spec = JobSpec(
+            argv=["sh", "-c", req.agent_cmd],
+            timeout_seconds=req.agent_timeout_seconds,
+            env=dict(req.env),
+            secrets=list(req.secrets),
+            memory_mb=req.agent_memory_mb,
+        )
     else:
-        spec = JobSpec(argv=["sh", "-c", req.eval_cmd], timeout_seconds=req.eval_timeout_seconds,
-                       memory_mb=req.eval_memory_mb, max_attempts=req.eval_max_attempts)
+        spec = JobSpec(
+            argv=["sh", "-c", req.eval_cmd],
+            timeout_seconds=req.eval_timeout_seconds,
+            memory_mb=req.eval_memory_mb,
+            max_attempts=req.eval_max_attempts,
+        )
     return spec.model_dump_json(exclude_none=True)
 
 
@@ -197,9 +232,12 @@ def tend(rt: Runtime) -> int:
             spec = JobSpec.model_validate_json(rec.agent_spec)
             spec.campaign = CampaignJob(
                 repo=RepoSpec(campaign=name, bundle=rec.bundle, commit=_start_commit(rt, rec), branch=f"runs/{job}"),
-                workspace=rec.workspace or None, collect=True)
-            n, did = rt.leases.launch(name, job, pool, spec.model_dump(mode="json", exclude_none=True),
-                                      by="service:daemon")
+                workspace=rec.workspace or None,
+                collect=True,
+            )
+            n, did = rt.leases.launch(
+                name, job, pool, spec.model_dump(mode="json", exclude_none=True), by="service:daemon"
+            )
             count[name] = n
             if not did:
                 recs.pop(name)
@@ -248,16 +286,25 @@ def integrate(rt: Runtime, job_id: str) -> str:
             # retrying cannot help (a bad bundle, a blob deleted since the report): say so once, on the run
             why = getattr(e, "message", None) or str(e)
             rt.jobs.set_campaign_error(job_id, why[:500])
-            rt.events.escalate("campaign.run_not_taken", f"run {job_id} of campaign {name} could not be taken in: "
-                               f"{why}", campaign=name, job=job_id)
+            rt.events.escalate(
+                "campaign.run_not_taken",
+                f"run {job_id} of campaign {name} could not be taken in: {why}",
+                campaign=name,
+                job=job_id,
+            )
             what = "failed"
-    elif (spec.campaign is not None and spec.campaign.score and result.get("score") is not None
-          and job_id == eval_id(spec.campaign.repo.branch.removeprefix("runs/"))):
+    elif (
+        spec.campaign is not None
+        and spec.campaign.score
+        and result.get("score") is not None
+        and job_id == eval_id(spec.campaign.repo.branch.removeprefix("runs/"))
+    ):
         # a run is ranked by the evaluation of the head it brought back, never by one its agent asked for
         run = spec.campaign.repo.branch.removeprefix("runs/")
         rt.campaigns.score(name, run, float(result["score"]))
-        rt.events.add("campaign.scored", "service:daemon", campaign=name, run=run, job=job_id,
-                      score=repr(float(result["score"])))
+        rt.events.add(
+            "campaign.scored", "service:daemon", campaign=name, run=run, job=job_id, score=repr(float(result["score"]))
+        )
         what = "scored"
     rt.campaigns.taken_in(job_id)
     return what
@@ -282,8 +329,14 @@ def _take_run(rt: Runtime, rec: Campaign, job_id: str, spec: JobSpec, result: di
         return "no commits"
     ev = evaluation_spec(rec, head, job_id)
     try:
-        rt.leases.enqueue(eval_id(job_id), "evaluation", rec.eval_pool, ev.model_dump(mode="json", exclude_none=True),
-                          by="service:daemon", campaign=name)
+        rt.leases.enqueue(
+            eval_id(job_id),
+            "evaluation",
+            rec.eval_pool,
+            ev.model_dump(mode="json", exclude_none=True),
+            by="service:daemon",
+            campaign=name,
+        )
     except Conflict:
         pass  # queued by an earlier try of this task
     return "evaluation queued"
@@ -312,11 +365,25 @@ def view(rt: Runtime, name: str, runs: bool = True) -> CampaignView:
     states = rt.jobs.field_of(rt.campaigns.agents(name), "state")
     scores = rt.campaigns.scores(name)
     out = CampaignView(
-        name=name, state=rec.state, repo=rec.repo, base=rec.base, bundle=rec.bundle, bundle_bytes=rec.bundle_bytes,
-        agent_cmd=rec.agent_cmd, eval_cmd=rec.eval_cmd, agents=rec.agents, agent_pool=rec.agent_pool,
-        eval_pool=rec.eval_pool, workspace=rec.workspace, workspace_files=rec.workspace_files,
-        live=sum(1 for s in states if s in ("leased", "running")), queued=sum(1 for s in states if s == "queued"),
-        created_ms=rec.created, by=rec.by, best=max(scores.values()) if scores else None)
+        name=name,
+        state=rec.state,
+        repo=rec.repo,
+        base=rec.base,
+        bundle=rec.bundle,
+        bundle_bytes=rec.bundle_bytes,
+        agent_cmd=rec.agent_cmd,
+        eval_cmd=rec.eval_cmd,
+        agents=rec.agents,
+        agent_pool=rec.agent_pool,
+        eval_pool=rec.eval_pool,
+        workspace=rec.workspace,
+        workspace_files=rec.workspace_files,
+        live=sum(1 for s in states if s in ("leased", "running")),
+        queued=sum(1 for s in states if s == "queued"),
+        created_ms=rec.created,
+        by=rec.by,
+        best=max(scores.values()) if scores else None,
+    )
     if runs:
         out.runs = _runs(rt, name, scores)
     return out
@@ -327,9 +394,17 @@ def summary(rt: Runtime, top: int = 3) -> list[dict[str, Any]]:
     out = []
     for name in names(rt):
         c = view(rt, name, runs=False)
-        out.append({"name": name, "state": c.state, "live": c.live, "queued": c.queued, "target": c.agents,
-                    "runs": rt.campaigns.run_count(name),
-                    "best": [{"branch": f"runs/{r}", "score": s} for r, s in rt.campaigns.best(name, top)]})
+        out.append(
+            {
+                "name": name,
+                "state": c.state,
+                "live": c.live,
+                "queued": c.queued,
+                "target": c.agents,
+                "runs": rt.campaigns.run_count(name),
+                "best": [{"branch": f"runs/{r}", "score": s} for r, s in rt.campaigns.best(name, top)],
+            }
+        )
     return out
 
 
@@ -343,12 +418,21 @@ def _runs(rt: Runtime, name: str, scores: dict[str, float]) -> list[RunView]:
             continue
         ev_state, ev_reason = (ev.state, ev.reason) if ev is not None else ("", "")
         camp = run.spec_dict().get("campaign") or {}
-        out.append(RunView(
-            job=j, state=run.state, branch=f"runs/{j}", worker=run.worker,
-            base=(camp.get("repo") or {}).get("commit", ""), head=run.result_dict().get("head") or "",
-            evaluation=eval_id(j) if ev_state else "", evaluation_state=ev_state, score=scores.get(j),
-            reason=run.campaign_error or (ev_reason if ev_state == "failed" else run.reason),
-            created_ms=run.created))
+        out.append(
+            RunView(
+                job=j,
+                state=run.state,
+                branch=f"runs/{j}",
+                worker=run.worker,
+                base=(camp.get("repo") or {}).get("commit", ""),
+                head=run.result_dict().get("head") or "",
+                evaluation=eval_id(j) if ev_state else "",
+                evaluation_state=ev_state,
+                score=scores.get(j),
+                reason=run.campaign_error or (ev_reason if ev_state == "failed" else run.reason),
+                created_ms=run.created,
+            )
+        )
     # scored runs first, best first; then the rest, newest first
     out.sort(key=lambda r: (r.score is None, -(r.score or 0.0), -r.created_ms))
     return out
@@ -373,8 +457,10 @@ def remove(rt: Runtime, name: str, by: str, force: bool) -> list[str]:
     cancelled = []
     if n:
         if not force:
-            raise Conflict(f"campaign {name} has {n} agent(s) not ended: `piloop campaign pause {name}` and wait, "
-                           "or `--force` to cancel them")
+            raise Conflict(
+                f"campaign {name} has {n} agent(s) not ended: `piloop campaign pause {name}` and wait, "
+                "or `--force` to cancel them"
+            )
         rt.campaigns.set_state(name, "paused")
         agents = rt.campaigns.agents(name)
         for j, state in zip(agents, rt.jobs.field_of(agents, "state"), strict=True):

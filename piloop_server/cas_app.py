@@ -40,10 +40,14 @@ class BodyCap:
 
     def _refusal(self, method: str) -> TooLarge:
         if method == "PUT":
-            return TooLarge(f"the blob is over {self.max_put // MIB} MiB, the cap of this CAS "
-                            "([plugins.network] cas_max_put_mb); nothing was stored", cap_bytes=self.max_put)
-        return TooLarge(f"the body is over {self.max_body // MIB} MiB ([plugins.network] max_body_mb)",
-                        cap_bytes=self.max_body)
+            return TooLarge(
+                f"the blob is over {self.max_put // MIB} MiB, the cap of this CAS "
+                "([plugins.network] cas_max_put_mb); nothing was stored",
+                cap_bytes=self.max_put,
+            )
+        return TooLarge(
+            f"the body is over {self.max_body // MIB} MiB ([plugins.network] max_body_mb)", cap_bytes=self.max_body
+        )
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -55,7 +59,8 @@ class BodyCap:
             if name == b"content-length" and (not value.isdigit() or int(value) > cap):
                 e = self._refusal(method)
                 await JSONResponse(e.to_payload(), status_code=e.status, headers={"connection": "close"})(
-                    scope, receive, send)
+                    scope, receive, send
+                )
                 return
         seen = 0
 
@@ -71,8 +76,13 @@ class BodyCap:
         await self.app(scope, counted, send)
 
 
-def create_cas_app(store: Store, verify: Callable[[str], bool], *, max_put_mb: int = DEFAULT_MAX_PUT_MB,
-                   max_body_mb: int = DEFAULT_MAX_BODY_MB) -> FastAPI:
+def create_cas_app(
+    store: Store,
+    verify: Callable[[str], bool],
+    *,
+    max_put_mb: int = DEFAULT_MAX_PUT_MB,
+    max_body_mb: int = DEFAULT_MAX_BODY_MB,
+) -> FastAPI:
     """Serve `store` at `/v1/cas`; `verify(token)` says whether a bearer token is accepted; a put over `max_put_mb`
     MiB, or another body over `max_body_mb`, is refused 413."""
 

@@ -36,8 +36,14 @@ def disruption_policy(ex: ExecutorConfig) -> Policy:
     grace_ms, pass_ms = int(ex.grace_seconds * 1000), int(ex.pass_seconds * 1000)
     # expire.lua re-arms every alive key after a gap over grace; half of it already counts as an absence here, so
     # that the two never disagree at the edge; the re-armed keys lapse within grace of that pass, two passes' margin
-    return Policy(fewest_workers=DISRUPTION_MIN_WORKERS, share=DISRUPTION_SHARE, hold_ms=hold_ms, forget_ms=hold_ms,
-                  absent_ms=grace_ms // 2, settle_ms=grace_ms + 2 * pass_ms)
+    return Policy(
+        fewest_workers=DISRUPTION_MIN_WORKERS,
+        share=DISRUPTION_SHARE,
+        hold_ms=hold_ms,
+        forget_ms=hold_ms,
+        absent_ms=grace_ms // 2,
+        settle_ms=grace_ms + 2 * pass_ms,
+    )
 
 
 class Pass:
@@ -58,7 +64,8 @@ class Pass:
             rt.events.escalate(
                 "redis.lost_data",
                 f"Redis lost its data (generation now {gen.generation}): no work is handed out for "
-                f"{rt.executor.grace_seconds:g}s while workers re-announce; jobs it held are gone")
+                f"{rt.executor.grace_seconds:g}s while workers re-announce; jobs it held are gone",
+            )
 
     def held_pools(self) -> tuple[str, ...]:
         """The pools whose leases wait this pass; the hold begins, escalates and ends in Redis (state.disruption)."""

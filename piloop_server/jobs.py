@@ -25,8 +25,10 @@ def submit(rt: Runtime, req: SubmitRequest, by: str) -> str:
         pass
     cap = req.spec.memory_max_mb or pool.memory_max_mb
     if req.spec.memory_mb and cap and req.spec.memory_mb > cap:
-        raise BadRequest(f"--memory {req.spec.memory_mb} MiB: over the cap of {cap} MiB "
-                         f"({'--memory-max' if req.spec.memory_max_mb else f'pool {req.pool} memory_max_mb'})")
+        raise BadRequest(
+            f"--memory {req.spec.memory_mb} MiB: over the cap of {cap} MiB "
+            f"({'--memory-max' if req.spec.memory_max_mb else f'pool {req.pool} memory_max_mb'})"
+        )
     if req.spec.secrets:
         for s in req.spec.secrets:
             envnames.check_secret_name(s)  # one that would shadow the job's environment: refused, naming the rule
@@ -38,8 +40,9 @@ def submit(rt: Runtime, req: SubmitRequest, by: str) -> str:
     if missing_inputs:
         raise BadRequest(f"--input: the CAS lacks {', '.join(missing_inputs)}")
     job_id = new_id()
-    rt.leases.enqueue(job_id, req.kind, req.pool, req.spec.model_dump(mode="json"), by=by,
-                      campaign=req.campaign, image=req.image)
+    rt.leases.enqueue(
+        job_id, req.kind, req.pool, req.spec.model_dump(mode="json"), by=by, campaign=req.campaign, image=req.image
+    )
     return job_id
 
 
@@ -50,10 +53,26 @@ def view(rt: Runtime, job_id: str) -> JobView:
     j = got.job
     result = j.result_dict()
     return JobView(
-        id=j.id, kind=j.kind, pool=j.pool, campaign=j.campaign, image=j.image, state=j.state, attempts=j.attempts,
-        lost=j.lost, worker=j.worker, token=j.token, created_ms=j.created, updated_ms=j.updated, reason=j.reason,
-        spec=j.spec_dict(), result=result, log=result.get("log") or got.log,
-        progress=[json.loads(n) for n in got.progress], memory_mb=j.grant_mb, retry_ms=j.retry_at)
+        id=j.id,
+        kind=j.kind,
+        pool=j.pool,
+        campaign=j.campaign,
+        image=j.image,
+        state=j.state,
+        attempts=j.attempts,
+        lost=j.lost,
+        worker=j.worker,
+        token=j.token,
+        created_ms=j.created,
+        updated_ms=j.updated,
+        reason=j.reason,
+        spec=j.spec_dict(),
+        result=result,
+        log=result.get("log") or got.log,
+        progress=[json.loads(n) for n in got.progress],
+        memory_mb=j.grant_mb,
+        retry_ms=j.retry_at,
+    )
 
 
 def waiting(rt: Runtime, v: JobView) -> str:
@@ -75,8 +94,10 @@ def waiting(rt: Runtime, v: JobView) -> str:
     grant = v.memory_mb or int(v.spec.get("memory_mb") or 0) or (pool.memory_mb if pool is not None else 0) or 0
     rooms = [w.room_mb for w in live if w.room_mb is not None]
     if grant and rooms and len(rooms) == len(live) and grant > max(rooms):  # a worker that sent no room takes any
-        return (f"its grant of {format_memory(grant)} is larger than the room of every live worker of pool {v.pool} "
-                f"(the most: {format_memory(max(rooms))})")
+        return (
+            f"its grant of {format_memory(grant)} is larger than the room of every live worker of pool {v.pool} "
+            f"(the most: {format_memory(max(rooms))})"
+        )
     return ""
 
 

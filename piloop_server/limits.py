@@ -25,8 +25,17 @@ from piloop_server.state.connection import Client
 from piloop_server.state.keys import Keys
 from piloop_server.state.records.limit import Limit
 
-TIMING_KEYS = frozenset({"renew_seconds", "grace_seconds", "toleration_seconds", "request_timeout_seconds",
-                         "kill_grace_seconds", "pass_seconds", "max_lost"})
+TIMING_KEYS = frozenset(
+    {
+        "renew_seconds",
+        "grace_seconds",
+        "toleration_seconds",
+        "request_timeout_seconds",
+        "kill_grace_seconds",
+        "pass_seconds",
+        "max_lost",
+    }
+)
 EXAMPLE = "executor.pools.serve.evaluations"
 
 
@@ -63,8 +72,10 @@ def leaf(data: dict[str, Any], key: str) -> FieldInfo:
     if path[0] != "executor" or len(path) < 2:
         raise BadRequest(f"{key}: limits set keys of [plugins.executor], like {EXAMPLE}")
     if path[1] in TIMING_KEYS:
-        raise BadRequest(f"{key}: a timing cannot be a limit (the lease engine and its workers must agree on it): "
-                         f"edit {path[1]} in config.toml's [plugins.executor] and restart `piloop serve`")
+        raise BadRequest(
+            f"{key}: a timing cannot be a limit (the lease engine and its workers must agree on it): "
+            f"edit {path[1]} in config.toml's [plugins.executor] and restart `piloop serve`"
+        )
     model: type[BaseModel] = ExecutorConfig
     cur: Any = data
     i = 1
@@ -97,6 +108,7 @@ def leaf(data: dict[str, Any], key: str) -> FieldInfo:
 
 def _json(raw: str) -> tuple[bool, Any]:
     """(True, the value) when `raw` is JSON (NaN and Infinity are not), else (False, None)."""
+
     def refuse(name: str) -> Any:
         raise ValueError(name)
 
@@ -155,8 +167,10 @@ class Limits:
         return state.every(self.r, self.k)
 
     def views(self) -> list[LimitView]:
-        return [LimitView(key=k, value=v.value, reason=v.reason, by=v.by, at_ms=v.at_ms)
-                for k, v in sorted(self.all().items())]
+        return [
+            LimitView(key=k, value=v.value, reason=v.reason, by=v.by, at_ms=v.at_ms)
+            for k, v in sorted(self.all().items())
+        ]
 
     @staticmethod
     def apply(base: ExecutorConfig, limits: dict[str, Limit]) -> tuple[ExecutorConfig, list[str]]:

@@ -64,7 +64,9 @@ def check_name(name: str, *, server: bool = False) -> str:
 
 def check_value(name: str, value: str) -> str:
     if not value:
-        raise BadRequest(f"secret {name}: the value is empty (give it on stdin: printf %s \"$V\" | piloop secret set {name})")
+        raise BadRequest(
+            f'secret {name}: the value is empty (give it on stdin: printf %s "$V" | piloop secret set {name})'
+        )
     if "\0" in value:
         raise BadRequest(f"secret {name}: the value holds a NUL byte, which an environment variable cannot carry")
     if len(value.encode()) > MAX_VALUE_BYTES:
@@ -83,8 +85,10 @@ def _decode_key(raw: str, where: str) -> bytes:
     except (binascii.Error, ValueError) as e:
         raise ConfigError(f"{where}: not base64 ({e})") from None
     if len(key) != KEY_BYTES:
-        raise ConfigError(f"{where}: the key is {len(key)} bytes; it must be {KEY_BYTES} (base64 of 32 random bytes, "
-                          "like `head -c 32 /dev/urandom | base64`)")
+        raise ConfigError(
+            f"{where}: the key is {len(key)} bytes; it must be {KEY_BYTES} (base64 of 32 random bytes, "
+            "like `head -c 32 /dev/urandom | base64`)"
+        )
     return key
 
 
@@ -127,8 +131,10 @@ class _KeyFile:
             self._stamp = self._key = None
             return None
         if st.st_mode & 0o077:
-            raise ConfigError(f"{self.path}: mode {stat.S_IMODE(st.st_mode):04o} lets others read the secret key; "
-                              f"`chmod 600 {self.path}`")
+            raise ConfigError(
+                f"{self.path}: mode {stat.S_IMODE(st.st_mode):04o} lets others read the secret key; "
+                f"`chmod 600 {self.path}`"
+            )
         stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         if stamp != self._stamp:
             self._key = _decode_key(self.path.read_text(errors="replace"), str(self.path))
@@ -181,8 +187,10 @@ class KeySource:
         """The next key, written beside the key (`secret.key.new`); a rotation that stopped midway left one,
         which is taken again."""
         if self.env_value is not None:
-            raise BadRequest(f"the secret key comes from env {KEY_ENV}, which piloop cannot replace: set the "
-                             "new key there, and `secret set` each value again")
+            raise BadRequest(
+                f"the secret key comes from env {KEY_ENV}, which piloop cannot replace: set the "
+                "new key there, and `secret set` each value again"
+            )
         pending = self.pending()
         if pending is not None:
             return pending
@@ -205,8 +213,9 @@ def _open(rec: SecretRecord, key: bytes) -> str:
 def _seal(rec: SecretRecord, value: str, key: bytes) -> SecretRecord:
     nonce = os.urandom(12)
     sealed = AESGCM(key).encrypt(nonce, value.encode(), rec.name.encode())
-    return replace(rec, key_id=key_id(key), nonce=base64.b64encode(nonce).decode(),
-                   sealed=base64.b64encode(sealed).decode())
+    return replace(
+        rec, key_id=key_id(key), nonce=base64.b64encode(nonce).decode(), sealed=base64.b64encode(sealed).decode()
+    )
 
 
 class Secrets:
@@ -232,8 +241,17 @@ class Secrets:
     def list(self) -> list[dict]:
         """Each secret's name, dates, who set it, and whether this server's key opens it; never a value."""
         ids = self.source.openers()
-        return [{"name": r.name, "created_ms": r.created_ms, "updated_ms": r.updated_ms, "by": r.by,
-                 "key_id": r.key_id, "readable": r.key_id in ids} for r in self.state.all()]
+        return [
+            {
+                "name": r.name,
+                "created_ms": r.created_ms,
+                "updated_ms": r.updated_ms,
+                "by": r.by,
+                "key_id": r.key_id,
+                "readable": r.key_id in ids,
+            }
+            for r in self.state.all()
+        ]
 
     def remove(self, name: str) -> None:
         if not self.state.remove(name):
@@ -271,8 +289,12 @@ class Secrets:
                     raise InvalidTag()
                 out[name] = _open(rec, key)
             except (InvalidTag, ValueError):
-                log.error("event=secret.unreadable name=%s sealed_with=%s server_key=%s: set it again",
-                          name, rec.key_id, ",".join(openers) or "none")
+                log.error(
+                    "event=secret.unreadable name=%s sealed_with=%s server_key=%s: set it again",
+                    name,
+                    rec.key_id,
+                    ",".join(openers) or "none",
+                )
         return out
 
     def rotate_key(self) -> Rotation:

@@ -92,8 +92,20 @@ class WorkerChild:
         self.log = open(home / "logs" / "worker-serve.log", "ab")
 
     def start(self) -> None:
-        args = [sys.executable, "-m", "piloop_common.cli", "--home", str(self.home), "worker", "--socket",
-                str(self.sock), "--pool", "serve", "--name", "serve"]
+        args = [
+            sys.executable,
+            "-m",
+            "piloop_common.cli",
+            "--home",
+            str(self.home),
+            "worker",
+            "--socket",
+            str(self.sock),
+            "--pool",
+            "serve",
+            "--name",
+            "serve",
+        ]
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
         log.info("event=worker.started name=serve pid=%d", self.proc.pid)
 
@@ -157,17 +169,40 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
         servers_socks = [_unix_socket(sock_path)]
         if tcp_addr:
             servers_socks.append(_tcp_socket(*tcp_addr))
-        info = {"pid": os.getpid(), "socket": str(sock_path), "listen": listen or "", "started_ms": int(time.time() * 1000)}
+        info = {
+            "pid": os.getpid(),
+            "socket": str(sock_path),
+            "listen": listen or "",
+            "started_ms": int(time.time() * 1000),
+        }
         api = create_app(rt, info)
         app = api
         the_pass.wake = lambda: wakeup.notify(api)
-        servers = [_Server(uvicorn.Config(via_socket(app), lifespan="off", log_level="warning", access_log=False,
-                                          timeout_keep_alive=SERVER_KEEPALIVE_SECONDS))]
+        servers = [
+            _Server(
+                uvicorn.Config(
+                    via_socket(app),
+                    lifespan="off",
+                    log_level="warning",
+                    access_log=False,
+                    timeout_keep_alive=SERVER_KEEPALIVE_SECONDS,
+                )
+            )
+        ]
         if tcp_addr:
-            servers.append(_Server(uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
-                                                  timeout_keep_alive=SERVER_KEEPALIVE_SECONDS,
-                                                  proxy_headers=settings.plugins.network.tls == "proxy",
-                                                  **uvicorn_tls(settings))))
+            servers.append(
+                _Server(
+                    uvicorn.Config(
+                        app,
+                        lifespan="off",
+                        log_level="warning",
+                        access_log=False,
+                        timeout_keep_alive=SERVER_KEEPALIVE_SECONDS,
+                        proxy_headers=settings.plugins.network.tls == "proxy",
+                        **uvicorn_tls(settings),
+                    )
+                )
+            )
         (home / PID_FILE).write_text(str(os.getpid()))
         stop = threading.Event()
         from piloop_server import tasks

@@ -102,11 +102,19 @@ def submit(rt: Runtime, func: str, *args: Any, key: str, queue: str = DEFAULT) -
     intervals = retry_seconds()
     for _ in range(2):
         try:
-            q.enqueue_call("piloop_server.tasks._call", args=[func, key, list(args)], job_id=jid, unique=True,
-                           timeout=TIMEOUT_SECONDS, result_ttl=0, failure_ttl=FAILURE_TTL_SECONDS,
-                           retry=Retry(max=len(intervals), interval=intervals),
-                           on_failure=Callback("piloop_server.tasks._failed"),
-                           meta={"namespace": rt.keys.namespace}, description=f"{func} key={key}")
+            q.enqueue_call(
+                "piloop_server.tasks._call",
+                args=[func, key, list(args)],
+                job_id=jid,
+                unique=True,
+                timeout=TIMEOUT_SECONDS,
+                result_ttl=0,
+                failure_ttl=FAILURE_TTL_SECONDS,
+                retry=Retry(max=len(intervals), interval=intervals),
+                on_failure=Callback("piloop_server.tasks._failed"),
+                meta={"namespace": rt.keys.namespace},
+                description=f"{func} key={key}",
+            )
             _submitted.set()
             return True
         except DuplicateJobError:
@@ -146,6 +154,7 @@ def _die_with(parent: int) -> None:
     if os.getppid() != parent:
         os._exit(0)  # it died before the prctl
     if not ok:
+
         def watch() -> None:
             while os.getppid() == parent:
                 time.sleep(1.0)
@@ -204,10 +213,19 @@ def main(argv: list[str] | None = None) -> int:
     conn = taskqueue.rq_connection(rt.settings, a.home)
     taskqueue.reclaim(conn, a.queue)
     threading.Thread(target=taskqueue.schedule, args=(conn, a.queue, a.home), name="scheduler", daemon=True).start()
-    worker = SimpleWorker(a.queue, connection=conn, serializer=JSONSerializer,
-                          name=f"{'+'.join(a.queue)}.{socket.gethostname()}.{os.getpid()}")
-    log.info("event=tasks.ready queues=%s pid=%d seconds=%.2f rss_mb=%.0f", ",".join(a.queue), os.getpid(),
-             time.monotonic() - started, _rss_mb())
+    worker = SimpleWorker(
+        a.queue,
+        connection=conn,
+        serializer=JSONSerializer,
+        name=f"{'+'.join(a.queue)}.{socket.gethostname()}.{os.getpid()}",
+    )
+    log.info(
+        "event=tasks.ready queues=%s pid=%d seconds=%.2f rss_mb=%.0f",
+        ",".join(a.queue),
+        os.getpid(),
+        time.monotonic() - started,
+        _rss_mb(),
+    )
     worker.work(logging_level="WARNING")
     return 0
 
@@ -228,8 +246,17 @@ class Workers:
         self.stopping = False
 
     def _spawn(self, name: str) -> None:
-        argv = [sys.executable, "-c", "import sys; from piloop_server.tasks import main; sys.exit(main())",
-                "--home", str(self.home), "--queue", name, "--parent", str(os.getpid())]
+        argv = [
+            sys.executable,
+            "-c",
+            "import sys; from piloop_server.tasks import main; sys.exit(main())",
+            "--home",
+            str(self.home),
+            "--queue",
+            name,
+            "--parent",
+            str(os.getpid()),
+        ]
         with open(self.home / "logs" / f"tasks-{name}.log", "ab") as out:
             p = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
         self.procs[name], self.started[name] = p, time.monotonic()

@@ -50,14 +50,23 @@ class TokenStore:
         self._lock = threading.Lock()
         self._forgotten = 0  # bumped by each revoke here: a read begun before one caches nothing
 
-    def create(self, name: str, *, by: str, pool: str | None = None, expires_seconds: float | None = None,
-               rename: bool = False) -> str:
+    def create(
+        self, name: str, *, by: str, pool: str | None = None, expires_seconds: float | None = None, rename: bool = False
+    ) -> str:
         """Make a token and return it: the only time anyone sees it."""
         check_name("token", name)
         token = PREFIX + secrets.token_urlsafe(32)
         now = int(time.time() * 1000)
-        rec = Token(name, hash_token(token), now, by, pool,
-                    now + int(expires_seconds * 1000) if expires_seconds else None, False, rename)
+        rec = Token(
+            name,
+            hash_token(token),
+            now,
+            by,
+            pool,
+            now + int(expires_seconds * 1000) if expires_seconds else None,
+            False,
+            rename,
+        )
         old = state.create(self.r, self.k, rec)
         if old is not None and not old.revoked:
             raise Conflict(f"token {name} exists: revoke it first (`piloop token revoke {name}`)")
@@ -134,10 +143,15 @@ def check_stored_names(client: Client, keys: Keys) -> None:
         # the daemon's own worker `serve` registers over the socket: the reserved names are its
         why = problem(name, reserved_ok=kind == "worker")
         if why:
-            where = (f"HDEL {keys.tokens()} <name> and its hash in {keys.token_hashes()}" if kind == "token"
-                     else f"SREM {keys.workers()} <name> and its keys")
-            raise Conflict(f"Redis holds the {kind} name {name[:80]!r}, which piloop now refuses ({why}): "
-                           f"remove it by hand ({where}), then start again")
+            where = (
+                f"HDEL {keys.tokens()} <name> and its hash in {keys.token_hashes()}"
+                if kind == "token"
+                else f"SREM {keys.workers()} <name> and its keys"
+            )
+            raise Conflict(
+                f"Redis holds the {kind} name {name[:80]!r}, which piloop now refuses ({why}): "
+                f"remove it by hand ({where}), then start again"
+            )
 
 
 def open_verifier(settings: Any, home: Path) -> Callable[[str], bool]:

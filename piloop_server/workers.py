@@ -36,16 +36,40 @@ def views(rt: Runtime) -> list[WorkerView]:
             if not reason and agents >= pool.agents and evals >= pool.evaluations:
                 reason = "slots"
             reason = reason or w.reason or "nothing"
-        out.append(WorkerView(name=w.name, pool=w.pool, image=w.image,
-                              seen_seconds=max(0.0, (now - w.seen) / 1000) if w.seen else None, reachable=w.alive,
-                              draining=w.draining, sample=sample, agents=agents, evaluations=evals, no_lease=reason,
-                              room_mb=w.room_mb, granted_mb=mb))
+        out.append(
+            WorkerView(
+                name=w.name,
+                pool=w.pool,
+                image=w.image,
+                seen_seconds=max(0.0, (now - w.seen) / 1000) if w.seen else None,
+                reachable=w.alive,
+                draining=w.draining,
+                sample=sample,
+                agents=agents,
+                evaluations=evals,
+                no_lease=reason,
+                room_mb=w.room_mb,
+                granted_mb=mb,
+            )
+        )
     # a worker the server started shows from its start, before it registers
     names = {w.name for w in recs}
     for n, rec in provisioned_records(rt).items():
         if n not in names and rec.state in ("starting", "stopping"):
-            out.append(WorkerView(name=n, pool=rec.pool, image="", seen_seconds=None, reachable=False,
-                                  draining=False, sample=None, agents=0, evaluations=0, no_lease=rec.state))
+            out.append(
+                WorkerView(
+                    name=n,
+                    pool=rec.pool,
+                    image="",
+                    seen_seconds=None,
+                    reachable=False,
+                    draining=False,
+                    sample=None,
+                    agents=0,
+                    evaluations=0,
+                    no_lease=rec.state,
+                )
+            )
     return sorted(out, key=lambda w: w.name)
 
 
@@ -63,9 +87,13 @@ def pool_summary(rt: Runtime, workers: list[WorkerView]) -> list[dict[str, Any]]
         pool = rt.executor.pools[name]
         mine = [w for w in workers if w.pool == name]
         usable = [w for w in mine if w.reachable and not w.draining and not pools.host_reason(pool, w.sample)]
-        row: dict[str, Any] = {"pool": name, "workers": len(mine), "reachable": sum(w.reachable for w in mine),
-                               "room_mb": sum(w.room_mb or 0 for w in mine if w.reachable),
-                               "granted_mb": sum(w.granted_mb for w in mine if w.reachable)}
+        row: dict[str, Any] = {
+            "pool": name,
+            "workers": len(mine),
+            "reachable": sum(w.reachable for w in mine),
+            "room_mb": sum(w.room_mb or 0 for w in mine if w.reachable),
+            "granted_mb": sum(w.granted_mb for w in mine if w.reachable),
+        }
         for kind in KINDS:
             per = pools.slots(pool, kind)
             used = sum(w.agents if kind == "agent" else w.evaluations for w in usable)

@@ -155,8 +155,19 @@ def _safe_name(name: str) -> bool:
 
 
 class Worker:
-    def __init__(self, *, api_factory: Callable[[], ApiClient], where: str, pool: str, image: str,
-                 name: str | None, workdir: Path | None, home: Path, store: Store, host: ShimHost) -> None:
+    def __init__(
+        self,
+        *,
+        api_factory: Callable[[], ApiClient],
+        where: str,
+        pool: str,
+        image: str,
+        name: str | None,
+        workdir: Path | None,
+        home: Path,
+        store: Store,
+        host: ShimHost,
+    ) -> None:
         self.api_factory, self.pool, self.image, self.home = api_factory, pool, image, home
         self.name = name or ""
         self.workdir_arg = workdir
@@ -197,13 +208,24 @@ class Worker:
     def hello(self, held: list[Held]) -> WorkerHello:
         sample = self.host_sample()
         adm = pressure.admission(sample, self.timing.memory_pressure_max) if self.timing else ""
-        return WorkerHello(protocol=PROTOCOL, pool=self.pool, image=self.image, cas_id=self.cas_id, sample=sample,
-                           jobs=[HeldJob(job=h.job, token=h.token) for h in held], admission=adm)
+        return WorkerHello(
+            protocol=PROTOCOL,
+            pool=self.pool,
+            image=self.image,
+            cas_id=self.cas_id,
+            sample=sample,
+            jobs=[HeldJob(job=h.job, token=h.token) for h in held],
+            admission=adm,
+        )
 
     def info(self) -> dict[str, Any]:
-        return {"host": socket.gethostname(), "pid": os.getpid(), "version": __version__,
-                "cgroups": f"v{self.cgroups.version}" if self.cgroups.available else f"none: {self.cgroups.reason}",
-                "shim_host": self.host.pid}
+        return {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "version": __version__,
+            "cgroups": f"v{self.cgroups.version}" if self.cgroups.available else f"none: {self.cgroups.reason}",
+            "shim_host": self.host.pid,
+        }
 
     def register_with(self, api: ApiClient, held: list[Held], sent: float | None = None) -> RegisterResponse:
         hello = self.hello(held)
@@ -281,11 +303,15 @@ class Worker:
             except OSError as e:  # /dev/shm full or gone: the jobs' own dirs still work
                 log.warning("event=worker.run_dir_error worker=%s dir=%s error=%s", self.name, self.rundir, e)
         if self.cgroups.available:
-            log.info("event=worker.cgroups worker=%s version=%d base=%s", self.name, self.cgroups.version,
-                     self.cgroups.base)
+            log.info(
+                "event=worker.cgroups worker=%s version=%d base=%s", self.name, self.cgroups.version, self.cgroups.base
+            )
         else:
-            log.warning("event=worker.no_cgroups worker=%s reason=%r: jobs' memory grants are not enforced",
-                        self.name, self.cgroups.reason)
+            log.warning(
+                "event=worker.no_cgroups worker=%s reason=%r: jobs' memory grants are not enforced",
+                self.name,
+                self.cgroups.reason,
+            )
         self.spool = Spool(self.home / "spool" / self.name)
         self.send_spool()
         statuses = resp.jobs
@@ -295,13 +321,16 @@ class Worker:
             if found:
                 sent = time.monotonic()
                 statuses = self._call_until_answered(
-                    lambda: self.api.call("POST", "/v1/worker/heartbeat", self.hello(found),
-                                          timeout=self.timing.request_timeout_seconds)["jobs"])
+                    lambda: self.api.call(
+                        "POST", "/v1/worker/heartbeat", self.hello(found), timeout=self.timing.request_timeout_seconds
+                    )["jobs"]
+                )
         # the groups of jobs an earlier worker reported, or left ended: the jobs found keep theirs until reported
         swept = self.cgroups.sweep({h.cgroup.path for h in found if h.cgroup is not None})
         if swept:
-            log.info("event=worker.cgroups_removed worker=%s count=%d (left by an earlier worker)", self.name,
-                     len(swept))
+            log.info(
+                "event=worker.cgroups_removed worker=%s count=%d (left by an earlier worker)", self.name, len(swept)
+            )
         self.relay = Relay(self.api_factory, self.timing.request_timeout_seconds)
         with self.lock:
             for h in found:
@@ -326,8 +355,17 @@ class Worker:
                 continue
             if not jd.shim_alive() and not jd.exit_json.exists():
                 self._shim_gone(jd)
-            out.append(Held(rec["job"], rec["token"], rec.get("kind", ""), jd, LogShipper(jd), requested_at=0.0,
-                            cgroup=self._cgroup_of(read_json(jd.shim_json) or {})))
+            out.append(
+                Held(
+                    rec["job"],
+                    rec["token"],
+                    rec.get("kind", ""),
+                    jd,
+                    LogShipper(jd),
+                    requested_at=0.0,
+                    cgroup=self._cgroup_of(read_json(jd.shim_json) or {}),
+                )
+            )
         return out
 
     def _cgroup_of(self, shim_record: dict[str, Any]) -> JobCgroup | None:
@@ -346,9 +384,18 @@ class Worker:
                     os.killpg(pgid, signal.SIGKILL)
         if (cg := self._cgroup_of(info)) is not None:
             cg.kill_all()  # what left the job's process group
-        jd.write_exit({"exit_code": None, "signal": None, "oom": False, "stopped": "", "lost": True,
-                       "reason": "the job's shim died before the job ended", "usage": Usage().model_dump(),
-                       "duration_seconds": 0.0})
+        jd.write_exit(
+            {
+                "exit_code": None,
+                "signal": None,
+                "oom": False,
+                "stopped": "",
+                "lost": True,
+                "reason": "the job's shim died before the job ended",
+                "usage": Usage().model_dump(),
+                "duration_seconds": 0.0,
+            }
+        )
 
     # -- the loop ----------------------------------------------------------------------------
     def _check_stop(self) -> None:
@@ -389,8 +436,12 @@ class Worker:
         if h.report is None:
             if h.jd.exit_json.exists():
                 self._build_report(h)
-            elif (h.requested_at and now - h.requested_at > SHIM_START_SECONDS and not h.jd.shim_alive()
-                  and not h.jd.exit_json.exists()):
+            elif (
+                h.requested_at
+                and now - h.requested_at > SHIM_START_SECONDS
+                and not h.jd.shim_alive()
+                and not h.jd.exit_json.exists()
+            ):
                 self._shim_gone(h.jd)
             elif h.shipper.due(now):
                 self._ship_log(h)
@@ -404,8 +455,12 @@ class Worker:
         try:
             new = h.shipper.upload(self.store)
             if new:
-                self.api.call("POST", "/v1/worker/log", LogAppend(protocol=PROTOCOL, job=h.job, token=h.token, chunks=new),
-                              timeout=self.timing.request_timeout_seconds)
+                self.api.call(
+                    "POST",
+                    "/v1/worker/log",
+                    LogAppend(protocol=PROTOCOL, job=h.job, token=h.token, chunks=new),
+                    timeout=self.timing.request_timeout_seconds,
+                )
                 h.shipper.mark_posted(len(new))
         except LeaseLost:
             log.warning("event=job.lease_lost job=%s token=%s worker=%s", h.job, h.token, self.name)
@@ -430,31 +485,48 @@ class Worker:
             self.reach.failed(e, self.name)
             return
         report = ReportRequest(
-            protocol=PROTOCOL, report_id=report_id_for(h.job, h.token), job=h.job, token=h.token, outcome=outcome,
-            exit_code=rec.get("exit_code"), signal=rec.get("signal"), oom=bool(rec.get("oom")), reason=reason,
-            usage=Usage.model_validate(rec.get("usage") or {}), log=list(h.shipper.chunks), outputs=outputs,
-            metrics=metrics, duration_seconds=float(rec.get("duration_seconds") or 0.0), **campaign)
+            protocol=PROTOCOL,
+            report_id=report_id_for(h.job, h.token),
+            job=h.job,
+            token=h.token,
+            outcome=outcome,
+            exit_code=rec.get("exit_code"),
+            signal=rec.get("signal"),
+            oom=bool(rec.get("oom")),
+            reason=reason,
+            usage=Usage.model_validate(rec.get("usage") or {}),
+            log=list(h.shipper.chunks),
+            outputs=outputs,
+            metrics=metrics,
+            duration_seconds=float(rec.get("duration_seconds") or 0.0),
+            **campaign,
+        )
         assert self.spool is not None
         self.spool.write(report)  # before it is sent: a worker that dies now sends it at its next start
         h.report = report
-        log.info("event=job.ended job=%s outcome=%s reason=%r exit_code=%s", h.job, outcome, reason,
-                 rec.get("exit_code"))
+        log.info(
+            "event=job.ended job=%s outcome=%s reason=%r exit_code=%s", h.job, outcome, reason, rec.get("exit_code")
+        )
 
     def _send_all(self, ready: list[Held]) -> None:
         """The reports of jobs that ended since the last look, up to 64 a call, the last call carrying the claim for
         the slots they free: a busy worker's round is one call, not a report and a claim."""
         if not ready:
             return
-        ask = (None if self.stopping.is_set() or self.refused is not None
-               else self._claim_ask(wait=0.0, most=max(EVALUATIONS_PER_CLAIM, len(ready))))
+        ask = (
+            None
+            if self.stopping.is_set() or self.refused is not None
+            else self._claim_ask(wait=0.0, most=max(EVALUATIONS_PER_CLAIM, len(ready)))
+        )
         if ask is None and len(ready) == 1:
             self._send(ready[0])
             return
         for i in range(0, len(ready), REPORTS_PER_CALL):
-            batch = ready[i:i + REPORTS_PER_CALL]
+            batch = ready[i : i + REPORTS_PER_CALL]
             carried = ask if i + REPORTS_PER_CALL >= len(ready) else None  # the claim rides the last call
-            answers, got = self.send_reports([h.report for h in batch if h.report is not None],
-                                             carried[0] if carried is not None else None)
+            answers, got = self.send_reports(
+                [h.report for h in batch if h.report is not None], carried[0] if carried is not None else None
+            )
             for h, answer in zip(batch, answers, strict=True):
                 try:
                     self._sent(h, answer)
@@ -470,7 +542,7 @@ class Worker:
     def _sent(self, h: Held, answer: str | None) -> None:
         if answer is None:
             h.tries += 1
-            h.next_try = time.monotonic() + min(0.5 * 2 ** h.tries, 30.0)
+            h.next_try = time.monotonic() + min(0.5 * 2**h.tries, 30.0)
             return
         with self.lock:
             self.held.pop(h.job, None)
@@ -485,8 +557,9 @@ class Worker:
         """Send one spooled report; its answer (and the spool file gone), or None to try again later."""
         assert self.spool is not None and self.timing is not None
         try:
-            got: ReportResponse = self.api.call("POST", "/v1/worker/report", report, model=ReportResponse,
-                                                timeout=self.timing.request_timeout_seconds)
+            got: ReportResponse = self.api.call(
+                "POST", "/v1/worker/report", report, model=ReportResponse, timeout=self.timing.request_timeout_seconds
+            )
         except Refused as e:
             self.refuse(e.message)
             return None
@@ -502,15 +575,20 @@ class Worker:
         log.info("event=job.reported job=%s outcome=%s answer=%s", report.job, report.outcome, got.answer)
         return got.answer
 
-    def send_reports(self, reports: list[ReportRequest],
-                     claim: ClaimRequest | None = None) -> tuple[list[str | None], ClaimResponse | None]:
+    def send_reports(
+        self, reports: list[ReportRequest], claim: ClaimRequest | None = None
+    ) -> tuple[list[str | None], ClaimResponse | None]:
         """Send spooled reports in one call, and `claim` after them; each report's answer (its spool file gone), or
         None to try it again later, and the claim's answer (None: not claimed, the loop claims alone)."""
         assert self.spool is not None and self.timing is not None
         try:
-            got: ReportsResponse = self.api.call("POST", "/v1/worker/reports",
-                                                 ReportsRequest(protocol=PROTOCOL, reports=reports, claim=claim),
-                                                 model=ReportsResponse, timeout=self.timing.request_timeout_seconds)
+            got: ReportsResponse = self.api.call(
+                "POST",
+                "/v1/worker/reports",
+                ReportsRequest(protocol=PROTOCOL, reports=reports, claim=claim),
+                model=ReportsResponse,
+                timeout=self.timing.request_timeout_seconds,
+            )
         except Refused as e:
             self.refuse(e.message)
             return [None] * len(reports), None
@@ -568,8 +646,9 @@ class Worker:
         granted = self.granted_mb()
         return self.room.measure(available_mb(), granted, self.timing.memory_reserve_mb, idle=not self.grants)
 
-    def _claim_ask(self, wait: float | None = None,
-                   most: int = EVALUATIONS_PER_CLAIM) -> tuple[ClaimRequest, float, int] | None:
+    def _claim_ask(
+        self, wait: float | None = None, most: int = EVALUATIONS_PER_CLAIM
+    ) -> tuple[ClaimRequest, float, int] | None:
         """The claim to send now, when and the room it offers; None when the host's memory pressure admits none (the
         next is put off a renew period). Idle, a claim waits at the server for a job (a long poll) instead of coming
         back a renew period later; a worker with jobs never waits there, so its main loop keeps tending them."""
@@ -582,8 +661,11 @@ class Worker:
             with self.lock:
                 wait = 0.0 if self.held else min(self.timing.renew_seconds, LONG_POLL_MAX)
         room = self.room_mb()
-        return ClaimRequest(protocol=PROTOCOL, want={"agent": 1, "evaluation": most},
-                            wait_seconds=wait, room_mb=room), sent, room
+        return (
+            ClaimRequest(protocol=PROTOCOL, want={"agent": 1, "evaluation": most}, wait_seconds=wait, room_mb=room),
+            sent,
+            room,
+        )
 
     def claim(self) -> None:
         assert self.timing is not None
@@ -592,8 +674,13 @@ class Worker:
             return
         req, sent, _ = ask
         try:
-            resp: ClaimResponse = self.api.call("POST", "/v1/worker/claim", req, model=ClaimResponse,
-                                                timeout=self.timing.request_timeout_seconds + req.wait_seconds)
+            resp: ClaimResponse = self.api.call(
+                "POST",
+                "/v1/worker/claim",
+                req,
+                model=ClaimResponse,
+                timeout=self.timing.request_timeout_seconds + req.wait_seconds,
+            )
         except Refused as e:
             self.refuse(e.message)
             return
@@ -628,9 +715,12 @@ class Worker:
         if a.image and a.image != self.image:
             log.info("event=job.released job=%s reason=image wants=%s have=%s", a.job, a.image, self.image or "-")
             with contextlib.suppress(PiloopError, OSError):
-                self.api.call("POST", "/v1/worker/release",
-                              ReleaseRequest(protocol=PROTOCOL, job=a.job, token=a.token, reason="image"),
-                              timeout=self.timing.request_timeout_seconds)
+                self.api.call(
+                    "POST",
+                    "/v1/worker/release",
+                    ReleaseRequest(protocol=PROTOCOL, job=a.job, token=a.token, reason="image"),
+                    timeout=self.timing.request_timeout_seconds,
+                )
                 # the server matched the job to an image we do not have: its record of ours is wrong, so
                 # register again (it filters claims by that record) rather than be handed the job again
                 self.register_with(self.api, self.snapshot())
@@ -649,9 +739,12 @@ class Worker:
             jd.remove()
             log.warning("event=job.released job=%s reason=dir worker=%s error=%s", a.job, self.name, e)
             with contextlib.suppress(PiloopError, OSError):
-                self.api.call("POST", "/v1/worker/release",
-                              ReleaseRequest(protocol=PROTOCOL, job=a.job, token=a.token, reason=f"dir: {e.strerror}"),
-                              timeout=self.timing.request_timeout_seconds)
+                self.api.call(
+                    "POST",
+                    "/v1/worker/release",
+                    ReleaseRequest(protocol=PROTOCOL, job=a.job, token=a.token, reason=f"dir: {e.strerror}"),
+                    timeout=self.timing.request_timeout_seconds,
+                )
             self.next_claim = time.monotonic() + 10 * self.timing.renew_seconds
             return
         h = Held(a.job, a.token, a.kind, jd, LogShipper(jd))
@@ -671,8 +764,17 @@ class Worker:
             camp_env = self._prepare_campaign(a, jd) if a.spec.campaign is not None else {}
         except (PiloopError, OSError, ValueError) as e:
             msg = getattr(e, "message", None) or str(e)
-            jd.write_exit({"exit_code": None, "signal": None, "oom": False, "stopped": "",
-                           "reason": f"{stage}: {msg}", "usage": Usage().model_dump(), "duration_seconds": 0.0})
+            jd.write_exit(
+                {
+                    "exit_code": None,
+                    "signal": None,
+                    "oom": False,
+                    "stopped": "",
+                    "reason": f"{stage}: {msg}",
+                    "usage": Usage().model_dump(),
+                    "duration_seconds": 0.0,
+                }
+            )
             return
         cgroup = None
         self.grants[a.job] = a.memory_mb or 0
@@ -681,8 +783,12 @@ class Worker:
             limit = a.memory_mb or max(room, 1)
             try:
                 h.cgroup = cg = self.cgroups.take(limit)
-                cgroup = {"path": str(cg.path), "version": cg.version, "limit_mb": limit,
-                          "held_seconds": self.timing.memory_held_seconds}
+                cgroup = {
+                    "path": str(cg.path),
+                    "version": cg.version,
+                    "limit_mb": limit,
+                    "held_seconds": self.timing.memory_held_seconds,
+                }
             except OSError as e:
                 log.warning("event=job.no_cgroup job=%s error=%s", a.job, e)
         # what the job adds to the worker's environment, which the shim host has (`shim.job_env`); never a secret
@@ -690,13 +796,30 @@ class Worker:
         secrets, refused = envnames.injectable(a.secrets)
         for name in refused:
             log.error("event=secret.refused job=%s name=%s: %s", a.job, name[:80], envnames.problem(name))
-        env = {**a.spec.env, **secrets, "PILOOP_JOB": a.job, "PILOOP_LEASE_TOKEN": a.token,
-               "PILOOP_JOB_DIR": str(jd.root), "PILOOP_RELAY": str(relay_at), "PILOOP_HOME": str(self.home), **camp_env}
+        env = {
+            **a.spec.env,
+            **secrets,
+            "PILOOP_JOB": a.job,
+            "PILOOP_LEASE_TOKEN": a.token,
+            "PILOOP_JOB_DIR": str(jd.root),
+            "PILOOP_RELAY": str(relay_at),
+            "PILOOP_HOME": str(self.home),
+            **camp_env,
+        }
         h.requested_at = time.monotonic()
-        self.host.run_job({"dir": str(jd.root), "run": str(jd.run), "argv": a.spec.argv, "env": env,
-                           "timeout": a.spec.timeout_seconds, "kill_grace": self.timing.kill_grace_seconds,
-                           "cgroup": cgroup, "metrics_seconds": 5,
-                           "task": a.spec.argv[0] if a.spec.runner == "task" else None})
+        self.host.run_job(
+            {
+                "dir": str(jd.root),
+                "run": str(jd.run),
+                "argv": a.spec.argv,
+                "env": env,
+                "timeout": a.spec.timeout_seconds,
+                "kill_grace": self.timing.kill_grace_seconds,
+                "cgroup": cgroup,
+                "metrics_seconds": 5,
+                "task": a.spec.argv[0] if a.spec.runner == "task" else None,
+            }
+        )
 
     def _prepare_campaign(self, a: Assignment, jd: JobDir) -> dict[str, str]:
         """A campaign job's clone (its cwd) and, for an agent, its workspace copy; the env that says where."""
@@ -704,9 +827,13 @@ class Worker:
         assert camp is not None and self.timing is not None
 
         def newer(have: list[str]) -> BundleResponse:
-            return self.api.call("POST", "/v1/worker/bundle",
-                                 BundleRequest(protocol=PROTOCOL, job=a.job, token=a.token, have=have),
-                                 model=BundleResponse, timeout=self.timing.request_timeout_seconds * 3)
+            return self.api.call(
+                "POST",
+                "/v1/worker/bundle",
+                BundleRequest(protocol=PROTOCOL, job=a.job, token=a.token, have=have),
+                model=BundleResponse,
+                timeout=self.timing.request_timeout_seconds * 3,
+            )
 
         fetched = self.repos.checkout(camp, jd.work, newer)
         jd.write_fetched(fetched)
@@ -714,8 +841,13 @@ class Worker:
         if camp.collect:
             self.repos.give_workspace(camp, jd.workspace)
             env |= {"PILOOP_WORKSPACE": str(jd.workspace), "PILOOP_RUN_BRANCH": camp.repo.branch}
-        log.info("event=job.repo job=%s campaign=%s commit=%s fetched_bytes=%d", a.job, camp.repo.campaign,
-                 camp.repo.commit[:12], fetched)
+        log.info(
+            "event=job.repo job=%s campaign=%s commit=%s fetched_bytes=%d",
+            a.job,
+            camp.repo.campaign,
+            camp.repo.commit[:12],
+            fetched,
+        )
         return env
 
     def _campaign_results(self, h: Held, outcome: str, reason: str) -> tuple[str, str, dict[str, Any]]:
@@ -736,8 +868,14 @@ class Worker:
         if camp.score:
             out["score"] = parse_score(h.jd.output_log)
             if out["score"] is None:
-                return "failed", ("no score: the eval command's last line must be `score=<number>` or a JSON "
-                                  "object with a numeric \"score\""), out
+                return (
+                    "failed",
+                    (
+                        "no score: the eval command's last line must be `score=<number>` or a JSON "
+                        'object with a numeric "score"'
+                    ),
+                    out,
+                )
         return outcome, reason, out
 
     def _relay_for(self, job: str, token: str, path: Path) -> None:

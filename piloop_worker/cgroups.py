@@ -68,8 +68,11 @@ class JobCgroup(NamedTuple):  # not a dataclass: the shim host imports this, and
             try:
                 write_file(own, me)
             except OSError as e:  # never raised: the job is spawned by now, and the shim must go on to supervise it
-                print(f"shim: cannot leave the job's cgroup {self.path} ({e}): it may be killed with the job",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"shim: cannot leave the job's cgroup {self.path} ({e}): it may be killed with the job",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def oom_kills(self) -> int:
         if self.version == 2:
@@ -279,8 +282,11 @@ class Cgroups:
         with contextlib.suppress(OSError):
             for p in self.base.iterdir():
                 owner = p.name.split("-", 1)[0]
-                if not p.is_dir() or p in keep or (owner.isdigit() and owner != str(os.getpid())
-                                                   and Path(f"/proc/{owner}").exists()):
+                if (
+                    not p.is_dir()
+                    or p in keep
+                    or (owner.isdigit() and owner != str(os.getpid()) and Path(f"/proc/{owner}").exists())
+                ):
                     continue
                 try:
                     p.rmdir()  # refused while a process is in it

@@ -52,8 +52,12 @@ def orphaned(w: Worker) -> bool:
     down = w.reach.down_since
     if after is None or down is None or time.monotonic() - down < after or w.snapshot():
         return False
-    log.warning("event=worker.orphaned worker=%s after_seconds=%g (the server is unreachable and this worker "
-                "holds no job: it exits)", w.name or "-", after)
+    log.warning(
+        "event=worker.orphaned worker=%s after_seconds=%g (the server is unreachable and this worker "
+        "holds no job: it exits)",
+        w.name or "-",
+        after,
+    )
     return True
 
 
@@ -77,14 +81,19 @@ class Reachability:
             if first or now - self.logged_at >= self.EVERY:
                 self.logged_at = now
                 msg = getattr(error, "message", None) or str(error)
-                log.warning("event=worker.unreachable worker=%s server=%s error=%s", who, self.server,
-                            msg.replace("\n", " "))
+                log.warning(
+                    "event=worker.unreachable worker=%s server=%s error=%s", who, self.server, msg.replace("\n", " ")
+                )
 
     def ok(self, who: str) -> None:
         with self.lock:
             if self.down_since is not None:
-                log.info("event=worker.reachable worker=%s server=%s after_seconds=%.1f", who, self.server,
-                         time.monotonic() - self.down_since)
+                log.info(
+                    "event=worker.reachable worker=%s server=%s after_seconds=%.1f",
+                    who,
+                    self.server,
+                    time.monotonic() - self.down_since,
+                )
                 self.down_since = None
 
 
@@ -127,8 +136,9 @@ class Heartbeat(threading.Thread):
         hello = w.hello(held)
         sent = time.monotonic()
         try:
-            resp = self.api.call("POST", "/v1/worker/heartbeat", hello, model=HeartbeatResponse,
-                                 timeout=w.timing.request_timeout_seconds)
+            resp = self.api.call(
+                "POST", "/v1/worker/heartbeat", hello, model=HeartbeatResponse, timeout=w.timing.request_timeout_seconds
+            )
             statuses = resp.jobs
         except Refused as e:
             w.refuse(e.message)

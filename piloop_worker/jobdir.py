@@ -127,6 +127,7 @@ def run_dir_for(workdir: Path) -> Path | None:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
         return None
     import hashlib  # here: the shim host imports this module, and hashlib brings OpenSSL's libcrypto
+
     return mine / hashlib.sha256(os.fsencode(workdir.resolve())).hexdigest()[:16]  # one dir, one run dir
 
 
@@ -227,8 +228,7 @@ class JobDir:
         """Whether the control files are on the disk (no run dir), where `exit.json` is fsynced."""
         return self.run == self.root
 
-    def create(self, job_record: dict[str, Any], deadline: float | None = None, spare: SpareDirs | None = None,
-               ) -> None:
+    def create(self, job_record: dict[str, Any], deadline: float | None = None, spare: SpareDirs | None = None) -> None:
         """The dirs with `work/` and `outputs/` (`inputs/` comes with the first input; a `spare` dir, emptied by an
         earlier job, where there is one), `job.json` and the first deadline. Those two are written in place, not
         through a temp file and a rename (a file made and one deleted, per job): no shim reads them yet, and a worker
@@ -432,6 +432,7 @@ def _rmtree(path: str | Path, ignore_errors: bool = False) -> None:
     # shutil imported here, not at the top: the shim host imports this module, and shutil brings zlib, bz2 and lzma,
     # whose libraries each task's fork copies the mappings of (docs/performance.md)
     import shutil
+
     shutil.rmtree(path, ignore_errors=ignore_errors)
 
 

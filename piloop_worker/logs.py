@@ -28,8 +28,9 @@ class LogShipper:
 
     def _save(self) -> None:
         # not fsynced: after a crash of the machine a lost state means chunks put again (the CAS dedups them)
-        atomic_json(self.jd.log_state, {"offset": self.offset, "chunks": self.chunks, "posted": self.posted},
-                    durable=False)
+        atomic_json(
+            self.jd.log_state, {"offset": self.offset, "chunks": self.chunks, "posted": self.posted}, durable=False
+        )
 
     def due(self, now: float | None = None) -> bool:
         """Whether new bytes wait and the job has been quiet a little, or they have waited long enough."""
@@ -61,7 +62,7 @@ class LogShipper:
         except FileNotFoundError:
             pass
         self._pending_since = None
-        return self.chunks[self.posted:]
+        return self.chunks[self.posted :]
 
     def mark_posted(self, n: int) -> None:
         self.posted += n

@@ -20,8 +20,18 @@ def _fail(msg: str, code: int = EXIT_USAGE) -> int:
     return code
 
 
-def run_worker(*, server: str | None, socket: Path | None, pool: str, token: str | None, token_file: Path | None,
-               name: str | None, image: str, dir: Path | None, home: Path) -> int:
+def run_worker(
+    *,
+    server: str | None,
+    socket: Path | None,
+    pool: str,
+    token: str | None,
+    token_file: Path | None,
+    name: str | None,
+    image: str,
+    dir: Path | None,
+    home: Path,
+) -> int:
     """Run a worker until SIGTERM/SIGINT (detach: 0) or a refusal (3); a user mistake is 2, in one line."""
     # the shim host first, while this process has no thread: it forks every job's shim
     if not server and not socket:
@@ -50,23 +60,35 @@ def run_worker(*, server: str | None, socket: Path | None, pool: str, token: str
         if os.environ.get("PILOOP_REDIS_URL"):
             return _fail("PILOOP_REDIS_URL is set: a worker holds no state credentials; unset it on this machine")
         if settings.plugins.state.url is not None:
-            return _fail(f"{home / 'config.toml'} has [plugins.state] url: a worker holds no state credentials; "
-                         "remove it on this machine")
+            return _fail(
+                f"{home / 'config.toml'} has [plugins.state] url: a worker holds no state credentials; "
+                "remove it on this machine"
+            )
     from piloop_common.prctl import set_name
     from piloop_worker.shimhost import ShimHost
 
     set_name("piloop-worker")  # before the fork: the shim host renames itself
     host = ShimHost().start()
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per call would drown the worker's own
     # a few lines a job: the format names no source line, thread or process, so don't look them up for each
     # (the logging docs' "Optimization"); a tenth of the worker's CPU per job went to logging before
     logging._srcfile = None  # type: ignore[attr-defined]
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     try:
-        return _run(settings, host, server=server, socket=socket, pool=pool, token=token, name=name, image=image,
-                    dir=dir, home=home, proxy=proxy)
+        return _run(
+            settings,
+            host,
+            server=server,
+            socket=socket,
+            pool=pool,
+            token=token,
+            name=name,
+            image=image,
+            dir=dir,
+            home=home,
+            proxy=proxy,
+        )
     finally:
         host.close()
 
@@ -98,8 +120,17 @@ def _run(settings, host, *, server, socket, pool, token, name, image, dir, home,
             return _fail(trust)
 
     where = server or f"unix:{socket}"
-    w = Worker(api_factory=api_factory, where=where, pool=pool, image=image, name=name, workdir=dir, home=home,
-               store=store, host=host)
+    w = Worker(
+        api_factory=api_factory,
+        where=where,
+        pool=pool,
+        image=image,
+        name=name,
+        workdir=dir,
+        home=home,
+        store=store,
+        host=host,
+    )
 
     def on_signal(signum, frame) -> None:
         w.stopping.set()

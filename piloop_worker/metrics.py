@@ -17,12 +17,18 @@ GPU_FIELDS = ("index", "utilization.gpu", "memory.used", "memory.total")
 def gpus(timeout: float = 2.0) -> list[dict[str, Any]] | None:
     """Each GPU's utilization (%) and memory (MiB), or None where there is no `nvidia-smi`."""
     import shutil  # here: the shim host imports this module, and shutil brings zlib, bz2 and lzma
+
     exe = shutil.which("nvidia-smi")
     if not exe:
         return None
     try:
-        out = subprocess.run([exe, f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=timeout, check=True).stdout
+        out = subprocess.run(
+            [exe, f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     rows = []
@@ -30,8 +36,14 @@ def gpus(timeout: float = 2.0) -> list[dict[str, Any]] | None:
         vals = [v.strip() for v in line.split(",")]
         if len(vals) == len(GPU_FIELDS):
             try:
-                rows.append({"index": int(vals[0]), "util_percent": float(vals[1]), "memory_used_mb": float(vals[2]),
-                             "memory_total_mb": float(vals[3])})
+                rows.append(
+                    {
+                        "index": int(vals[0]),
+                        "util_percent": float(vals[1]),
+                        "memory_used_mb": float(vals[2]),
+                        "memory_total_mb": float(vals[3]),
+                    }
+                )
             except ValueError:
                 continue
     return rows

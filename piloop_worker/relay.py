@@ -148,8 +148,7 @@ class Relay:
                     except OSError:  # nothing to accept after all, or the job's socket dropped meanwhile
                         continue
                     conn.setblocking(True)
-                    threading.Thread(target=self._serve, args=(conn, le), name=f"relay-{le.job}",
-                                     daemon=True).start()
+                    threading.Thread(target=self._serve, args=(conn, le), name=f"relay-{le.job}", daemon=True).start()
         finally:
             self.ep.close()
             for fd in (self.wake_r, self.wake_w):
@@ -174,8 +173,9 @@ class Relay:
         if body:
             headers["content-type"] = "application/json"
         try:
-            status, content = self.api.request(method, path, body or None, headers={**self.api.headers, **headers},
-                                               timeout=self.timeout)
+            status, content = self.api.request(
+                method, path, body or None, headers={**self.api.headers, **headers}, timeout=self.timeout
+            )
         except Exception as e:  # noqa: BLE001 — the server is away: the job's call fails now, as a direct call would
             return 503, _error("unavailable", f"the worker's relay cannot reach the server: {type(e).__name__}: {e}")
         log.info("event=relay.call job=%s path=%s status=%d", le.job, path, status)

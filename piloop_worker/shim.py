@@ -115,8 +115,14 @@ def _supervise(req: dict[str, Any], jd: JobDir) -> int:
     held = HeldWatch(limit_mb * 2**20, float(held_seconds)) if cg is not None and limit_mb and held_seconds else None
     oom_before = cg.oom_kills() if cg is not None else 0  # the group may be a spare, its counters an earlier job's
     started_wall, started = time.time(), time.monotonic()
-    record: dict[str, Any] = {"exit_code": None, "signal": None, "oom": False, "stopped": "", "reason": "",
-                              "started": started_wall}
+    record: dict[str, Any] = {
+        "exit_code": None,
+        "signal": None,
+        "oom": False,
+        "stopped": "",
+        "reason": "",
+        "started": started_wall,
+    }
     proc: subprocess.Popen | None = None
     try:
         if req.get("task"):
@@ -125,13 +131,27 @@ def _supervise(req: dict[str, Any], jd: JobDir) -> int:
             proc = _spawn(req, jd, cg)  # held to the end: a Popen collected early reaps the job under our wait4
             pid = proc.pid
     except (OSError, subprocess.SubprocessError) as e:
-        record.update(exit_code=127, reason=f"cannot start {req['argv'][0]!r}: {e}", ended=time.time(),
-                      usage={"peak_rss_bytes": 0, "cpu_seconds": 0.0}, duration_seconds=0.0)
+        record.update(
+            exit_code=127,
+            reason=f"cannot start {req['argv'][0]!r}: {e}",
+            ended=time.time(),
+            usage={"peak_rss_bytes": 0, "cpu_seconds": 0.0},
+            duration_seconds=0.0,
+        )
         jd.write_exit(record)
         _told(jd, cg)
         return 0
-    atomic_json(jd.shim_json, {"shim": os.getpid(), "pid": pid, "pgid": pid, "started": started_wall,
-                               "cgroup": str(cg.path) if cg is not None else None}, durable=False)
+    atomic_json(
+        jd.shim_json,
+        {
+            "shim": os.getpid(),
+            "pid": pid,
+            "pgid": pid,
+            "started": started_wall,
+            "cgroup": str(cg.path) if cg is not None else None,
+        },
+        durable=False,
+    )
     pidfd = _pidfd(pid)
     stop_metrics = threading.Event()
     metrics_thread: threading.Thread | None = None
@@ -177,8 +197,9 @@ def _supervise(req: dict[str, Any], jd: JobDir) -> int:
             killed = True
         if metrics_at is not None and now >= metrics_at:
             metrics_at = None
-            metrics_thread = threading.Thread(target=_metrics_loop, args=(jd, metrics_every, stop_metrics),
-                                              name="metrics", daemon=True)
+            metrics_thread = threading.Thread(
+                target=_metrics_loop, args=(jd, metrics_every, stop_metrics), name="metrics", daemon=True
+            )
             metrics_thread.start()
         if now >= next_sample:
             meter.sample()
@@ -249,10 +270,17 @@ def _pidfd(pid: int) -> int | None:
 
 def _spawn(req: dict[str, Any], jd: JobDir, cg: JobCgroup | None) -> subprocess.Popen:
     """The job's process, in its own process group (and its cgroup from its first instruction)."""
-    with open(jd.output_log, "ab") as log, (cg.entered() if cg is not None else contextlib.nullcontext(False)) as inside:
-        proc = subprocess.Popen(req["argv"], cwd=jd.work, env=job_env(req), stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, process_group=0,
-                                preexec_fn=_joiner(cg) if cg is not None and not inside else None)
+    with open(jd.output_log, "ab") as log, cg.entered() if cg is not None else contextlib.nullcontext(False) as inside:
+        proc = subprocess.Popen(
+            req["argv"],
+            cwd=jd.work,
+            env=job_env(req),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+            preexec_fn=_joiner(cg) if cg is not None and not inside else None,
+        )
     return proc
 
 
@@ -350,10 +378,19 @@ def _run_logged(req: dict[str, Any], devnull: int) -> None:
         with contextlib.suppress(Exception):
             os.write(2, f"shim failed: {type(e).__name__}: {e}\n".encode())
             if not jd.exit_json.exists():
-                jd.write_exit({"exit_code": None, "signal": None, "oom": False, "stopped": "",
-                               "reason": f"the shim failed: {type(e).__name__}: {e}",
-                               "usage": {"peak_rss_bytes": 0, "cpu_seconds": 0.0},
-                               "started": time.time(), "ended": time.time(), "duration_seconds": 0.0})
+                jd.write_exit(
+                    {
+                        "exit_code": None,
+                        "signal": None,
+                        "oom": False,
+                        "stopped": "",
+                        "reason": f"the shim failed: {type(e).__name__}: {e}",
+                        "usage": {"peak_rss_bytes": 0, "cpu_seconds": 0.0},
+                        "started": time.time(),
+                        "ended": time.time(),
+                        "duration_seconds": 0.0,
+                    }
+                )
         if not isinstance(e, Exception):
             raise  # SystemExit, KeyboardInterrupt: this shim ends here
     finally:

@@ -139,9 +139,14 @@ class ShimHost:
         fds_mine, fds_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             env = {**os.environ, shim.NOTIFY_ENV: str(theirs.fileno()), FDS_ENV: str(fds_theirs.fileno())}
-            self.proc = subprocess.Popen([sys.executable, "-m", "piloop_worker.shimhost"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.DEVNULL, close_fds=True,
-                                         pass_fds=(theirs.fileno(), fds_theirs.fileno()), env=env)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "piloop_worker.shimhost"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                close_fds=True,
+                pass_fds=(theirs.fileno(), fds_theirs.fileno()),
+                env=env,
+            )
         except BaseException:
             mine.close()
             fds_mine.close()

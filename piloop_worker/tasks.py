@@ -74,11 +74,13 @@ def run(target: str, jd: JobDir) -> int:
         data = dump_result(ser, value)
     except BaseException as e:  # noqa: BLE001 — whatever the task raised (SystemExit too) is its failure
         import traceback  # here, on a failure only: it brings linecache, tokenize and textwrap into the shim host
+
         tb = traceback.format_exc()
         sys.stderr.write(tb)
         with contextlib.suppress(Exception):
-            (jd.outputs / "error.json").write_text(json.dumps(
-                {"type": type(e).__name__, "message": str(e), "traceback": tb}))
+            (jd.outputs / "error.json").write_text(
+                json.dumps({"type": type(e).__name__, "message": str(e), "traceback": tb})
+            )
         return FAILED
     (jd.outputs / f"result.{ser}").write_bytes(data)
     return 0
@@ -121,6 +123,7 @@ def child(req: dict[str, Any], jd: JobDir, cgroup_join: Path | None) -> None:
     except BaseException:  # noqa: BLE001 — the task's host reports any end as its exit status
         with contextlib.suppress(BaseException):
             import traceback
+
             traceback.print_exc()
     finally:
         for stream in (sys.stdout, sys.stderr):

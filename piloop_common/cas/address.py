@@ -48,4 +48,3 @@ def hash_stream(fileobj: BinaryIO) -> str:
 def hash_file(path: str | os.PathLike[str]) -> str:
     with open(path, "rb") as f:
         return hash_stream(f)
-

@@ -111,14 +111,11 @@ class Store(ABC):
                 written += len(chunk)
         if (actual := address_of(digest)) != address:
             raise Corrupt(
-                f"blob {address} in {self.where} is corrupt: its bytes hash to {actual}",
-                address=address,
-                actual=actual,
+                f"blob {address} in {self.where} is corrupt: its bytes hash to {actual}", address=address, actual=actual
             )
         return written
 
-    def get_file(self, address: str, path: str | os.PathLike[str], durable: bool = True, in_place: bool = False
-                 ) -> int:
+    def get_file(self, address: str, path: str | os.PathLike[str], durable: bool = True, in_place: bool = False) -> int:
         """Write the blob to `path` atomically: a temp file beside it, renamed only once verified; `durable`: fsynced
         first (a job's inputs need not be: a machine that crashes reruns the job, which fetches them again).
         `in_place`: straight to `path`, removed on a failure (a job's input: nothing reads it before the job starts,

@@ -55,9 +55,7 @@ class HttpCasConfig(BaseModel):
     timeout_seconds: float = Field(30, gt=0, description="Connect and read timeout of each request, in seconds.")
 
 
-RemoteCasConfig = Annotated[
-    LocalCasConfig | S3CasConfig | HttpCasConfig, Field(discriminator="provider")
-]
+RemoteCasConfig = Annotated[LocalCasConfig | S3CasConfig | HttpCasConfig, Field(discriminator="provider")]
 
 
 class CachedCasConfig(BaseModel):
@@ -73,6 +71,4 @@ class CachedCasConfig(BaseModel):
     remote: RemoteCasConfig = Field(description="The store behind the cache: a `local`, `s3` or `http` table.")
 
 
-CasConfig = Annotated[
-    LocalCasConfig | S3CasConfig | HttpCasConfig | CachedCasConfig, Field(discriminator="provider")
-]
+CasConfig = Annotated[LocalCasConfig | S3CasConfig | HttpCasConfig | CachedCasConfig, Field(discriminator="provider")]

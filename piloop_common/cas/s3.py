@@ -156,9 +156,7 @@ class S3Store(Store):
                 # If-None-Match makes the create atomic: of two racing starts, the second is refused
                 # and reads the first's id.
                 with self._errors("create the identity object"):
-                    self._client.put_object(
-                        Bucket=self.bucket, Key=key, Body=identity.new_document(), IfNoneMatch="*"
-                    )
+                    self._client.put_object(Bucket=self.bucket, Key=key, Body=identity.new_document(), IfNoneMatch="*")
             except _Precondition:
                 pass
             data = self._get(key)

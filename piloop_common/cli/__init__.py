@@ -22,8 +22,12 @@ from piloop_common.errors import ConfigError, PiloopError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--home", type=click.Path(file_okay=False, path_type=Path), envvar="PILOOP_HOME",
-              help="piloop's home (default ~/.piloop): config.toml, the socket, the spool.")
+@click.option(
+    "--home",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="PILOOP_HOME",
+    help="piloop's home (default ~/.piloop): config.toml, the socket, the spool.",
+)
 @click.version_option(__version__, prog_name="piloop")
 @click.pass_context
 def root(ctx: click.Context, home: Path | None) -> None:
@@ -31,8 +35,23 @@ def root(ctx: click.Context, home: Path | None) -> None:
     ctx.obj = Cli(home)
 
 
-for command in (init, serve, stop, status, worker, limits, token, cas, job, events, inbox, secret, progress, attach,
-                campaign):
+for command in (
+    init,
+    serve,
+    stop,
+    status,
+    worker,
+    limits,
+    token,
+    cas,
+    job,
+    events,
+    inbox,
+    secret,
+    progress,
+    attach,
+    campaign,
+):
     root.add_command(command)
 
 

@@ -32,8 +32,10 @@ def limits_set(obj, assignment: str, reason: str, as_json: bool) -> None:
     if as_json:
         emit_json(lim)
     else:
-        click.echo(f"{lim['key']} = {json.dumps(lim['value']) if not isinstance(lim['value'], str) else lim['value']}"
-                   ": the daemon applies it at once")
+        click.echo(
+            f"{lim['key']} = {json.dumps(lim['value']) if not isinstance(lim['value'], str) else lim['value']}"
+            ": the daemon applies it at once"
+        )
 
 
 @limits.command("unset")
@@ -56,8 +58,12 @@ def limits_list(obj, as_json: bool) -> None:
     elif not rows:
         click.echo("no limits")
     else:
-        click.echo(table(["key", "value", "reason", "by", "set"],
-                         [[r["key"], r["value"], r["reason"], r["by"], when(r["at_ms"])] for r in rows]))
+        click.echo(
+            table(
+                ["key", "value", "reason", "by", "set"],
+                [[r["key"], r["value"], r["reason"], r["by"], when(r["at_ms"])] for r in rows],
+            )
+        )
 
 
 @click.group()
@@ -74,8 +80,12 @@ def token() -> None:
 @click.pass_obj
 def token_create(obj, name: str, pool: str | None, expires: str | None, rename: bool, as_json: bool) -> None:
     check_name("token", name)  # before the call: the server says the same, but a typo needs no daemon
-    body = {"name": name, "pool": pool, "rename": rename,
-            "expires_seconds": parse_duration(expires, "--expires") if expires else None}
+    body = {
+        "name": name,
+        "pool": pool,
+        "rename": rename,
+        "expires_seconds": parse_duration(expires, "--expires") if expires else None,
+    }
     with obj.api() as api:
         got = api.call("POST", "/v1/tokens", body)
     if as_json:
@@ -102,9 +112,22 @@ def token_list(obj, as_json: bool) -> None:
             return "expired"
         return "live"
 
-    click.echo(table(["name", "pool", "state", "created", "expires", "by"],
-                     [[r["name"], r["pool"] or "any", state(r), when(r["created_ms"]),
-                       when(r["expires_ms"]) if r["expires_ms"] else "never", r["by"]] for r in rows]))
+    click.echo(
+        table(
+            ["name", "pool", "state", "created", "expires", "by"],
+            [
+                [
+                    r["name"],
+                    r["pool"] or "any",
+                    state(r),
+                    when(r["created_ms"]),
+                    when(r["expires_ms"]) if r["expires_ms"] else "never",
+                    r["by"],
+                ]
+                for r in rows
+            ],
+        )
+    )
 
 
 @token.command("revoke")
@@ -172,8 +195,11 @@ def inbox(ctx, show_all: bool, as_json: bool) -> None:
     elif not rows:
         click.echo("the inbox is empty")
     else:
-        click.echo(table(["id", "when", "what", "message"],
-                         [[r["id"], when(r["at_ms"]), r["what"], r["message"]] for r in rows]))
+        click.echo(
+            table(
+                ["id", "when", "what", "message"], [[r["id"], when(r["at_ms"]), r["what"], r["message"]] for r in rows]
+            )
+        )
 
 
 @inbox.command("ack")

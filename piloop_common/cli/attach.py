@@ -32,7 +32,7 @@ def follow(api, job_id: str, out, poll: float = POLL_SECONDS) -> dict[str, Any]:
     while True:
         job = api.call("GET", f"/v1/jobs/{job_id}")
         log = job["log"]
-        if log[:len(done)] != done:  # a new attempt (an evaluation queued again) ships a new log
+        if log[: len(done)] != done:  # a new attempt (an evaluation queued again) ships a new log
             click.echo(f"piloop: {job_id}: a new attempt; its log from the start", err=True)
             done = []
         for n in range(len(done), len(log)):

@@ -35,14 +35,36 @@ def _score(v: float | None) -> str:
 @click.option("--eval-timeout", metavar="DURATION", help="Stop an evaluation after this long.")
 @click.option("--agent-memory", metavar="SIZE", help="Each agent's memory grant, like 8G (default: the pool's).")
 @click.option("--eval-memory", metavar="SIZE", help="Each evaluation's memory grant (default: the pool's).")
-@click.option("--eval-max-attempts", type=click.IntRange(1, 100), default=1, show_default=True,
-              help="Attempts an evaluation may fail before it ends failed.")
+@click.option(
+    "--eval-max-attempts",
+    type=click.IntRange(1, 100),
+    default=1,
+    show_default=True,
+    help="Attempts an evaluation may fail before it ends failed.",
+)
 @click.option("--secret", "secrets", multiple=True, metavar="NAME", help="A secret the agents get as env.")
 @click.option("--env", "envs", multiple=True, metavar="K=V", help="Env for the agents.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def create(obj, name, repo, agent_cmd, eval_cmd, agents, agent_pool, eval_pool, workspace, agent_timeout,
-           eval_timeout, agent_memory, eval_memory, eval_max_attempts, secrets, envs, as_json) -> None:
+def create(
+    obj,
+    name,
+    repo,
+    agent_cmd,
+    eval_cmd,
+    agents,
+    agent_pool,
+    eval_pool,
+    workspace,
+    agent_timeout,
+    eval_timeout,
+    agent_memory,
+    eval_memory,
+    eval_max_attempts,
+    secrets,
+    envs,
+    as_json,
+) -> None:
     """Create a campaign: the server clones the repo and bundles it once; its agents start at once."""
     from piloop_common.sizes import parse_memory
 
@@ -55,22 +77,33 @@ def create(obj, name, repo, agent_cmd, eval_cmd, agents, agent_pool, eval_pool, 
         if not Path(workspace).is_dir():
             raise click.UsageError(f"--workspace {workspace}: not a directory")
         workspace = str(Path(workspace).absolute())
-    body = {"name": name, "repo": repo, "agent_cmd": agent_cmd, "eval_cmd": eval_cmd, "agents": agents,
-            "agent_pool": agent_pool, "eval_pool": eval_pool, "workspace": workspace, "secrets": list(secrets),
-            "env": env,
-            "agent_timeout_seconds": parse_duration(agent_timeout, "--agent-timeout") if agent_timeout else None,
-            "eval_timeout_seconds": parse_duration(eval_timeout, "--eval-timeout") if eval_timeout else None,
-            "agent_memory_mb": parse_memory(agent_memory, "--agent-memory") if agent_memory else None,
-            "eval_memory_mb": parse_memory(eval_memory, "--eval-memory") if eval_memory else None,
-            "eval_max_attempts": eval_max_attempts}
+    body = {
+        "name": name,
+        "repo": repo,
+        "agent_cmd": agent_cmd,
+        "eval_cmd": eval_cmd,
+        "agents": agents,
+        "agent_pool": agent_pool,
+        "eval_pool": eval_pool,
+        "workspace": workspace,
+        "secrets": list(secrets),
+        "env": env,
+        "agent_timeout_seconds": parse_duration(agent_timeout, "--agent-timeout") if agent_timeout else None,
+        "eval_timeout_seconds": parse_duration(eval_timeout, "--eval-timeout") if eval_timeout else None,
+        "agent_memory_mb": parse_memory(agent_memory, "--agent-memory") if agent_memory else None,
+        "eval_memory_mb": parse_memory(eval_memory, "--eval-memory") if eval_memory else None,
+        "eval_max_attempts": eval_max_attempts,
+    }
     with obj.api(timeout=600) as api:
         c = api.call("POST", "/v1/campaigns", body)
     if as_json:
         emit_json(c)
         return
-    click.echo(f"campaign {c['name']}: {c['agents']} agent(s) on pool {c['agent_pool']}, evaluations on "
-               f"{c['eval_pool']}; repo at {c['base'][:12]}, bundle {c['bundle_bytes']} bytes in the CAS, "
-               f"{c['workspace_files']} workspace file(s)")
+    click.echo(
+        f"campaign {c['name']}: {c['agents']} agent(s) on pool {c['agent_pool']}, evaluations on "
+        f"{c['eval_pool']}; repo at {c['base'][:12]}, bundle {c['bundle_bytes']} bytes in the CAS, "
+        f"{c['workspace_files']} workspace file(s)"
+    )
 
 
 @campaign.command("list")
@@ -82,9 +115,24 @@ def listing(obj, as_json) -> None:
     if as_json:
         emit_json(rows)
         return
-    click.echo(table(["campaign", "state", "agents", "queued", "target", "pool", "best", "created"],
-                     [[c["name"], c["state"], c["live"], c["queued"], c["agents"], c["agent_pool"],
-                       _score(c["best"]), when(c["created_ms"])] for c in rows]))
+    click.echo(
+        table(
+            ["campaign", "state", "agents", "queued", "target", "pool", "best", "created"],
+            [
+                [
+                    c["name"],
+                    c["state"],
+                    c["live"],
+                    c["queued"],
+                    c["agents"],
+                    c["agent_pool"],
+                    _score(c["best"]),
+                    when(c["created_ms"]),
+                ]
+                for c in rows
+            ],
+        )
+    )
 
 
 @campaign.command("show")
@@ -99,21 +147,41 @@ def show(obj, name, max_runs, as_json) -> None:
     if as_json:
         emit_json(c)
         return
-    lines = [("campaign", c["name"]), ("state", c["state"]), ("repo", c["repo"]), ("base", c["base"]),
-             ("agents", f"{c['live']} live, {c['queued']} queued, target {c['agents']} on pool {c['agent_pool']}"),
-             ("evaluations", f"on pool {c['eval_pool']}"), ("agent command", c["agent_cmd"]),
-             ("eval command", c["eval_cmd"]), ("workspace", f"{c['workspace_files']} file(s), {c['workspace']}"),
-             ("runs", f"{len(c['runs'])}, best score {_score(c['best'])}")]
+    lines = [
+        ("campaign", c["name"]),
+        ("state", c["state"]),
+        ("repo", c["repo"]),
+        ("base", c["base"]),
+        ("agents", f"{c['live']} live, {c['queued']} queued, target {c['agents']} on pool {c['agent_pool']}"),
+        ("evaluations", f"on pool {c['eval_pool']}"),
+        ("agent command", c["agent_cmd"]),
+        ("eval command", c["eval_cmd"]),
+        ("workspace", f"{c['workspace_files']} file(s), {c['workspace']}"),
+        ("runs", f"{len(c['runs'])}, best score {_score(c['best'])}"),
+    ]
     width = max(len(k) for k, _ in lines)
     for k, v in lines:
         click.echo(f"{k.ljust(width)}  {v}")
     if c["runs"]:
         click.echo("")
-        click.echo(table(["rank", "run", "state", "worker", "head", "evaluation", "score", "reason"],
-                         [[i + 1 if r["score"] is not None else "-", r["branch"], r["state"], r["worker"] or "-",
-                           r["head"][:12] or "-", r["evaluation_state"] or "-", _score(r["score"]),
-                           r["reason"][:50] or "-"]
-                          for i, r in enumerate(c["runs"][:max_runs])]))
+        click.echo(
+            table(
+                ["rank", "run", "state", "worker", "head", "evaluation", "score", "reason"],
+                [
+                    [
+                        i + 1 if r["score"] is not None else "-",
+                        r["branch"],
+                        r["state"],
+                        r["worker"] or "-",
+                        r["head"][:12] or "-",
+                        r["evaluation_state"] or "-",
+                        _score(r["score"]),
+                        r["reason"][:50] or "-",
+                    ]
+                    for i, r in enumerate(c["runs"][:max_runs])
+                ],
+            )
+        )
 
 
 def _post(obj, name: str, what: str) -> dict[str, Any]:
@@ -170,9 +238,15 @@ def wait(obj, name, want, timeout) -> None:
                 progress_done()
                 click.echo(f"piloop: gave up after {limit:g}s with {len(scored)} of {want} scored run(s)", err=True)
                 sys.exit(124)
-            progress(f"waiting {waited:.0f}s: {len(scored)}/{want} scored, {c['live']} agent(s) live, "
-                     f"{len(c['runs'])} run(s)")
+            progress(
+                f"waiting {waited:.0f}s: {len(scored)}/{want} scored, {c['live']} agent(s) live, "
+                f"{len(c['runs'])} run(s)"
+            )
             time.sleep(0.5)
     progress_done()
-    click.echo(table(["rank", "run", "head", "score"],
-                     [[i + 1, r["branch"], r["head"][:12], _score(r["score"])] for i, r in enumerate(scored)]))
+    click.echo(
+        table(
+            ["rank", "run", "head", "score"],
+            [[i + 1, r["branch"], r["head"][:12], _score(r["score"])] for i, r in enumerate(scored)],
+        )
+    )

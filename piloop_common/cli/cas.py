@@ -91,8 +91,9 @@ def serve(ctx: click.Context, listen: str) -> None:
 
         store = open_store(settings.plugins.cas, ctx.obj.home)
         net = settings.plugins.network
-        app = create_cas_app(store, open_verifier(settings, ctx.obj.home), max_put_mb=net.cas_max_put_mb,
-                             max_body_mb=net.max_body_mb)
+        app = create_cas_app(
+            store, open_verifier(settings, ctx.obj.home), max_put_mb=net.cas_max_put_mb, max_body_mb=net.max_body_mb
+        )
         scheme = "https" if ssl else "http"
         click.echo(f"serving the CAS {store.where} at {scheme}://{listen}", err=True)
         try:

@@ -118,7 +118,9 @@ def init(obj) -> None:
 
 @click.command()
 @click.option("--detach", is_flag=True, help="Run in the background; the log goes to $PILOOP_HOME/logs/daemon.log.")
-@click.option("--listen", metavar="HOST:PORT", help="Listen here too (a non-loopback address needs [plugins.network] tls).")
+@click.option(
+    "--listen", metavar="HOST:PORT", help="Listen here too (a non-loopback address needs [plugins.network] tls)."
+)
 @click.pass_obj
 def serve(obj, detach: bool, listen: str | None) -> None:
     """Run the daemon: the API, the pass, and its own worker `serve`."""
@@ -197,30 +199,65 @@ def status(obj, as_json: bool) -> None:
         return
     d = st["daemon"]
     up = time.time() - d.get("started_ms", 0) / 1000
-    click.echo(f"daemon   pid {d.get('pid')}, up {ago(up).removesuffix(' ago')}, piloop {d.get('version')}"
-               + (f", listening on {d['listen']}" if d.get("listen") else ""))
+    click.echo(
+        f"daemon   pid {d.get('pid')}, up {ago(up).removesuffix(' ago')}, piloop {d.get('version')}"
+        + (f", listening on {d['listen']}" if d.get("listen") else "")
+    )
     r = st["redis"]
-    click.echo(f"redis    {'embedded' if r['embedded'] else 'external'}, generation {r['generation']}, "
-               f"namespace {r['namespace']}")
+    click.echo(
+        f"redis    {'embedded' if r['embedded'] else 'external'}, generation {r['generation']}, "
+        f"namespace {r['namespace']}"
+    )
     click.echo(f"cas      {st['cas']['provider']}, id {st['cas']['id']}")
     click.echo("")
-    rows = [[p["pool"], f"{p['reachable']}/{p['workers']}",
-             f"{p['agent_free']}/{p['agent_slots']}", f"{p['evaluation_free']}/{p['evaluation_slots']}",
-             f"{p['agent_queued']}/{p['agent_running']}", f"{p['evaluation_queued']}/{p['evaluation_running']}",
-             _memory(p)]
-            for p in st["pools"]]
-    click.echo(table(["pool", "workers", "agents free", "evaluations free", "agents queued/running",
-                      "evaluations queued/running", "memory granted/room"], rows))
+    rows = [
+        [
+            p["pool"],
+            f"{p['reachable']}/{p['workers']}",
+            f"{p['agent_free']}/{p['agent_slots']}",
+            f"{p['evaluation_free']}/{p['evaluation_slots']}",
+            f"{p['agent_queued']}/{p['agent_running']}",
+            f"{p['evaluation_queued']}/{p['evaluation_running']}",
+            _memory(p),
+        ]
+        for p in st["pools"]
+    ]
+    click.echo(
+        table(
+            [
+                "pool",
+                "workers",
+                "agents free",
+                "evaluations free",
+                "agents queued/running",
+                "evaluations queued/running",
+                "memory granted/room",
+            ],
+            rows,
+        )
+    )
     if st.get("provisioners"):
         click.echo("")
-        rows = [[p["pool"], p["provider"], p["max"], p["starting"], p["running"], p["draining"], p["stopping"],
-                 _backoff(p)] for p in st["provisioners"]]
-        click.echo(table(["provisioned", "provider", "max", "starting", "running", "draining", "stopping",
-                          "backoff"], rows))
+        rows = [
+            [p["pool"], p["provider"], p["max"], p["starting"], p["running"], p["draining"], p["stopping"], _backoff(p)]
+            for p in st["provisioners"]
+        ]
+        click.echo(
+            table(["provisioned", "provider", "max", "starting", "running", "draining", "stopping", "backoff"], rows)
+        )
     if st.get("campaigns"):
         click.echo("")
-        rows = [[c["name"], c["state"], f"{c['live']}/{c['target']}", c["queued"], c["runs"],
-                 ", ".join(f"{b['branch']} {b['score']:g}" for b in c["best"]) or "-"] for c in st["campaigns"]]
+        rows = [
+            [
+                c["name"],
+                c["state"],
+                f"{c['live']}/{c['target']}",
+                c["queued"],
+                c["runs"],
+                ", ".join(f"{b['branch']} {b['score']:g}" for b in c["best"]) or "-",
+            ]
+            for c in st["campaigns"]
+        ]
         click.echo(table(["campaign", "state", "agents live/target", "queued", "runs", "best runs"], rows))
     if st["limits"]:
         click.echo("")

@@ -28,21 +28,52 @@ def job() -> None:
 @click.option("--env", "envs", multiple=True, metavar="K=V")
 @click.option("--input", "inputs", multiple=True, metavar="PATH", help="A file put in the CAS and given to the job.")
 @click.option("--timeout", metavar="DURATION", help="Stop the job after this long, like 30m.")
-@click.option("--memory", metavar="SIZE", help="The job's memory grant, like 4G or 512M: its limit, and what a "
-              "worker must have room for (default: the pool's memory_mb).")
+@click.option(
+    "--memory",
+    metavar="SIZE",
+    help="The job's memory grant, like 4G or 512M: its limit, and what a "
+    "worker must have room for (default: the pool's memory_mb).",
+)
 @click.option("--memory-mb", type=int, hidden=True, help="The grant in MiB (older spelling of --memory).")
-@click.option("--memory-growth", type=float, metavar="X",
-              help="After running out of memory, the next attempt gets X times the grant (default 1.5; 1: never).")
-@click.option("--memory-max", metavar="SIZE", help="The most a raised grant may reach (default: the pool's cap, else "
-              "the worker's room).")
+@click.option(
+    "--memory-growth",
+    type=float,
+    metavar="X",
+    help="After running out of memory, the next attempt gets X times the grant (default 1.5; 1: never).",
+)
+@click.option(
+    "--memory-max",
+    metavar="SIZE",
+    help="The most a raised grant may reach (default: the pool's cap, else the worker's room).",
+)
 @click.option("--max-attempts", type=int, metavar="N", help="Failed attempts before the job ends failed (default 1).")
-@click.option("--backoff", metavar="DURATION", help="The wait before a failed job's next attempt (default 10s), "
-              "doubling each time.")
+@click.option(
+    "--backoff",
+    metavar="DURATION",
+    help="The wait before a failed job's next attempt (default 10s), doubling each time.",
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.argument("argv", nargs=-1, required=True, metavar="-- CMD ARGS…")
 @click.pass_obj
-def submit(obj, kind, pool, campaign, image, secrets, envs, inputs, timeout, memory, memory_mb, memory_growth,
-           memory_max, max_attempts, backoff, as_json, argv) -> None:
+def submit(
+    obj,
+    kind,
+    pool,
+    campaign,
+    image,
+    secrets,
+    envs,
+    inputs,
+    timeout,
+    memory,
+    memory_mb,
+    memory_growth,
+    memory_max,
+    max_attempts,
+    backoff,
+    as_json,
+    argv,
+) -> None:
     """Queue a job; print its id. Inside a campaign's agent, `piloop job submit REV` queues its campaign's
     evaluation of that commit, and takes no other flag (piloop_common/cli/relay.py)."""
     policy = _policy(memory, memory_mb, memory_growth, memory_max, max_attempts, backoff)  # refuse bad flags first
@@ -59,8 +90,14 @@ def submit(obj, kind, pool, campaign, image, secrets, envs, inputs, timeout, mem
             if not path.is_file():
                 raise click.UsageError(f"--input {p}: no such file")
             input_addrs[path.name] = store.put_file(path)
-    spec = {"argv": list(argv), "env": env, "secrets": list(secrets), "inputs": input_addrs,
-            "timeout_seconds": parse_duration(timeout, "--timeout") if timeout else None, **policy}
+    spec = {
+        "argv": list(argv),
+        "env": env,
+        "secrets": list(secrets),
+        "inputs": input_addrs,
+        "timeout_seconds": parse_duration(timeout, "--timeout") if timeout else None,
+        **policy,
+    }
     body = {"kind": kind, "pool": pool, "campaign": campaign, "image": image, "spec": spec}
     with obj.api() as api:
         got = api.call("POST", "/v1/jobs", body)
@@ -103,14 +140,30 @@ def _policy(memory, memory_mb, growth, memory_max, max_attempts, backoff) -> dic
 @click.pass_obj
 def listing(obj, state, pool, limit, as_json) -> None:
     with obj.api() as api:
-        rows = api.call("GET", "/v1/jobs", params={k: v for k, v in
-                                                    {"state": state, "pool": pool, "limit": limit}.items() if v})
+        rows = api.call(
+            "GET", "/v1/jobs", params={k: v for k, v in {"state": state, "pool": pool, "limit": limit}.items() if v}
+        )
     if as_json:
         emit_json(rows)
         return
-    click.echo(table(["job", "kind", "pool", "state", "attempts", "worker", "created", "command"],
-                     [[j["id"], j["kind"], j["pool"], j["state"], j["attempts"], j["worker"] or "-",
-                       when(j["created_ms"]), " ".join(j["spec"].get("argv", []))[:40]] for j in rows]))
+    click.echo(
+        table(
+            ["job", "kind", "pool", "state", "attempts", "worker", "created", "command"],
+            [
+                [
+                    j["id"],
+                    j["kind"],
+                    j["pool"],
+                    j["state"],
+                    j["attempts"],
+                    j["worker"] or "-",
+                    when(j["created_ms"]),
+                    " ".join(j["spec"].get("argv", []))[:40],
+                ]
+                for j in rows
+            ],
+        )
+    )
 
 
 @job.command("show")
@@ -125,13 +178,24 @@ def show(obj, job_id, as_json) -> None:
         return
     r = j["result"]
     usage = r.get("usage") or {}
-    lines = [("job", j["id"]), ("kind", j["kind"]), ("pool", j["pool"]), ("state", j["state"]),
-             ("attempts", j["attempts"]), ("lost", j["lost"]), ("worker", j["worker"] or "-"),
-             ("token", j["token"] or "-"), ("command", " ".join(j["spec"].get("argv", []))),
-             ("exit", r.get("exit_code") if r else "-"), ("signal", r.get("signal") or "-"),
-             ("peak memory", f"{usage.get('peak_rss_bytes', 0) / 2**20:.1f} MiB" if usage else "-"),
-             ("cpu", f"{usage.get('cpu_seconds', 0):.2f} s" if usage else "-"),
-             ("memory", _grant(j)), ("reason", j["reason"] or "-"), ("log", ", ".join(j["log"]) or "-")]
+    lines = [
+        ("job", j["id"]),
+        ("kind", j["kind"]),
+        ("pool", j["pool"]),
+        ("state", j["state"]),
+        ("attempts", j["attempts"]),
+        ("lost", j["lost"]),
+        ("worker", j["worker"] or "-"),
+        ("token", j["token"] or "-"),
+        ("command", " ".join(j["spec"].get("argv", []))),
+        ("exit", r.get("exit_code") if r else "-"),
+        ("signal", r.get("signal") or "-"),
+        ("peak memory", f"{usage.get('peak_rss_bytes', 0) / 2**20:.1f} MiB" if usage else "-"),
+        ("cpu", f"{usage.get('cpu_seconds', 0):.2f} s" if usage else "-"),
+        ("memory", _grant(j)),
+        ("reason", j["reason"] or "-"),
+        ("log", ", ".join(j["log"]) or "-"),
+    ]
     if j.get("retry_ms"):
         lines.insert(-2, ("retry at", when(j["retry_ms"])))
     if j.get("waiting"):
@@ -202,6 +266,9 @@ def wait(obj, job_ids, timeout, as_json) -> None:
         for jid in job_ids:
             j = done[jid]
             code = (j["result"] or {}).get("exit_code")
-            click.echo(f"{jid}  {j['state']}" + (f"  exit {code}" if code is not None else "")
-                       + (f"  {j['reason']}" if j["reason"] else ""))
+            click.echo(
+                f"{jid}  {j['state']}"
+                + (f"  exit {code}" if code is not None else "")
+                + (f"  {j['reason']}" if j["reason"] else "")
+            )
     sys.exit(0 if all(j["state"] == "succeeded" for j in done.values()) else 1)

@@ -19,15 +19,37 @@ if TYPE_CHECKING:
     from piloop_common.client import ApiClient
 
 RELAY_ENV = "PILOOP_RELAY"
-SUBMIT_USAGE = ("inside a job, `piloop job submit REV` queues its campaign's evaluation of one commit (REV: a sha or "
-                "a name git resolves here, like HEAD); the campaign sets the pool, command, image, env and secrets")
+SUBMIT_USAGE = (
+    "inside a job, `piloop job submit REV` queues its campaign's evaluation of one commit (REV: a sha or "
+    "a name git resolves here, like HEAD); the campaign sets the pool, command, image, env and secrets"
+)
 # `job submit`'s body fields and their flags: inside a job each must stay at its default (the campaign's to set)
-_SET_BY_CAMPAIGN = {"kind": "--kind", "pool": "--pool", "campaign": "--campaign", "image": "--image", "env": "--env",
-                    "secrets": "--secret", "inputs": "--input", "timeout_seconds": "--timeout", "memory_mb": "--memory",
-                    "memory_max_mb": "--memory-max", "memory_growth": "--memory-growth",
-                    "max_attempts": "--max-attempts", "backoff_seconds": "--backoff"}
-_DEFAULTS: dict[str, Any] = {"kind": "evaluation", "pool": "serve", "campaign": "", "image": "", "env": {},
-                             "secrets": [], "inputs": {}, "timeout_seconds": None, "memory_mb": None}
+_SET_BY_CAMPAIGN = {
+    "kind": "--kind",
+    "pool": "--pool",
+    "campaign": "--campaign",
+    "image": "--image",
+    "env": "--env",
+    "secrets": "--secret",
+    "inputs": "--input",
+    "timeout_seconds": "--timeout",
+    "memory_mb": "--memory",
+    "memory_max_mb": "--memory-max",
+    "memory_growth": "--memory-growth",
+    "max_attempts": "--max-attempts",
+    "backoff_seconds": "--backoff",
+}
+_DEFAULTS: dict[str, Any] = {
+    "kind": "evaluation",
+    "pool": "serve",
+    "campaign": "",
+    "image": "",
+    "env": {},
+    "secrets": [],
+    "inputs": {},
+    "timeout_seconds": None,
+    "memory_mb": None,
+}
 
 
 def relayed_submit(body: dict[str, Any]) -> dict[str, Any]:
@@ -45,8 +67,7 @@ def relayed_submit(body: dict[str, Any]) -> dict[str, Any]:
     if len(argv) != 1:
         raise BadRequest(f"{' '.join(argv)}: one REV, not a command: {SUBMIT_USAGE}")
     rev = argv[0]
-    sha = gitrepo.git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}",
-                      check=False).strip()
+    sha = gitrepo.git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}", check=False).strip()
     if not gitrepo.SHA.match(sha):
         if not re.fullmatch(r"[0-9a-f]{7,40}", rev):
             raise BadRequest(f"{rev}: not a commit git knows here ({Path.cwd()}); {SUBMIT_USAGE}")
@@ -65,22 +86,33 @@ def relay_client(path: Path, timeout: float = 30.0) -> ApiClient:
     from piloop_common.errors import Forbidden, Unavailable
 
     class RelayClient(ApiClient):
-        def call(self, method: str, path_: str, body: Any = None, params: Any = None, model: Any = None,
-                 timeout: float | None = None) -> Any:
+        def call(
+            self,
+            method: str,
+            path_: str,
+            body: Any = None,
+            params: Any = None,
+            model: Any = None,
+            timeout: float | None = None,
+        ) -> Any:
             me = os.environ.get("PILOOP_JOB", "")
             if method == "POST" and path_ == "/v1/jobs":
                 path_, body = "/v1/relay/submit", relayed_submit(body or {})
             elif method == "GET" and path_ in (f"/v1/jobs/{me}", "/v1/relay/job"):
                 path_ = "/v1/relay/job"
             elif not path_.startswith("/v1/relay/"):
-                raise Forbidden(f"inside a job ({RELAY_ENV} is set) piloop can only submit its campaign's "
-                                "evaluation of a commit (`piloop job submit REV`), show the job itself and note "
-                                "progress")
+                raise Forbidden(
+                    f"inside a job ({RELAY_ENV} is set) piloop can only submit its campaign's "
+                    "evaluation of a commit (`piloop job submit REV`), show the job itself and note "
+                    "progress"
+                )
             try:
                 return super().call(method, path_, body, params=params, model=model, timeout=timeout)
             except Unavailable as e:
-                raise Unavailable(f"the worker's relay at {path} does not answer (the worker is gone, and the job's "
-                                  f"lease with it): {e.message}") from e
+                raise Unavailable(
+                    f"the worker's relay at {path} does not answer (the worker is gone, and the job's "
+                    f"lease with it): {e.message}"
+                ) from e
 
     return RelayClient(socket=path, timeout=timeout)
 

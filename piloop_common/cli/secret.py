@@ -39,7 +39,9 @@ def secret_set(obj, name: str) -> None:
     """Set NAME to the value on stdin, as is: `printf %s "$V" | piloop secret set NAME`."""
     value = _read_value(_check_name(name))
     if not value:
-        raise BadRequest(f"secret {name}: the value is empty; give it on stdin: printf %s \"$V\" | piloop secret set {name}")
+        raise BadRequest(
+            f'secret {name}: the value is empty; give it on stdin: printf %s "$V" | piloop secret set {name}'
+        )
     with obj.api() as api:
         got = api.call("PUT", f"/v1/secrets/{quote(name, safe='')}", {"value": value})
     click.echo(f"{got['name']}: {'replaced' if got['replaced'] else 'set'}; jobs get it with --secret {got['name']}")
@@ -57,10 +59,21 @@ def secret_list(obj, as_json: bool) -> None:
     elif not rows:
         click.echo("no secrets")
     else:
-        click.echo(table(["name", "created", "updated", "by", "key"],
-                         [[r["name"], when(r["created_ms"]), when(r["updated_ms"]), r["by"],
-                           "ok" if r["readable"] else f"{r['key_id']}: not this server's key, set it again"]
-                          for r in rows]))
+        click.echo(
+            table(
+                ["name", "created", "updated", "by", "key"],
+                [
+                    [
+                        r["name"],
+                        when(r["created_ms"]),
+                        when(r["updated_ms"]),
+                        r["by"],
+                        "ok" if r["readable"] else f"{r['key_id']}: not this server's key, set it again",
+                    ]
+                    for r in rows
+                ],
+            )
+        )
 
 
 @secret.command("rm")
@@ -86,5 +99,7 @@ def secret_rotate_key(obj, as_json: bool) -> None:
         return
     click.echo(f"resealed {got['resealed']} secret{'' if got['resealed'] == 1 else 's'} under key {got['key_id']}")
     if got["left"]:
-        click.echo(f"left {got['left']} as they were: no key of this server opens them "
-                   "(`piloop secret list` marks them; set them again)")
+        click.echo(
+            f"left {got['left']} as they were: no key of this server opens them "
+            "(`piloop secret list` marks them; set them again)"
+        )

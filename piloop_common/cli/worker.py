@@ -15,12 +15,21 @@ from piloop_common.cli.output import ago, emit_json, table
 @click.option("--server", metavar="URL", help="The server to work for, like https://piloop.example.com:8443.")
 @click.option("--socket", type=click.Path(path_type=Path), hidden=True, help="The daemon's socket (its own worker).")
 @click.option("--pool", help="The pool this worker serves.")
-@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path),
-              help="Read the token from the first line of this file (else PILOOP_HTTPS_TOKEN).")
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Read the token from the first line of this file (else PILOOP_HTTPS_TOKEN).",
+)
 @click.option("--name", help="The worker's name, where its token allows one (else the token's name).")
-@click.option("--image", envvar="PILOOP_IMAGE", default="", help="This worker's image; jobs for another are given back.")
-@click.option("--dir", "workdir", type=click.Path(file_okay=False, path_type=Path),
-              help="Where job directories go (default $PILOOP_HOME/work/<worker>).")
+@click.option(
+    "--image", envvar="PILOOP_IMAGE", default="", help="This worker's image; jobs for another are given back."
+)
+@click.option(
+    "--dir",
+    "workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where job directories go (default $PILOOP_HOME/work/<worker>).",
+)
 @click.pass_context
 def worker(ctx, server, socket, pool, token_file, name, image, workdir) -> None:
     """Run a worker: it calls the server, and the server never calls it."""
@@ -43,8 +52,19 @@ def worker(ctx, server, socket, pool, token_file, name, image, workdir) -> None:
     # no token is checked here: on the proxy network a worker presents PILOOP_WORKER_CREDENTIAL (run_worker says)
     from piloop_worker.main import run_worker
 
-    sys.exit(run_worker(server=server, socket=socket, pool=pool, token=token, token_file=token_file, name=name,
-                        image=image, dir=workdir, home=ctx.obj.home))
+    sys.exit(
+        run_worker(
+            server=server,
+            socket=socket,
+            pool=pool,
+            token=token,
+            token_file=token_file,
+            name=name,
+            image=image,
+            dir=workdir,
+            home=ctx.obj.home,
+        )
+    )
 
 
 @worker.command("list")
@@ -64,13 +84,29 @@ def worker_list(obj, wide: bool, as_json: bool) -> None:
         load = f"{s['load1']:.1f}/{s['cpus']}" if s else "-"
         mem = f"{s['memory_available_gb']:.1f} GB" if s else "-"
         disk = f"{s['disk_free_gb']:.1f} GB" if s else "-"
-        out.append([w["name"], w["pool"], ago(w["seen_seconds"]), load, mem, disk, w["agents"], w["evaluations"],
-                    w["no_lease"]])
+        out.append(
+            [
+                w["name"],
+                w["pool"],
+                ago(w["seen_seconds"]),
+                load,
+                mem,
+                disk,
+                w["agents"],
+                w["evaluations"],
+                w["no_lease"],
+            ]
+        )
         if wide:
             from piloop_common.sizes import format_memory
 
             granted = w.get("granted_mb") or 0
             out[-1] += [format_memory(w.get("room_mb")), format_memory(granted) if granted else "0"]
     # the default columns are the spec's, word for word; memory grants are the --wide columns
-    click.echo(table(["worker", "pool", "seen", "load", "memory", "disk", "agents", "evaluations", "no lease"]
-                     + (["room", "granted"] if wide else []), out))
+    click.echo(
+        table(
+            ["worker", "pool", "seen", "load", "memory", "disk", "agents", "evaluations", "no lease"]
+            + (["room", "granted"] if wide else []),
+            out,
+        )
+    )

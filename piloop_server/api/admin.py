@@ -33,8 +33,11 @@ def status(request: Request, rt: RuntimeDep, caller: ActorDep) -> dict:
     info = request.app.state.daemon_info
     return {
         "daemon": {**info, "server_id": rt.server_id, "version": __version__},
-        "redis": {"embedded": rt.settings.plugins.state.embedded, "generation": rt.generation(),
-                  "namespace": rt.settings.namespace},
+        "redis": {
+            "embedded": rt.settings.plugins.state.embedded,
+            "generation": rt.generation(),
+            "namespace": rt.settings.namespace,
+        },
         "cas": {"provider": rt.settings.plugins.cas.provider, "id": rt.cas_id},
         "pools": workers.pool_summary(rt, ws),
         "limits": [v.model_dump() for v in rt.limits.views()],
@@ -71,16 +74,27 @@ def token_create(body: TokenCreate, rt: RuntimeDep, caller: ActorDep) -> TokenCr
         from piloop_common.errors import BadRequest
 
         raise BadRequest(f"--pool {body.pool}: no such pool (pools: {', '.join(sorted(rt.executor.pools))})")
-    token = rt.tokens.create(body.name, by=caller.signed, pool=body.pool, expires_seconds=body.expires_seconds,
-                             rename=body.rename)
+    token = rt.tokens.create(
+        body.name, by=caller.signed, pool=body.pool, expires_seconds=body.expires_seconds, rename=body.rename
+    )
     rt.events.add("token.created", caller.signed, name=body.name, pool=body.pool or "")
     return TokenCreated(name=body.name, token=token)
 
 
 @router.get("/tokens", response_model=list[TokenView])
 def token_list(rt: RuntimeDep, caller: ActorDep) -> list[TokenView]:
-    return [TokenView(name=t.name, pool=t.pool, created_ms=t.created_ms, expires_ms=t.expires_ms, by=t.by,
-                      revoked=t.revoked, rename=t.rename) for t in rt.tokens.list()]
+    return [
+        TokenView(
+            name=t.name,
+            pool=t.pool,
+            created_ms=t.created_ms,
+            expires_ms=t.expires_ms,
+            by=t.by,
+            revoked=t.revoked,
+            rename=t.rename,
+        )
+        for t in rt.tokens.list()
+    ]
 
 
 @router.post("/tokens/purge")
@@ -99,8 +113,9 @@ def token_revoke(name: str, rt: RuntimeDep, caller: ActorDep) -> dict:
 
 
 @router.get("/events")
-def events(rt: RuntimeDep, caller: ActorDep, after: str = "0", count: int = 100, block_ms: int = 0,
-           last: int = 0) -> list[dict]:
+def events(
+    rt: RuntimeDep, caller: ActorDep, after: str = "0", count: int = 100, block_ms: int = 0, last: int = 0
+) -> list[dict]:
     if last:
         return rt.events.tail(min(last, 10_000))
     return rt.events.read(after, min(max(count, 1), 10_000), min(block_ms, 30_000) or None)

@@ -23,8 +23,9 @@ router = APIRouter(prefix="/v1/cas", tags=["cas"])
 def get_blob(address: str, rt: RuntimeDep, caller: ActorDep) -> StreamingResponse:
     opened = rt.store.open(parse_address(address))
     blob = opened.__enter__()  # BlobMissing here, before the response starts
-    return StreamingResponse(_relay(opened, blob), media_type="application/octet-stream",
-                             headers={"content-length": str(blob.size)})
+    return StreamingResponse(
+        _relay(opened, blob), media_type="application/octet-stream", headers={"content-length": str(blob.size)}
+    )
 
 
 @router.put("/blobs/{address}", status_code=201)

@@ -53,7 +53,9 @@ def bundle(body: BundleRequest, rt: RuntimeDep, caller: WorkerDep, request: Requ
     """What is newer in the repo of the campaign of a job this worker holds, than the commits it names."""
     if body.protocol != PROTOCOL:
         raise Refused(f"the server speaks piloop protocol {PROTOCOL}, this worker {body.protocol}")
-    live = relay_state(request).check(RelayCaller(body.job, body.token, caller.name))  # the lease must be live: else LeaseLost
+    live = relay_state(request).check(
+        RelayCaller(body.job, body.token, caller.name)
+    )  # the lease must be live: else LeaseLost
     if not live.campaign:
         raise BadRequest(f"job {body.job} is not a campaign's")
     return campaign_repo.newer_bundle(rt, live.campaign, body.have)

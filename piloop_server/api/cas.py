@@ -54,9 +54,7 @@ def cas_router(store: Callable[[], Store], auth: Callable[..., Any]) -> APIRoute
         opened = store().open(address)
         blob = opened.__enter__()  # BlobMissing here, before the response starts
         return StreamingResponse(
-            _relay(opened, blob),
-            media_type="application/octet-stream",
-            headers={"content-length": str(blob.size)},
+            _relay(opened, blob), media_type="application/octet-stream", headers={"content-length": str(blob.size)}
         )
 
     @router.put("/blobs/{address}", status_code=201)

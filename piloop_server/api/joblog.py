@@ -27,8 +27,11 @@ def log_chunk(job_id: str, n: int, rt: RuntimeDep, caller: ActorDep) -> Streamin
     address = chunks[n]
     opened = rt.store.open(address)
     blob = opened.__enter__()  # a missing blob fails here, before the response starts
-    return StreamingResponse(_relay(opened, blob), media_type="application/octet-stream",
-                             headers={"content-length": str(blob.size), ADDRESS_HEADER: address})
+    return StreamingResponse(
+        _relay(opened, blob),
+        media_type="application/octet-stream",
+        headers={"content-length": str(blob.size), ADDRESS_HEADER: address},
+    )
 
 
 def _relay(opened: Any, blob: Blob) -> Iterator[bytes]:

@@ -20,8 +20,9 @@ def submit(body: SubmitRequest, rt: RuntimeDep, caller: ActorDep, request: Reque
 
 
 @router.get("", response_model=list[JobView])
-def listing(rt: RuntimeDep, caller: ActorDep, state: str | None = None, pool: str | None = None,
-            limit: int = 200) -> list[JobView]:
+def listing(
+    rt: RuntimeDep, caller: ActorDep, state: str | None = None, pool: str | None = None, limit: int = 200
+) -> list[JobView]:
     return jobs.listing(rt, state, pool, min(max(limit, 1), 5000))
 
 

@@ -70,17 +70,23 @@ def submit(body: RelaySubmit, rt: RuntimeDep, state: StateDep, caller: CallerDep
     agent's own. Asking twice for one commit answers the same job."""
     live = state.check(caller)
     if live.kind != "agent":
-        raise Forbidden(f"job {caller.job} is an evaluation: only a campaign's agent may submit (an evaluation that "
-                        "queues evaluations could loop forever)")
+        raise Forbidden(
+            f"job {caller.job} is an evaluation: only a campaign's agent may submit (an evaluation that "
+            "queues evaluations could loop forever)"
+        )
     if not live.campaign:
-        raise Forbidden(f"job {caller.job} is an agent of no campaign: only a campaign's agent may submit, and only "
-                        "its campaign's evaluation of a commit")
+        raise Forbidden(
+            f"job {caller.job} is an agent of no campaign: only a campaign's agent may submit, and only "
+            "its campaign's evaluation of a commit"
+        )
     name = live.campaign
     try:
         rec = campaigns.record(rt, name)
     except NotFound:
-        raise Forbidden(f"job {caller.job}'s campaign {name} is not a campaign (removed, or a label given by hand): "
-                        "only a campaign's agent may submit") from None
+        raise Forbidden(
+            f"job {caller.job}'s campaign {name} is not a campaign (removed, or a label given by hand): "
+            "only a campaign's agent may submit"
+        ) from None
     pool = rec.eval_pool
     if pool not in rt.executor.pools:
         raise Conflict(f"campaign {name}'s eval pool {pool} is not a pool of this server's config")

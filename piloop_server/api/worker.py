@@ -48,11 +48,16 @@ def _json(answer: BaseModel | None = None) -> Response:
     return Response(answer.model_dump_json() if answer is not None else EMPTY, media_type="application/json")
 
 
-def _check(rt: Runtime, caller: Caller,
-           hello: WorkerHello | ClaimRequest | ReleaseRequest | ReportRequest | ReportsRequest | LogAppend) -> None:
+def _check(
+    rt: Runtime,
+    caller: Caller,
+    hello: WorkerHello | ClaimRequest | ReleaseRequest | ReportRequest | ReportsRequest | LogAppend,
+) -> None:
     if hello.protocol != PROTOCOL:
-        raise Refused(f"the server speaks piloop protocol {PROTOCOL}, this worker {hello.protocol}: "
-                      "install the same piloop version on both")
+        raise Refused(
+            f"the server speaks piloop protocol {PROTOCOL}, this worker {hello.protocol}: "
+            "install the same piloop version on both"
+        )
     if not isinstance(hello, WorkerHello):
         return
     if hello.pool not in rt.executor.pools:
@@ -60,17 +65,25 @@ def _check(rt: Runtime, caller: Caller,
     if caller.token is not None and caller.token.pool and caller.token.pool != hello.pool:
         raise Refused(f"token {caller.name} is for pool {caller.token.pool}, not {hello.pool}")
     if hello.cas_id != rt.cas_id:
-        raise Refused(f"the worker's CAS ({hello.cas_id}) is not the server's ({rt.cas_id}): "
-                      "give the worker the server's [plugins.cas]")
+        raise Refused(
+            f"the worker's CAS ({hello.cas_id}) is not the server's ({rt.cas_id}): "
+            "give the worker the server's [plugins.cas]"
+        )
 
 
 def _timing(rt: Runtime, pool_name: str) -> Timing:
     ex = rt.executor
     pool = ex.pools[pool_name]  # _check refused an unknown pool
-    return Timing(renew_seconds=ex.renew_seconds, grace_seconds=ex.grace_seconds,
-                  toleration_seconds=ex.toleration_seconds, request_timeout_seconds=ex.request_timeout_seconds,
-                  kill_grace_seconds=ex.kill_grace_seconds, memory_pressure_max=ex.memory_pressure_max,
-                  memory_reserve_mb=pool.memory_reserve_mb, memory_held_seconds=pool.memory_held_seconds)
+    return Timing(
+        renew_seconds=ex.renew_seconds,
+        grace_seconds=ex.grace_seconds,
+        toleration_seconds=ex.toleration_seconds,
+        request_timeout_seconds=ex.request_timeout_seconds,
+        kill_grace_seconds=ex.kill_grace_seconds,
+        memory_pressure_max=ex.memory_pressure_max,
+        memory_reserve_mb=pool.memory_reserve_mb,
+        memory_held_seconds=pool.memory_held_seconds,
+    )
 
 
 def _sample(hello: WorkerHello) -> dict:
@@ -81,9 +94,14 @@ def _sample(hello: WorkerHello) -> dict:
 def register(body: RegisterRequest, rt: RuntimeDep, caller: WorkerDep) -> Response:
     _check(rt, caller, body)
     name = caller.name
-    info = {**body.info, "token": caller.token.name if caller.token else "", "via": "socket" if caller.via_socket else "tcp"}
-    rt.leases.register(name, body.pool, body.image, body.cas_id, _sample(body), protocol=body.protocol,
-                       by=f"worker:{name}", info=info)
+    info = {
+        **body.info,
+        "token": caller.token.name if caller.token else "",
+        "via": "socket" if caller.via_socket else "tcp",
+    }
+    rt.leases.register(
+        name, body.pool, body.image, body.cas_id, _sample(body), protocol=body.protocol, by=f"worker:{name}", info=info
+    )
     _, statuses = rt.leases.heartbeat(name, _sample(body), [Lease(j.job, j.token) for j in body.jobs])
     return _json(RegisterResponse(worker=name, timing=_timing(rt, body.pool), jobs=statuses))
 
@@ -161,8 +179,9 @@ def _claim(body: ClaimRequest, rt: Runtime, caller: Caller) -> ClaimResponse:
             if n <= 0 or want <= 0:
                 per_kind[kind] = "slots"
                 continue
-            c = rt.leases.claim(name, pool_name, kind, slots=n, image=image, most=want, room_mb=body.room_mb,
-                                default_mb=pool.memory_mb)
+            c = rt.leases.claim(
+                name, pool_name, kind, slots=n, image=image, most=want, room_mb=body.room_mb, default_mb=pool.memory_mb
+            )
             leases += c.leases
             per_kind[kind] = c.reason or ("slots" if len(c.leases) >= want else "nothing")
         reason = "" if leases else pools.combine_reasons(per_kind)
@@ -181,8 +200,19 @@ def _assignments(rt: Runtime, leases: list[Lease]) -> list[Assignment]:
             continue  # removed since the claim (it cannot be: a leased job is kept); nothing to run
         spec = JobSpec.model_validate_json(job.spec)
         secrets = rt.secrets.values(spec.secrets) if spec.secrets and getattr(rt, "secrets", None) else {}
-        out.append(Assignment(job=lease.job, token=lease.token, kind=job.kind, pool=job.pool, campaign=job.campaign,
-                              image=job.image, spec=spec, secrets=secrets, memory_mb=job.granted_mb or None))
+        out.append(
+            Assignment(
+                job=lease.job,
+                token=lease.token,
+                kind=job.kind,
+                pool=job.pool,
+                campaign=job.campaign,
+                image=job.image,
+                spec=spec,
+                secrets=secrets,
+                memory_mb=job.granted_mb or None,
+            )
+        )
     return out
 
 
@@ -279,10 +309,19 @@ def _as_report(body: ReportRequest, name: str, present: set[str]) -> Report:
         if missing:
             # the job's results cannot be read back: it is lost, with the blobs it names
             outcome, reason = "lost", f"the CAS lacks {len(missing)} blob(s) the report names: {', '.join(missing[:5])}"
-    result = {"exit_code": body.exit_code, "signal": body.signal, "oom": body.oom, "usage": body.usage.model_dump(),
-              "log": body.log, "outputs": body.outputs, "metrics": body.metrics,
-              "duration_seconds": body.duration_seconds, "outcome": body.outcome, "at_ms": int(time.time() * 1000),
-              "fetched_bytes": body.fetched_bytes}
+    result = {
+        "exit_code": body.exit_code,
+        "signal": body.signal,
+        "oom": body.oom,
+        "usage": body.usage.model_dump(),
+        "log": body.log,
+        "outputs": body.outputs,
+        "metrics": body.metrics,
+        "duration_seconds": body.duration_seconds,
+        "outcome": body.outcome,
+        "at_ms": int(time.time() * 1000),
+        "fetched_bytes": body.fetched_bytes,
+    }
     if body.head:
         result |= {"head": body.head, "bundle": body.bundle, "workspace": body.workspace}
     if body.score is not None:
@@ -292,8 +331,9 @@ def _as_report(body: ReportRequest, name: str, present: set[str]) -> Report:
 
 def _report(body: ReportRequest, rt: Runtime, name: str, present: set[str]) -> ReportResponse:
     r = _as_report(body, name, present)
-    answer = rt.leases.report(r.report_id, r.job, r.token, r.worker, r.outcome, r.result, r.reason, oom=r.oom,
-                              memory_caps=_memory_caps(rt))
+    answer = rt.leases.report(
+        r.report_id, r.job, r.token, r.worker, r.outcome, r.result, r.reason, oom=r.oom, memory_caps=_memory_caps(rt)
+    )
     return ReportResponse.model_validate(answer)
 
 

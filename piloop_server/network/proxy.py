@@ -48,8 +48,10 @@ def identify_proxy(headers: Mapping[str, str], net: NetworkConfig) -> ProxyIdent
     """Who a TCP caller is on the proxy network, or Refused/Forbidden saying why it is refused."""
     scheme, _, credential = (headers.get("authorization") or "").partition(" ")
     if scheme.lower() == "bearer" and credential.strip().startswith(TOKEN_PREFIX):
-        raise Refused("piloop tokens (plt_) are refused on the proxy network: the proxy in front of the "
-                           "server is the one authentication")
+        raise Refused(
+            "piloop tokens (plt_) are refused on the proxy network: the proxy in front of the "
+            "server is the one authentication"
+        )
     claims = read_claims(headers, net)
     i = match_rule(net.rules, claims)
     if i is None:
@@ -58,14 +60,16 @@ def identify_proxy(headers: Mapping[str, str], net: NetworkConfig) -> ProxyIdent
     if rule.access == "worker":
         name = (headers.get(WORKER_HEADER) or "").strip()
         if not name:
-            raise Forbidden(f"rule {i + 1} is for workers, and a worker names itself in {WORKER_HEADER} "
-                            "(`piloop worker --name`)")
+            raise Forbidden(
+                f"rule {i + 1} is for workers, and a worker names itself in {WORKER_HEADER} (`piloop worker --name`)"
+            )
         if not WORKER_NAME.match(name):
-            raise Forbidden(f"{WORKER_HEADER}: {name[:80]!r} is not a worker name (letters, digits, . _ -; "
-                            "at most 64)")
+            raise Forbidden(f"{WORKER_HEADER}: {name[:80]!r} is not a worker name (letters, digits, . _ -; at most 64)")
         return ProxyIdentity("worker", name, i)
     name = next((claims[c] for c in net.name_claims if claims.get(c)), "")
     if not name:
-        raise Forbidden(f"rule {i + 1} matched, but none of name_claims ({', '.join(net.name_claims) or 'none set'}) "
-                        "has a value to name this caller")
+        raise Forbidden(
+            f"rule {i + 1} matched, but none of name_claims ({', '.join(net.name_claims) or 'none set'}) "
+            "has a value to name this caller"
+        )
     return ProxyIdentity(rule.caller, name, i)

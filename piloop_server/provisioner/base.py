@@ -51,8 +51,9 @@ class Provider(Protocol):
         """Every worker on the platform tagged with `tag` (this server's id), whoever started it."""
 
 
-def open_provider(pool: str, compute: LocalCompute | ModalCompute, *, url: str, home: Path, tag: str,
-                  cas_plugins: dict) -> Provider:
+def open_provider(
+    pool: str, compute: LocalCompute | ModalCompute, *, url: str, home: Path, tag: str, cas_plugins: dict
+) -> Provider:
     """The provider of a pool's `compute`; modal is imported only when a pool uses it."""
     if isinstance(compute, LocalCompute):
         from piloop_server.provisioner.local import LocalProvider

@@ -52,8 +52,20 @@ class LocalProvider:
             # the home in argv lets an operator (and the tests' cleanup) find it like a real worker
             argv = [sys.executable, "-c", HANG, str(home)]
         else:
-            argv = [sys.executable, "-m", "piloop_common.cli", "--home", str(home), "worker", "--server", self.url,
-                    "--pool", self.pool, "--name", name]
+            argv = [
+                sys.executable,
+                "-m",
+                "piloop_common.cli",
+                "--home",
+                str(home),
+                "worker",
+                "--server",
+                self.url,
+                "--pool",
+                self.pool,
+                "--name",
+                name,
+            ]
         pid = _spawn_detached(argv, penv, home / "worker.log")
         return Handle(name, self.pool, _id(pid))
 
@@ -120,9 +132,14 @@ print(p.pid)
 def _spawn_detached(argv: list[str], env: dict[str, str], log: Path) -> int:
     # the worker's environment goes through stdin, so the launcher itself never carries our tag (and is never
     # listed as a worker)
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", _LAUNCH], input=json.dumps(
-        {"argv": argv, "env": env, "log": str(log)}), capture_output=True, text=True, timeout=30,
-        env={k: v for k, v in os.environ.items() if not k.startswith("PILOOP_")})
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", _LAUNCH],
+        input=json.dumps({"argv": argv, "env": env, "log": str(log)}),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PILOOP_")},
+    )
     if done.returncode != 0 or not done.stdout.strip().isdigit():
         raise OSError(f"local: could not start {argv[0]}: {done.stderr.strip()[-500:] or done.returncode}")
     return int(done.stdout.strip())

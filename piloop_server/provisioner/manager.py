@@ -77,11 +77,19 @@ def summary(rt: Runtime) -> list[dict[str, Any]]:
             continue
         states = [r.state for r in recs.values() if r.pool == pool]
         b = st.backoff(pool)
-        out.append({"pool": pool, "provider": p.provisioner.compute.provider, "max": p.provisioner.max,
-                    **{s: states.count(s) for s in LIVE},
-                    "backoff_seconds": b.delay,
-                    "backoff_left_seconds": max(0.0, (b.until - now) / 1000),
-                    "refusals": b.refusals, "last_failure": b.why, "halted": b.halted})
+        out.append(
+            {
+                "pool": pool,
+                "provider": p.provisioner.compute.provider,
+                "max": p.provisioner.max,
+                **{s: states.count(s) for s in LIVE},
+                "backoff_seconds": b.delay,
+                "backoff_left_seconds": max(0.0, (b.until - now) / 1000),
+                "refusals": b.refusals,
+                "last_failure": b.why,
+                "halted": b.halted,
+            }
+        )
     return out
 
 
@@ -143,8 +151,9 @@ class Provisioner:
         log.info("event=provisioner.%s worker=%s pool=%s reason=%r", state, rec.name, rec.pool, why)
         return replace(rec, state=state, since=now, why=why)
 
-    def _tend(self, rec: Provisioned, cfg: ProvisionerConfig | None, now: int, registered: bool, alive: bool,
-              leases: int) -> None:
+    def _tend(
+        self, rec: Provisioned, cfg: ProvisionerConfig | None, now: int, registered: bool, alive: bool, leases: int
+    ) -> None:
         name, pool, state = rec.name, rec.pool, rec.state
         since = rec.since or now
         # a pool that lost its provisioner in config.toml is drained like max = 0
@@ -159,8 +168,9 @@ class Provisioner:
                 fail(self.rt, pool, "a started worker ended before it registered", refused=False)
             elif cfg is not None and now - since > cfg.register_seconds * 1000:
                 rec = self._to(rec, "stopping", now, f"not registered within {cfg.register_seconds:g}s")
-                fail(self.rt, pool, f"a started worker did not register within {cfg.register_seconds:g}s",
-                     refused=False)
+                fail(
+                    self.rt, pool, f"a started worker did not register within {cfg.register_seconds:g}s", refused=False
+                )
             elif cfg is None or most == 0:
                 rec = self._to(rec, "stopping", now, "the pool is drained (max = 0)")
         elif state in ("running", "draining"):
@@ -180,9 +190,12 @@ class Provisioner:
                 rec = self._to(rec, "stopping", now, "drained: it holds no lease")
         if rec.state == "stopping":
             if now - (rec.since or now) > STOP_DEADLINE_SECONDS * 1000:
-                self.rt.events.escalate("provisioner.stop_failed",
-                                        f"worker {name} of pool {pool} did not stop within {STOP_DEADLINE_SECONDS:g}s; "
-                                        "the server forgets it, and stops it when the platform lists it", pool=pool)
+                self.rt.events.escalate(
+                    "provisioner.stop_failed",
+                    f"worker {name} of pool {pool} did not stop within {STOP_DEADLINE_SECONDS:g}s; "
+                    "the server forgets it, and stops it when the platform lists it",
+                    pool=pool,
+                )
                 self._forget(name, force_record=True)
             elif now - rec.stop_tried > STOP_RETRY_SECONDS * 1000:
                 self.st.update(name, stop_tried=now)
@@ -203,8 +216,9 @@ class Provisioner:
             self.rt.tokens.revoke(name)
         self.st.remove(name)
 
-    def _maybe_start(self, pool: str, cfg: ProvisionerConfig, now: int, live: int,
-                     recs: dict[str, Provisioned]) -> None:
+    def _maybe_start(
+        self, pool: str, cfg: ProvisionerConfig, now: int, live: int, recs: dict[str, Provisioned]
+    ) -> None:
         if cfg.max <= live:
             return
         b = self.st.backoff(pool)
@@ -220,8 +234,9 @@ class Provisioner:
                 continue
             free["agent"] += max(0, per["agent"] - w.agents)
             free["evaluation"] += max(0, per["evaluation"] - w.evaluations)
-        need = max((math.ceil(max(0, queued[kind] - free[kind]) / per[kind]) for kind in KINDS if per[kind] > 0),
-                   default=0)
+        need = max(
+            (math.ceil(max(0, queued[kind] - free[kind]) / per[kind]) for kind in KINDS if per[kind] > 0), default=0
+        )
         if b.delay:
             need = min(need, 0 if starting else 1)  # after a failure, one start at a time until one comes up
         for _ in range(min(need, cfg.max - live)):
@@ -231,9 +246,12 @@ class Provisioner:
         if not self.url:
             if not self.warned_url:
                 self.warned_url = True
-                self.rt.events.escalate("provisioner.no_url", f"pool {pool} has a provisioner but the server has no "
-                                        "address for its workers: set [plugins.network] url, or serve with --listen",
-                                        pool=pool)
+                self.rt.events.escalate(
+                    "provisioner.no_url",
+                    f"pool {pool} has a provisioner but the server has no "
+                    "address for its workers: set [plugins.network] url, or serve with --listen",
+                    pool=pool,
+                )
             return
         name = self.st.new_name(pool)
         self.st.create(Provisioned(name, pool=pool, state="starting", since=now, idle_since=now, why="jobs wait"))
@@ -272,8 +290,10 @@ def provider(rt: Runtime, pool: str, url: str | None = None) -> Provider | None:
         url = url if url is not None else (have[1].url if have else "")  # type: ignore[attr-defined]
         sig = json.dumps([cfg.compute.model_dump(mode="json"), url], sort_keys=True)
         if have is None or have[0] != sig:
-            _providers[pool] = (sig, open_provider(pool, cfg.compute, url=url or "", home=rt.home, tag=rt.server_id,
-                                                   cas_plugins=_cas(rt)))
+            _providers[pool] = (
+                sig,
+                open_provider(pool, cfg.compute, url=url or "", home=rt.home, tag=rt.server_id, cas_plugins=_cas(rt)),
+            )
     have = _providers.get(pool)
     return have[1] if have else None
 
@@ -306,9 +326,11 @@ def _env(rt: Runtime, pool: str, name: str) -> dict[str, str]:
         # told it is on that network (a PILOOP_PLUGINS of the compute's env still wins)
         credential = rt.secrets.server_value(CREDENTIAL_SECRET)
         if not credential:
-            raise StartRefused(f"pool {pool}: on the proxy network a started worker presents the secret "
-                               f"{CREDENTIAL_SECRET}, which is not set (or this server's key cannot open it): "
-                               f"printf %s \"$WORKER_KEY\" | piloop secret set {CREDENTIAL_SECRET}")
+            raise StartRefused(
+                f"pool {pool}: on the proxy network a started worker presents the secret "
+                f"{CREDENTIAL_SECRET}, which is not set (or this server's key cannot open it): "
+                f'printf %s "$WORKER_KEY" | piloop secret set {CREDENTIAL_SECRET}'
+            )
         env[CREDENTIAL_SECRET] = credential
         env[NETWORK_ENV] = "proxy"
     if cfg is not None and cfg.orphan_exit_seconds is not None:
@@ -329,9 +351,11 @@ def fail(rt: Runtime, pool: str, why: str, *, refused: bool) -> None:
     rt.events.add("provisioner.backoff", BY, pool=pool, seconds=delay, reason=why)
     log.warning("event=provisioner.backoff pool=%s seconds=%g reason=%r", pool, delay, why)
     if refused and refusals == REFUSALS_ESCALATE:
-        rt.events.escalate("provisioner.refused",
-                           f"the platform refused {REFUSALS_ESCALATE} starts in a row for pool {pool}: {why}",
-                           pool=pool)
+        rt.events.escalate(
+            "provisioner.refused",
+            f"the platform refused {REFUSALS_ESCALATE} starts in a row for pool {pool}: {why}",
+            pool=pool,
+        )
 
 
 def auth_failed(rt: Runtime, pool: str, e: PlatformAuthError) -> None:
@@ -340,8 +364,12 @@ def auth_failed(rt: Runtime, pool: str, e: PlatformAuthError) -> None:
     if st.backoff(pool).halted:
         return
     st.halt(pool, e.message)
-    rt.events.escalate("provisioner.auth", f"the platform refused the server's credentials for pool "
-                       f"{pool}: {e.message}; the pool starts no worker until the server restarts", pool=pool)
+    rt.events.escalate(
+        "provisioner.auth",
+        f"the platform refused the server's credentials for pool "
+        f"{pool}: {e.message}; the pool starts no worker until the server restarts",
+        pool=pool,
+    )
 
 
 def start(rt: Runtime, name: str, pool: str, url: str) -> None:
@@ -381,8 +409,7 @@ def stop(rt: Runtime, name: str, pool: str) -> None:
     prov = provider(rt, rec.pool or pool)
     try:
         if prov is not None:
-            handles = ([Handle(**rec.handle)] if rec.handle
-                       else [h for h in prov.list(rt.server_id) if h.name == name])
+            handles = [Handle(**rec.handle)] if rec.handle else [h for h in prov.list(rt.server_id) if h.name == name]
             for h in handles:
                 prov.stop(h)
     except PlatformAuthError as e:
@@ -406,8 +433,9 @@ def list_pool(rt: Runtime, pool: str, _: str = "") -> None:
             if h.name not in recs:
                 prov.stop(h)
                 rt.events.add("provisioner.unknown_stopped", BY, worker=h.name, pool=h.pool, id=h.id)
-                log.warning("event=provisioner.unknown_stopped worker=%s id=%s (tagged as ours, no record)", h.name,
-                            h.id)
+                log.warning(
+                    "event=provisioner.unknown_stopped worker=%s id=%s (tagged as ours, no record)", h.name, h.id
+                )
     except PlatformAuthError as e:
         auth_failed(rt, pool, e)
         return

@@ -57,19 +57,26 @@ class ModalProvider:
         if token:  # none on the proxy network: `env` holds the shared credential
             senv["PILOOP_HTTPS_TOKEN"] = token
         kwargs: dict[str, Any] = {
-            "app": self.app(), "name": self.sandbox_name(name), "image": self.image(),
+            "app": self.app(),
+            "name": self.sandbox_name(name),
+            "image": self.image(),
             "env": senv,
             "secrets": [self.modal.Secret.from_name(s) for s in c.secrets],
             "tags": {TAG_SERVER: self.tag, TAG_WORKER: name, TAG_POOL: self.pool},
             "timeout": c.timeout_seconds,
         }
-        for key, value in (("gpu", c.gpu), ("cpu", c.cpu), ("memory", c.memory_mb),
-                           ("idle_timeout", c.idle_timeout_seconds)):
+        for key, value in (
+            ("gpu", c.gpu),
+            ("cpu", c.cpu),
+            ("memory", c.memory_mb),
+            ("idle_timeout", c.idle_timeout_seconds),
+        ):
             if value is not None:
                 kwargs[key] = value
         try:
-            sb = self.modal.Sandbox.create("piloop", "worker", "--server", self.url, "--pool", self.pool, "--name",
-                                           name, **kwargs)
+            sb = self.modal.Sandbox.create(
+                "piloop", "worker", "--server", self.url, "--pool", self.pool, "--name", name, **kwargs
+            )
         except Exception as e:
             raise self._errors(e) from e
         return Handle(name, self.pool, sb.object_id)

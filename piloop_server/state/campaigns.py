@@ -92,8 +92,7 @@ class CampaignsState:
 
     def best(self, name: str, n: int) -> list[tuple[str, float]]:
         """Its `n` best-scored runs, best first."""
-        return [(_s(r), float(s)) for r, s in self.r.zrevrange(self.k.campaign_scores(name), 0, n - 1,
-                                                                withscores=True)]
+        return [(_s(r), float(s)) for r, s in self.r.zrevrange(self.k.campaign_scores(name), 0, n - 1, withscores=True)]
 
     def score(self, name: str, run: str, score: float) -> None:
         self.r.zadd(self.k.campaign_scores(name), {run: score})

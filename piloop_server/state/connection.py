@@ -29,7 +29,11 @@ def connect(settings: Settings, home: Path, *, start_embedded: bool = False) -> 
     try:
         client.ping()
     except redis.exceptions.RedisError as e:
-        where = "the embedded Redis (is `piloop serve` running?)" if settings.plugins.state.embedded else "[plugins.state] url"
+        where = (
+            "the embedded Redis (is `piloop serve` running?)"
+            if settings.plugins.state.embedded
+            else "[plugins.state] url"
+        )
         raise Unavailable(f"Redis cannot be reached at {where}: {e}") from e
     return client
 
@@ -40,4 +44,5 @@ def check_policy(client: redis.Redis) -> None:
     if policy != "noeviction":
         raise ConfigError(
             f"Redis maxmemory-policy is {policy}: it may evict leases and jobs. "
-            "Set `maxmemory-policy noeviction` (CONFIG SET maxmemory-policy noeviction, or in redis.conf)")
+            "Set `maxmemory-policy noeviction` (CONFIG SET maxmemory-policy noeviction, or in redis.conf)"
+        )

@@ -67,19 +67,37 @@ class Disruption:
     def unusable_tokens(self) -> list[str]:
         """The names of tokens no worker can use again: revoked or expired (a token's expiry is its own clock's)."""
         now_ms = time.time() * 1000
-        return [t.name for t in state_tokens.every(self.r, self.k)
-                if t.revoked or (t.expires_ms is not None and t.expires_ms < now_ms)]
+        return [
+            t.name
+            for t in state_tokens.every(self.r, self.k)
+            if t.revoked or (t.expires_ms is not None and t.expires_ms < now_ms)
+        ]
 
     def decide(self, policy: Policy) -> Decision:
         """One pass's decision: begins, keeps and ends holds in Redis, and says which pools are held now."""
         k = self.k
         held, began, ended, forget = self.scripts.run(
-            "disruption", [k.workers(), k.disruption(), k.daemon(), k.tokens(), k.inbox(), k.events()],
-            [k.prefix(), policy.fewest_workers, repr(policy.share), policy.hold_ms, policy.forget_ms,
-             policy.absent_ms, policy.settle_ms, uuid.uuid4().hex, *self.unusable_tokens()])
+            "disruption",
+            [k.workers(), k.disruption(), k.daemon(), k.tokens(), k.inbox(), k.events()],
+            [
+                k.prefix(),
+                policy.fewest_workers,
+                repr(policy.share),
+                policy.hold_ms,
+                policy.forget_ms,
+                policy.absent_ms,
+                policy.settle_ms,
+                uuid.uuid4().hex,
+                *self.unusable_tokens(),
+            ],
+        )
         pairs = [_s(x) for x in ended]
-        return Decision(tuple(_s(p) for p in held), tuple(_s(p) for p in began),
-                        tuple(zip(pairs[::2], pairs[1::2], strict=True)), tuple(_s(w) for w in forget))
+        return Decision(
+            tuple(_s(p) for p in held),
+            tuple(_s(p) for p in began),
+            tuple(zip(pairs[::2], pairs[1::2], strict=True)),
+            tuple(_s(w) for w in forget),
+        )
 
     def holds(self) -> dict[str, Hold]:
         """Every hold Redis keeps, by pool (those that timed out included, until their pool is back)."""
@@ -88,15 +106,32 @@ class Disruption:
             name = _s(field)
             if name.startswith("hold:"):
                 h = json.loads(raw)
-                out[name[5:]] = Hold(name[5:], int(h["since_ms"]), int(h["until_ms"]), int(h["silent"]),
-                                     int(h["total"]), str(h["escalation"]), str(h["ended"]))
+                out[name[5:]] = Hold(
+                    name[5:],
+                    int(h["since_ms"]),
+                    int(h["until_ms"]),
+                    int(h["silent"]),
+                    int(h["total"]),
+                    str(h["escalation"]),
+                    str(h["ended"]),
+                )
         return out
 
     def forget(self, names: tuple[str, ...], by: str) -> list[str]:
         """Forget these workers (forget_worker.lua: not one that holds a lease by then); the names forgotten."""
         k = self.k
         calls: list[tuple[list[str], list[Any]]] = [
-            ([k.worker(n), k.worker_alive(n), k.workers(), *(k.worker_leases(n, kind) for kind in KINDS), k.events()],
-             [n, by]) for n in names]
+            (
+                [
+                    k.worker(n),
+                    k.worker_alive(n),
+                    k.workers(),
+                    *(k.worker_leases(n, kind) for kind in KINDS),
+                    k.events(),
+                ],
+                [n, by],
+            )
+            for n in names
+        ]
         replies = self.scripts.run_many("forget_worker", calls) if calls else []
         return [n for n, r in zip(names, replies, strict=True) if r == 1]

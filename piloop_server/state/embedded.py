@@ -58,11 +58,34 @@ def start(home: Path, timeout: float = 15.0) -> subprocess.Popen | None:
     if _answers(sock):
         return None
     sock.unlink(missing_ok=True)
-    args = [binary(), "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700", "--dir", str(d),
-            "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--maxmemory-policy", "noeviction",
-            "--daemonize", "no", "--logfile", str(d / "redis.log"), "--pidfile", str(d / "redis.pid")]
-    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    args = [
+        binary(),
+        "--port",
+        "0",
+        "--unixsocket",
+        str(sock),
+        "--unixsocketperm",
+        "700",
+        "--dir",
+        str(d),
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+        "--save",
+        "",
+        "--maxmemory-policy",
+        "noeviction",
+        "--daemonize",
+        "no",
+        "--logfile",
+        str(d / "redis.log"),
+        "--pidfile",
+        str(d / "redis.pid"),
+    ]
+    proc = subprocess.Popen(
+        args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

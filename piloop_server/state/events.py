@@ -34,7 +34,7 @@ class Events:
         raw = v.encode()
         if len(raw) <= self.cap.value_bytes:
             return v
-        return raw[:self.cap.value_bytes].decode(errors="ignore") + "..."
+        return raw[: self.cap.value_bytes].decode(errors="ignore") + "..."
 
     def read(self, after: str = "0", count: int = 100, block_ms: int | None = None) -> list[dict[str, str]]:
         if block_ms:

@@ -41,8 +41,9 @@ class Caps:
 
     @classmethod
     def from_state(cls, st: Any) -> Caps:
-        return cls(EventCap(st.events_max, st.event_value_bytes), st.log_chunks_max, st.report_max_bytes,
-                   st.progress_keep)
+        return cls(
+            EventCap(st.events_max, st.event_value_bytes), st.log_chunks_max, st.report_max_bytes, st.progress_keep
+        )
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,14 @@ class RetryPolicy:
             spec = JobSpec.model_validate_json(spec_json or b"{}")
         except ValueError:
             spec = JobSpec(argv=["?"])  # a spec that no longer parses retries as the defaults say
-        return cls(spec.max_attempts, int(spec.backoff_seconds * 1000), spec.backoff_factor,
-                   BACKOFF_LONGEST_SECONDS * 1000, spec.memory_growth, spec.memory_max_mb or pool_cap_mb or 0)
+        return cls(
+            spec.max_attempts,
+            int(spec.backoff_seconds * 1000),
+            spec.backoff_factor,
+            BACKOFF_LONGEST_SECONDS * 1000,
+            spec.memory_growth,
+            spec.memory_max_mb or pool_cap_mb or 0,
+        )
 
     def args(self) -> list[Any]:
         return [self.max_attempts, self.backoff_ms, self.factor, self.longest_ms, self.growth, self.memory_cap_mb]
@@ -71,12 +78,21 @@ class RetryPolicy:
 
 def stale_summary(result: dict[str, Any]) -> str:
     """What a stale report is kept as: its size and the CAS addresses it names, never its body."""
-    named = [a for a in (*(result.get("outputs") or {}).values(), result.get("metrics"), result.get("bundle"),
-                         result.get("workspace")) if isinstance(a, str) and a]
+    named = [
+        a
+        for a in (
+            *(result.get("outputs") or {}).values(),
+            result.get("metrics"),
+            result.get("bundle"),
+            result.get("workspace"),
+        )
+        if isinstance(a, str) and a
+    ]
     log = [a for a in result.get("log") or [] if isinstance(a, str)]
     ends = log[:2] + log[-2:] if len(log) > 4 else log
-    return json.dumps({"bytes": len(json.dumps(result)), "log_chunks": len(log),
-                       "addresses": (named + ends)[:STALE_ADDRESSES]})
+    return json.dumps(
+        {"bytes": len(json.dumps(result)), "log_chunks": len(log), "addresses": (named + ends)[:STALE_ADDRESSES]}
+    )
 
 
 @dataclass(frozen=True)
@@ -140,9 +156,12 @@ def _s(v: Any) -> str:
 
 def _heartbeat_answers(beats: list[Beat], reply: list[Any]) -> list[tuple[int, dict[str, str]] | NotFound]:
     now = int(reply[0])
-    return [(now, {lease.job: _s(st) for lease, st in zip(b.held, answer[1:], strict=True)}) if int(answer[0])
-            else NotFound(f"worker {b.worker} is not registered: register again")
-            for b, answer in zip(beats, reply[1:], strict=True)]
+    return [
+        (now, {lease.job: _s(st) for lease, st in zip(b.held, answer[1:], strict=True)})
+        if int(answer[0])
+        else NotFound(f"worker {b.worker} is not registered: register again")
+        for b, answer in zip(beats, reply[1:], strict=True)
+    ]
 
 
 def _answered(answer: tuple[int, dict[str, str]] | NotFound) -> tuple[int, dict[str, str]]:
@@ -161,31 +180,58 @@ class Leases:
 
     # -- producers ---------------------------------------------------------------------
 
-    def enqueue(self, job_id: str, kind: str, pool: str, spec: dict[str, Any], *, by: str,
-                campaign: str = "", image: str = "") -> int:
+    def enqueue(
+        self, job_id: str, kind: str, pool: str, spec: dict[str, Any], *, by: str, campaign: str = "", image: str = ""
+    ) -> int:
         k = self.k
-        return int(self.scripts.run(
-            "enqueue", [k.job(job_id), k.queue(pool, kind), k.jobs(), k.events()],
-            [job_id, kind, pool, campaign, image, json.dumps(spec), by]))
+        return int(
+            self.scripts.run(
+                "enqueue",
+                [k.job(job_id), k.queue(pool, kind), k.jobs(), k.events()],
+                [job_id, kind, pool, campaign, image, json.dumps(spec), by],
+            )
+        )
 
-    def launch(self, campaign: str, job_id: str, pool: str, spec: dict[str, Any] | None, *, by: str) -> tuple[int, bool]:
+    def launch(
+        self, campaign: str, job_id: str, pool: str, spec: dict[str, Any] | None, *, by: str
+    ) -> tuple[int, bool]:
         """Forget a campaign's ended agents; with a spec, queue one more while it is under its target."""
         k = self.k
         reply = self.scripts.run(
-            "launch", [k.campaign(campaign), k.campaign_agents(campaign), k.campaign_runs(campaign), k.job(job_id),
-                       k.queue(pool, "agent"), k.jobs(), k.events()],
-            [k.prefix(), job_id, pool, campaign, json.dumps(spec or {}), by, 1 if spec is not None else 0])
+            "launch",
+            [
+                k.campaign(campaign),
+                k.campaign_agents(campaign),
+                k.campaign_runs(campaign),
+                k.job(job_id),
+                k.queue(pool, "agent"),
+                k.jobs(),
+                k.events(),
+            ],
+            [k.prefix(), job_id, pool, campaign, json.dumps(spec or {}), by, 1 if spec is not None else 0],
+        )
         return int(reply[0]), bool(int(reply[1]))
 
     # -- workers -----------------------------------------------------------------------
 
-    def register(self, name: str, pool: str, image: str, cas_id: str, sample: dict[str, Any], *,
-                 protocol: int, by: str, info: dict[str, Any] | None = None) -> None:
+    def register(
+        self,
+        name: str,
+        pool: str,
+        image: str,
+        cas_id: str,
+        sample: dict[str, Any],
+        *,
+        protocol: int,
+        by: str,
+        info: dict[str, Any] | None = None,
+    ) -> None:
         k = self.k
         self.scripts.run(
-            "register", [k.worker(name), k.worker_alive(name), k.workers(), k.events()],
-            [name, pool, image, cas_id, json.dumps(sample), self.t.grace_ms, protocol, by,
-             json.dumps(info or {})])
+            "register",
+            [k.worker(name), k.worker_alive(name), k.workers(), k.events()],
+            [name, pool, image, cas_id, json.dumps(sample), self.t.grace_ms, protocol, by, json.dumps(info or {})],
+        )
 
     def heartbeat(self, name: str, sample: dict[str, Any], held: list[Lease]) -> tuple[int, dict[str, str]]:
         """Renew the worker and each lease it names; the status of each job: ok, cancel or lost."""
@@ -203,24 +249,61 @@ class Leases:
             keys += [k.worker(b.worker), k.worker_alive(b.worker)]
             for lease in b.held:
                 keys += [k.lease(lease.job), k.job(lease.job)]
-            args += [json.dumps(b.sample), len(b.held), *(lease.token for lease in b.held),
-                     *(lease.job for lease in b.held)]
+            args += [
+                json.dumps(b.sample),
+                len(b.held),
+                *(lease.token for lease in b.held),
+                *(lease.job for lease in b.held),
+            ]
         return keys, args
 
-    def claim(self, name: str, pool: str, kind: str, *, slots: int, image: str, most: int = 1,
-              room_mb: int | None = None, default_mb: int | None = None) -> Claim:
+    def claim(
+        self,
+        name: str,
+        pool: str,
+        kind: str,
+        *,
+        slots: int,
+        image: str,
+        most: int = 1,
+        room_mb: int | None = None,
+        default_mb: int | None = None,
+    ) -> Claim:
         """Lease up to `most` jobs of `kind` from `pool` to worker `name`, in one script. With `room_mb`, only
         jobs whose grant (theirs, else `default_mb`) fits beside the worker's grants are taken."""
         k = self.k
         other = KINDS[1 - KINDS.index(kind)]
         reply = self.scripts.run(
             "claim",
-            [k.worker(name), k.worker_alive(name), k.worker_leases(name, kind), k.queue(pool, kind),
-             k.deadlines(), k.active(pool, kind), k.token_seq(), k.generation(), k.events(),
-             k.campaign_live(), k.daemon(), k.worker_leases(name, other)],
-            [k.prefix(), name, kind, slots, image, self.t.toleration_ms, most, CLAIM_SCAN_DEPTH,
-             -1 if room_mb is None else room_mb, default_mb or 0, HISTORY_KEEP,
-             *(secrets.token_hex(TOKEN_RANDOM_BYTES) for _ in range(max(0, most)))])
+            [
+                k.worker(name),
+                k.worker_alive(name),
+                k.worker_leases(name, kind),
+                k.queue(pool, kind),
+                k.deadlines(),
+                k.active(pool, kind),
+                k.token_seq(),
+                k.generation(),
+                k.events(),
+                k.campaign_live(),
+                k.daemon(),
+                k.worker_leases(name, other),
+            ],
+            [
+                k.prefix(),
+                name,
+                kind,
+                slots,
+                image,
+                self.t.toleration_ms,
+                most,
+                CLAIM_SCAN_DEPTH,
+                -1 if room_mb is None else room_mb,
+                default_mb or 0,
+                HISTORY_KEEP,
+                *(secrets.token_hex(TOKEN_RANDOM_BYTES) for _ in range(max(0, most))),
+            ],
+        )
         reply = [_s(x) for x in reply]
         if reply[0] == "none":
             return Claim(reason=reply[1])
@@ -238,13 +321,32 @@ class Leases:
         kind, pool = self._job_keys(job_id)
         self.scripts.run(
             "release",
-            [k.lease(job_id), k.job(job_id), k.worker_leases(worker, kind), k.queue(pool, kind),
-             k.deadlines(), k.active(pool, kind), k.campaign_live(), k.events()],
-            [job_id, token, worker, reason])
+            [
+                k.lease(job_id),
+                k.job(job_id),
+                k.worker_leases(worker, kind),
+                k.queue(pool, kind),
+                k.deadlines(),
+                k.active(pool, kind),
+                k.campaign_live(),
+                k.events(),
+            ],
+            [job_id, token, worker, reason],
+        )
 
-    def report(self, report_id: str, job_id: str, token: str, worker: str, outcome: str,
-               result: dict[str, Any], reason: str = "", *, oom: bool = False,
-               memory_caps: dict[str, int | None] | None = None) -> dict[str, Any]:
+    def report(
+        self,
+        report_id: str,
+        job_id: str,
+        token: str,
+        worker: str,
+        outcome: str,
+        result: dict[str, Any],
+        reason: str = "",
+        *,
+        oom: bool = False,
+        memory_caps: dict[str, int | None] | None = None,
+    ) -> dict[str, Any]:
         """Finish a lease; a failed attempt may be retried (report.lua). `memory_caps`: pool -> its cap on a
         grant raised after an out-of-memory attempt."""
         got = self.report_many([Report(report_id, job_id, token, worker, outcome, result, reason, oom)], memory_caps)[0]
@@ -252,8 +354,9 @@ class Leases:
             raise got
         return got
 
-    def report_many(self, reports: list[Report], memory_caps: dict[str, int | None] | None = None,
-                    ) -> list[dict[str, Any] | PiloopError]:
+    def report_many(
+        self, reports: list[Report], memory_caps: dict[str, int | None] | None = None
+    ) -> list[dict[str, Any] | PiloopError]:
         """`report` for each, in order, in two round trips (the jobs' kind and pool, then the scripts): each answer,
         or the PiloopError that report met (an unknown job, a lease lost), the others standing."""
         k = self.k
@@ -269,19 +372,47 @@ class Leases:
             result = json.dumps(rep.result)
             body = len(result) - len(json.dumps(rep.result.get("log") or []))
             if body > self.caps.report_bytes:
-                out[i] = TooLarge(f"job {rep.job}: the report's result is {body} bytes, over the cap of "
-                                  f"{self.caps.report_bytes} ([plugins.state] report_max_bytes)")
+                out[i] = TooLarge(
+                    f"job {rep.job}: the report's result is {body} bytes, over the cap of "
+                    f"{self.caps.report_bytes} ([plugins.state] report_max_bytes)"
+                )
                 continue
             kind, pool = _s(kind_b), _s(pool_b)
             at.append(i)
-            calls.append((
-                [k.report(rep.report_id), k.lease(rep.job), k.job(rep.job), k.worker_leases(rep.worker, kind),
-                 k.deadlines(), k.active(pool, kind), k.campaign_live(), k.events(), k.queue(pool, kind), k.daemon(),
-                 k.campaign_pending(), k.worker(rep.worker), k.delayed()],
-                [rep.job, rep.token, rep.worker, rep.outcome, self._capped_log(result, rep.result),
-                 REPORT_TTL_SECONDS, self.t.max_lost, rep.reason, self.t.grace_ms, self.t.toleration_ms,
-                 1 if rep.oom else 0, *RetryPolicy.of(spec, (memory_caps or {}).get(pool)).args(),
-                 stale_summary(rep.result)]))
+            calls.append(
+                (
+                    [
+                        k.report(rep.report_id),
+                        k.lease(rep.job),
+                        k.job(rep.job),
+                        k.worker_leases(rep.worker, kind),
+                        k.deadlines(),
+                        k.active(pool, kind),
+                        k.campaign_live(),
+                        k.events(),
+                        k.queue(pool, kind),
+                        k.daemon(),
+                        k.campaign_pending(),
+                        k.worker(rep.worker),
+                        k.delayed(),
+                    ],
+                    [
+                        rep.job,
+                        rep.token,
+                        rep.worker,
+                        rep.outcome,
+                        self._capped_log(result, rep.result),
+                        REPORT_TTL_SECONDS,
+                        self.t.max_lost,
+                        rep.reason,
+                        self.t.grace_ms,
+                        self.t.toleration_ms,
+                        1 if rep.oom else 0,
+                        *RetryPolicy.of(spec, (memory_caps or {}).get(pool)).args(),
+                        stale_summary(rep.result),
+                    ],
+                )
+            )
         for i, reply in zip(at, self.scripts.run_many("report", calls) if calls else [], strict=True):
             out[i] = reply if isinstance(reply, PiloopError) else json.loads(_s(reply))
         return out
@@ -291,7 +422,9 @@ class Leases:
         log = result.get("log") or []
         if len(log) <= self.caps.log_chunks:
             return result_json
-        return json.dumps({**result, "log": log[:self.caps.log_chunks], "log_dropped": len(log) - self.caps.log_chunks})
+        return json.dumps(
+            {**result, "log": log[: self.caps.log_chunks], "log_dropped": len(log) - self.caps.log_chunks}
+        )
 
     def due(self) -> int:
         """Put failed jobs whose backoff has passed back in their queues (the pass); how many."""
@@ -307,9 +440,10 @@ class Leases:
     def expire(self, held_pools: tuple[str, ...] = ()) -> Expiry:
         k = self.k
         reply = self.scripts.run(
-            "expire", [k.deadlines(), k.daemon(), k.events(), k.campaign_live(), k.workers()],
-            [k.prefix(), self.t.grace_ms, self.t.toleration_ms, self.t.max_lost, EXPIRE_BATCH,
-             " ".join(held_pools)])
+            "expire",
+            [k.deadlines(), k.daemon(), k.events(), k.campaign_live(), k.workers()],
+            [k.prefix(), self.t.grace_ms, self.t.toleration_ms, self.t.max_lost, EXPIRE_BATCH, " ".join(held_pools)],
+        )
         if _s(reply[0]) == "rearmed":
             return Expiry(True, int(reply[1]), [])
         return Expiry(False, int(reply[1]), [_s(x) for x in reply[2:]])
@@ -320,13 +454,22 @@ class Leases:
         """Add chunks to the holder's job's log; how many were dropped past the cap. LeaseLost when `worker` does not
         hold the job's lease under `token`."""
         k = self.k
-        return int(self.scripts.run(
-            "append_log", [k.lease(job_id), k.job(job_id), k.job_log(job_id), k.events()],
-            [job_id, token, worker, self.caps.log_chunks, len(chunks), *chunks]))
+        return int(
+            self.scripts.run(
+                "append_log",
+                [k.lease(job_id), k.job(job_id), k.job_log(job_id), k.events()],
+                [job_id, token, worker, self.caps.log_chunks, len(chunks), *chunks],
+            )
+        )
 
     def cancel(self, job_id: str, by: str, only_queued: bool = False) -> str:
         """Cancel a job; with `only_queued`, withdraw it only while it waits for a lease."""
         kind, pool = self._job_keys(job_id)
         k = self.k
-        return _s(self.scripts.run("cancel", [k.job(job_id), k.queue(pool, kind), k.events(), k.delayed()],
-                                   [job_id, by, "queued" if only_queued else ""]))
+        return _s(
+            self.scripts.run(
+                "cancel",
+                [k.job(job_id), k.queue(pool, kind), k.events(), k.delayed()],
+                [job_id, by, "queued" if only_queued else ""],
+            )
+        )

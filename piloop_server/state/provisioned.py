@@ -74,17 +74,41 @@ class ProvisionedState:
     def create(self, rec: Provisioned) -> None:
         """Record a worker about to be started (its record and its name in one transaction)."""
         pipe = self.r.pipeline(transaction=True)
-        pipe.hset(self.k.provisioned(rec.name), mapping=Provisioned.encode(
-            pool=rec.pool, state=rec.state, since=rec.since, idle_since=rec.idle_since, why=rec.why))
+        pipe.hset(
+            self.k.provisioned(rec.name),
+            mapping=Provisioned.encode(
+                pool=rec.pool, state=rec.state, since=rec.since, idle_since=rec.idle_since, why=rec.why
+            ),
+        )
         pipe.sadd(self.k.provisioned_names(), rec.name)
         pipe.execute()
 
-    def update(self, name: str, *, state: str | None = None, since: int | None = None, why: str | None = None,
-               idle_since: int | None = None, handle: dict[str, str] | None = None, lost: bool | None = None,
-               stop_tried: int | None = None) -> None:
+    def update(
+        self,
+        name: str,
+        *,
+        state: str | None = None,
+        since: int | None = None,
+        why: str | None = None,
+        idle_since: int | None = None,
+        handle: dict[str, str] | None = None,
+        lost: bool | None = None,
+        stop_tried: int | None = None,
+    ) -> None:
         """Set the fields given (the others stay)."""
-        given = {k: v for k, v in (("state", state), ("since", since), ("why", why), ("idle_since", idle_since),
-                                   ("handle", handle), ("lost", lost), ("stop_tried", stop_tried)) if v is not None}
+        given = {
+            k: v
+            for k, v in (
+                ("state", state),
+                ("since", since),
+                ("why", why),
+                ("idle_since", idle_since),
+                ("handle", handle),
+                ("lost", lost),
+                ("stop_tried", stop_tried),
+            )
+            if v is not None
+        }
         if given:
             self.r.hset(self.k.provisioned(name), mapping=Provisioned.encode(**given))
 
@@ -100,8 +124,9 @@ class ProvisionedState:
         return PoolBackoff.from_redis(self.r.hgetall(self.k.provisioner(pool)))
 
     def set_backoff(self, pool: str, *, delay: float, until: int, refusals: int, why: str) -> None:
-        self.r.hset(self.k.provisioner(pool), mapping=PoolBackoff.encode(delay=delay, until=until,
-                                                                          refusals=refusals, why=why))
+        self.r.hset(
+            self.k.provisioner(pool), mapping=PoolBackoff.encode(delay=delay, until=until, refusals=refusals, why=why)
+        )
 
     def reset_backoff(self, pool: str) -> None:
         """A worker came up: the pool's backoff starts again from nothing."""
@@ -131,9 +156,10 @@ class ProvisionedState:
         got = pipe.execute()
         out = {}
         for i, n in enumerate(names):
-            (pool, registered, draining), alive, agents, evals = got[4 * i: 4 * i + 4]
-            out[n] = WorkerSeen(n, _s(pool), bool(registered), _s(draining) == "1", bool(alive), int(agents),
-                                int(evals))
+            (pool, registered, draining), alive, agents, evals = got[4 * i : 4 * i + 4]
+            out[n] = WorkerSeen(
+                n, _s(pool), bool(registered), _s(draining) == "1", bool(alive), int(agents), int(evals)
+            )
         return out
 
     def queued(self, pool: str) -> dict[str, int]:
@@ -152,6 +178,17 @@ class ProvisionedState:
     def forget_worker(self, name: str, by: str) -> bool:
         """Drop an ended worker from the worker list, unless it still holds leases; whether it is gone."""
         k = self.k
-        return bool(self.scripts.run("forget_worker", [k.worker(name), k.worker_alive(name), k.workers(),
-                                                       k.worker_leases(name, "agent"),
-                                                       k.worker_leases(name, "evaluation"), k.events()], [name, by]))
+        return bool(
+            self.scripts.run(
+                "forget_worker",
+                [
+                    k.worker(name),
+                    k.worker_alive(name),
+                    k.workers(),
+                    k.worker_leases(name, "agent"),
+                    k.worker_leases(name, "evaluation"),
+                    k.events(),
+                ],
+                [name, by],
+            )
+        )

@@ -60,9 +60,13 @@ class RelayState:
         return LiveJob(kind, campaign, pool, json.loads(spec))
 
     def progress(self, c: Caller, note: str) -> int:
-        return int(self.scripts.run(
-            "relay_progress", [*self._keys(c), self.k.job_progress(c.job)],
-            [*self._args(c), json.dumps({"note": note, "by": c.signed}), self.progress_keep]))
+        return int(
+            self.scripts.run(
+                "relay_progress",
+                [*self._keys(c), self.k.job_progress(c.job)],
+                [*self._args(c), json.dumps({"note": note, "by": c.signed}), self.progress_keep],
+            )
+        )
 
     def submit_evaluation(self, c: Caller, job_id: str, pool: str, spec: dict[str, Any], *, campaign: str) -> bool:
         """Queue `campaign`'s evaluation `job_id` (its spec built by the server) for the agent `c`, checked against
@@ -70,8 +74,10 @@ class RelayState:
         k = self.k
         try:
             reply = self.scripts.run(
-                "relay_submit", [*self._keys(c), k.job(job_id), k.queue(pool, "evaluation"), k.jobs()],
-                [*self._args(c), job_id, pool, campaign, json.dumps(spec), c.signed, RELAYED_EVALUATIONS])
+                "relay_submit",
+                [*self._keys(c), k.job(job_id), k.queue(pool, "evaluation"), k.jobs()],
+                [*self._args(c), job_id, pool, campaign, json.dumps(spec), c.signed, RELAYED_EVALUATIONS],
+            )
         except redis.exceptions.ResponseError as e:
             if str(e).startswith(_FORBIDDEN):
                 raise Forbidden(str(e).removeprefix(_FORBIDDEN)) from e

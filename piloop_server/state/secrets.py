@@ -37,8 +37,9 @@ class SecretsState:
         return {n.decode() for n in self.r.hkeys(self.k.secrets())}
 
     def all(self) -> list[SecretRecord]:
-        return sorted((SecretRecord.from_redis(raw) for raw in self.r.hvals(self.k.secrets())),
-                      key=lambda rec: rec.name)
+        return sorted(
+            (SecretRecord.from_redis(raw) for raw in self.r.hvals(self.k.secrets())), key=lambda rec: rec.name
+        )
 
     def remove(self, name: str) -> bool:
         """Whether there was a record to remove."""

@@ -31,8 +31,11 @@ def classes(prefix: str) -> tuple[Any, Any]:
     from rq.queue import Queue
 
     job = type("PiloopJob", (Job,), {"redis_job_namespace_prefix": prefix + ":job:"})
-    queue = type("PiloopQueue", (Queue,), {"redis_queue_namespace_prefix": prefix + ":queue:",
-                                          "redis_queues_keys": prefix + ":queues", "job_class": job})
+    queue = type(
+        "PiloopQueue",
+        (Queue,),
+        {"redis_queue_namespace_prefix": prefix + ":queue:", "redis_queues_keys": prefix + ":queues", "job_class": job},
+    )
     return job, queue
 
 

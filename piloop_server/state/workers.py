@@ -46,8 +46,10 @@ class WorkersState:
         step = 2 + len(KINDS)
         out = []
         for i, _ in enumerate(names):
-            h, alive, *held = got[step * i: step * i + step]
-            rec = Worker.from_hash(h, bool(alive), {kind: sorted(_s(j) for j in ids) for kind, ids in zip(KINDS, held, strict=True)})
+            h, alive, *held = got[step * i : step * i + step]
+            rec = Worker.from_hash(
+                h, bool(alive), {kind: sorted(_s(j) for j in ids) for kind, ids in zip(KINDS, held, strict=True)}
+            )
             if rec is not None:
                 out.append(rec)
         return out

@@ -127,8 +127,13 @@ def leased(w: World, by: HandWorker | None = None) -> dict:
 
 
 def finish(w: World, a: dict, by: HandWorker | None = None) -> dict:
-    body = {"report_id": "r" + uuid.uuid4().hex[:12], "job": a["job"], "token": a["token"], "outcome": "succeeded",
-            "exit_code": 0}
+    body = {
+        "report_id": "r" + uuid.uuid4().hex[:12],
+        "job": a["job"],
+        "token": a["token"],
+        "outcome": "succeeded",
+        "exit_code": 0,
+    }
     resp = (by or w.w).post("report", body)
     assert resp.status_code == 200, resp.text
     return resp.json()
@@ -160,8 +165,14 @@ def test_a_report_over_the_cap_is_refused_and_the_job_unchanged(world):
     a = leased(world)
     marker = "HUGEBODY" + uuid.uuid4().hex
     outputs = {f"{marker}-{i}": addr(i) for i in range(REPORT_MOST // 64)}  # about 100 bytes an output
-    body = {"report_id": "r" + uuid.uuid4().hex[:12], "job": a["job"], "token": a["token"], "outcome": "succeeded",
-            "exit_code": 0, "outputs": outputs}
+    body = {
+        "report_id": "r" + uuid.uuid4().hex[:12],
+        "job": a["job"],
+        "token": a["token"],
+        "outcome": "succeeded",
+        "exit_code": 0,
+        "outputs": outputs,
+    }
     before = snapshot(world)
     resp = world.w.post("report", body)
     assert resp.status_code == 413, resp.text
@@ -183,9 +194,18 @@ def test_a_stale_report_is_kept_as_its_size_and_addresses_not_its_body(world):
     world.d.cli("job", "cancel", a["job"], check=True)
     marker = "STALEBODY" + uuid.uuid4().hex
     outputs = {f"{marker}-{i}": addr(1000 + i) for i in range(20)}
-    body = {"report_id": "r" + uuid.uuid4().hex[:12], "job": a["job"], "token": a["token"], "outcome": "failed",
-            "exit_code": 1, "reason": marker * 10, "outputs": outputs, "log": [addr(2000 + i) for i in range(30)],
-            "head": "", "usage": {"peak_rss_bytes": 1, "cpu_seconds": 1.0}}
+    body = {
+        "report_id": "r" + uuid.uuid4().hex[:12],
+        "job": a["job"],
+        "token": a["token"],
+        "outcome": "failed",
+        "exit_code": 1,
+        "reason": marker * 10,
+        "outputs": outputs,
+        "log": [addr(2000 + i) for i in range(30)],
+        "head": "",
+        "usage": {"peak_rss_bytes": 1, "cpu_seconds": 1.0},
+    }
     got = world.w.post("report", body)
     assert got.status_code == 200 and got.json()["answer"] == "stale", got.text
     stale = [e for e in events(world.d, "lease.stale_report") if e.get("job") == a["job"]]

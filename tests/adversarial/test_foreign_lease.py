@@ -133,6 +133,7 @@ def relay_progress(w: World, thief: HandWorker, job: str, lease: str) -> httpx.R
 
 def attempts(w: World, thief: HandWorker, job: str, lease: str, live: str):
     """Each lease mutation a thief can make, with what it must answer: (what, call, check of the response)."""
+
     def lost(resp: httpx.Response) -> None:
         assert resp.status_code == 409, (resp.status_code, resp.text)
         got = resp.json()
@@ -151,14 +152,20 @@ def attempts(w: World, thief: HandWorker, job: str, lease: str, live: str):
         got = resp.json()
         # the relay names the token's end before the holder when the token is not the live one (a guess)
         assert got["error"] == "lease_lost" and f"job {job}" in got["message"], got
-        assert (f"is not leased to worker {thief.name}" if lease == live else "lease under this token has ended"
-                ) in got["message"], got
+        assert (
+            f"is not leased to worker {thief.name}" if lease == live else "lease under this token has ended"
+        ) in got["message"], got
 
     rid = "r" + uuid.uuid4().hex[:12]
     return [
         ("heartbeat", lambda: thief.post("heartbeat", thief.hello([{"job": job, "token": lease}])), heartbeat_lost),
-        ("report", lambda: thief.post("report", {"report_id": rid, "job": job, "token": lease,
-                                                 "outcome": "succeeded", "exit_code": 0}), report_stale),
+        (
+            "report",
+            lambda: thief.post(
+                "report", {"report_id": rid, "job": job, "token": lease, "outcome": "succeeded", "exit_code": 0}
+            ),
+            report_stale,
+        ),
         ("release", lambda: thief.post("release", {"job": job, "token": lease, "reason": "stolen"}), lost),
         ("log", lambda: thief.post("log", {"job": job, "token": lease, "chunks": [ADDR]}), lost),
         ("progress", lambda: relay_progress(w, thief, job, lease), relay_refused),

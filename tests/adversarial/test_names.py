@@ -25,8 +25,16 @@ def cas_id(d: Daemon) -> str:
 
 
 def hello(d: Daemon, pool: str = "gpu") -> bytes:
-    return json.dumps({"protocol": PROTOCOL, "pool": pool, "image": "", "cas_id": cas_id(d), "sample": {"cpus": 1, "load1": 0.0, "memory_available_gb": 8.0, "disk_free_gb": 10.0},
-                       "jobs": []}).encode()
+    return json.dumps(
+        {
+            "protocol": PROTOCOL,
+            "pool": pool,
+            "image": "",
+            "cas_id": cas_id(d),
+            "sample": {"cpus": 1, "load1": 0.0, "memory_available_gb": 8.0, "disk_free_gb": 10.0},
+            "jobs": [],
+        }
+    ).encode()
 
 
 def one_line(stderr: str) -> str:
@@ -58,17 +66,20 @@ def test_a_rename_token_cannot_name_its_worker_badly(server, redis_client, names
     before = settled(redis_client, keys)
     for name in ATTACKS:
         for path in ("/v1/worker/register", "/v1/worker/heartbeat", "/v1/worker/claim"):
-            sent = body if path != "/v1/worker/claim" else json.dumps(
-                {"protocol": PROTOCOL, "want": {"agent": 0, "evaluation": 1}}).encode()
-            status, answer = api.request("POST", path, sent,
-                                         headers={**api.headers, **JSON, "x-piloop-worker": name})
+            sent = (
+                body
+                if path != "/v1/worker/claim"
+                else json.dumps({"protocol": PROTOCOL, "want": {"agent": 0, "evaluation": 1}}).encode()
+            )
+            status, answer = api.request("POST", path, sent, headers={**api.headers, **JSON, "x-piloop-worker": name})
             msg = json.loads(answer)["message"]
             assert status == 403 and "worker name" in msg and repr(name[:60]) in msg, (name, path, status, msg)
     assert settled(redis_client, keys) == before
     assert not [k for k in redis_client.scan_iter(match=keys.prefix() + "*") if b"victim" in k or b"evil" in k]
     # the same token and body with a good name: the refusals above were the names'
-    status, answer = api.request("POST", "/v1/worker/register", body,
-                                 headers={**api.headers, **JSON, "x-piloop-worker": "gpu-box-7"})
+    status, answer = api.request(
+        "POST", "/v1/worker/register", body, headers={**api.headers, **JSON, "x-piloop-worker": "gpu-box-7"}
+    )
     assert status == 200 and json.loads(answer)["worker"] == "gpu-box-7", answer
     api.close()
 
@@ -79,14 +90,16 @@ def test_on_the_socket_the_daemons_own_worker_is_serve_but_no_name_spells_a_key(
     before = settled(redis_client, keys)
     with daemon.api() as api:
         for name in ("victim:leases:evaluation", "../x", ""):
-            status, answer = api.request("POST", "/v1/worker/register", hello(daemon, "serve"),
-                                         headers={**JSON, "x-piloop-worker": name})
+            status, answer = api.request(
+                "POST", "/v1/worker/register", hello(daemon, "serve"), headers={**JSON, "x-piloop-worker": name}
+            )
             assert status == 403 and "worker name" in json.loads(answer)["message"], (name, status, answer)
     assert settled(redis_client, keys) == before
 
 
-@pytest.mark.parametrize("kind,bad", [("token", "Victim:leases:evaluation"), ("worker", "victim:leases:evaluation"),
-                                      ("token", "serve")])
+@pytest.mark.parametrize(
+    "kind,bad", [("token", "Victim:leases:evaluation"), ("worker", "victim:leases:evaluation"), ("token", "serve")]
+)
 def test_serve_stops_at_start_on_a_bad_name_already_in_redis(redis_server, redis_client, namespace, kind, bad):
     keys = Keys(namespace)
     if kind == "token":  # as a server from before the rule wrote it

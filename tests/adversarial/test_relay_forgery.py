@@ -57,8 +57,9 @@ GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAM
 
 
 def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True,
-                          env={**os.environ, **GIT_ENV}).stdout.strip()
+    return subprocess.run(
+        ["git", *args], cwd=repo, check=True, capture_output=True, text=True, env={**os.environ, **GIT_ENV}
+    ).stdout.strip()
 
 
 def make_repo(path: Path) -> tuple[str, str]:
@@ -118,6 +119,7 @@ def campaign_agent(d: Daemon, name: str) -> Lease:
     def live() -> str:
         got = json.loads(d.cli("campaign", "show", name, "--json", check=True).stdout)
         return next((r["job"] for r in got["runs"] if r["state"] == "running"), "")
+
     return wait_running(d, wait_for(live, 60, interval=0.2, what=f"an agent of campaign {name} running"))
 
 
@@ -129,8 +131,11 @@ def world(redis_server, tmp_path_factory):
     made: dict[str, RemoteWorker] = {}
     r = redis.Redis.from_url(redis_server.url)
     try:
-        tokens = {"gpu1": token(d, "gpu1", "--pool", "gpu"), "gpu2": token(d, "gpu2", "--pool", "gpu"),
-                  "judge1": token(d, "judge1", "--pool", "judge")}
+        tokens = {
+            "gpu1": token(d, "gpu1", "--pool", "gpu"),
+            "gpu2": token(d, "gpu2", "--pool", "gpu"),
+            "judge1": token(d, "judge1", "--pool", "judge"),
+        }
         for name, tok in tokens.items():
             made[name] = RemoteWorker(d, tok, pool="judge" if name.startswith("judge") else "gpu").start()
         d.cli("secret", "set", "AGENT_KEY", input="s3cret", check=True)
@@ -139,19 +144,55 @@ def world(redis_server, tmp_path_factory):
         stop = tmp / "stop"
         hold = f"while [ ! -e {stop} ]; do sleep 0.2; done"
         # c1: agents on gpu with a secret and env of their own; its evaluations on judge
-        d.cli("campaign", "create", "c1", "--repo", str(tmp / "repo"), "--agent-cmd", hold, "--eval-cmd", EVAL,
-              "--agents", "1", "--agent-pool", "gpu", "--eval-pool", "judge", "--secret", "AGENT_KEY",
-              "--env", "AGENT_ONLY=1", check=True)
+        d.cli(
+            "campaign",
+            "create",
+            "c1",
+            "--repo",
+            str(tmp / "repo"),
+            "--agent-cmd",
+            hold,
+            "--eval-cmd",
+            EVAL,
+            "--agents",
+            "1",
+            "--agent-pool",
+            "gpu",
+            "--eval-pool",
+            "judge",
+            "--secret",
+            "AGENT_KEY",
+            "--env",
+            "AGENT_ONLY=1",
+            check=True,
+        )
         # c2, the victim: its evaluations on gpu
-        d.cli("campaign", "create", "c2", "--repo", str(tmp / "victim"), "--agent-cmd", hold, "--eval-cmd", EVAL,
-              "--agents", "1", "--agent-pool", "gpu", "--eval-pool", "gpu", check=True)
+        d.cli(
+            "campaign",
+            "create",
+            "c2",
+            "--repo",
+            str(tmp / "victim"),
+            "--agent-cmd",
+            hold,
+            "--eval-cmd",
+            EVAL,
+            "--agents",
+            "1",
+            "--agent-pool",
+            "gpu",
+            "--eval-pool",
+            "gpu",
+            check=True,
+        )
         w = World(d, r, ns, tokens, base, parent, victim_base, stop, made)
         w.leases["agent"] = campaign_agent(d, "c1")
         w.leases["victim"] = campaign_agent(d, "c2")
         w.leases["evaluation"] = wait_running(d, submit(d, "sh", "-c", hold, pool="gpu"))
         w.leases["plain"] = wait_running(d, submit(d, "sh", "-c", hold, pool="gpu", kind="agent"))
-        w.leases["labelled"] = wait_running(d, submit(d, "sh", "-c", hold, pool="gpu", kind="agent",
-                                                      opts=("--campaign", "nope")))
+        w.leases["labelled"] = wait_running(
+            d, submit(d, "sh", "-c", hold, pool="gpu", kind="agent", opts=("--campaign", "nope"))
+        )
         yield w
     finally:
         (tmp / "stop").touch()
@@ -164,8 +205,17 @@ def world(redis_server, tmp_path_factory):
         r.close()
 
 
-def relay(w: World, method: str, path: str, *, worker: str, job: str, lease: str, body: object = None,
-          raw: bytes | None = None) -> httpx.Response:
+def relay(
+    w: World,
+    method: str,
+    path: str,
+    *,
+    worker: str,
+    job: str,
+    lease: str,
+    body: object = None,
+    raw: bytes | None = None,
+) -> httpx.Response:
     """A relayed call as a worker's relay makes it: the worker's own token, the job and lease in two headers."""
     headers = {"Authorization": f"Bearer {w.tokens[worker]}", RELAY_JOB_HEADER: job, RELAY_TOKEN_HEADER: lease}
     if raw is not None:
@@ -226,9 +276,18 @@ FORGED = [
     ("campaign", {"campaign": "c2"}),
     ("pool", {"pool": "gpu"}),
     ("kind", {"kind": "agent"}),
-    ("scoring", {"spec": {"argv": ["sh", "-c", "echo score=999999"], "campaign": {
-        "repo": {"campaign": "c2", "bundle": "sha256:" + "0" * 64, "commit": "0" * 40, "branch": "runs/x"},
-        "score": True}}}),
+    (
+        "scoring",
+        {
+            "spec": {
+                "argv": ["sh", "-c", "echo score=999999"],
+                "campaign": {
+                    "repo": {"campaign": "c2", "bundle": "sha256:" + "0" * 64, "commit": "0" * 40, "branch": "runs/x"},
+                    "score": True,
+                },
+            }
+        },
+    ),
     ("argv", {"spec": {"argv": ["sh", "-c", "cat /etc/passwd"]}}),
     ("image", {"image": "attacker/image"}),
     ("secrets", {"spec": {"argv": ["env"], "secrets": ["AGENT_KEY"]}}),
@@ -240,8 +299,13 @@ FORGED = [
 
 @pytest.mark.parametrize("what,extra", FORGED, ids=[f[0] for f in FORGED])
 def test_a_forged_field_is_refused(world, what, extra):
-    got = refused(world, lambda: as_holder(world, "agent", "POST", "/v1/relay/submit", submit_body(world, **extra)),
-                  400, "an agent names only the commit to evaluate", *extra)
+    got = refused(
+        world,
+        lambda: as_holder(world, "agent", "POST", "/v1/relay/submit", submit_body(world, **extra)),
+        400,
+        "an agent names only the commit to evaluate",
+        *extra,
+    )
     assert got["error"] == "bad_request"
 
 
@@ -271,28 +335,52 @@ def test_a_body_that_is_not_an_object_is_refused(world):
 
 # -- whose lease: the holder, under its token, of a live uncancelled agent of a campaign ---------------------
 
+
 def test_another_jobs_id_with_your_own_token_is_refused(world):
     me, other = world.lease("agent"), world.lease("victim")
     # my worker, the victim's job id, my lease's token: the lease key of that job holds another token
-    for method, path, body in (("POST", "/v1/relay/submit", {"commit": world.base}), ("GET", "/v1/relay/job", None),
-                               ("POST", "/v1/relay/progress", {"note": "x"})):
-        refused(world, lambda method=method, path=path, body=body: relay(world, method, path, worker=me.worker, job=other.job, lease=me.token, body=body),
-                409, "lease under this token has ended")
+    for method, path, body in (
+        ("POST", "/v1/relay/submit", {"commit": world.base}),
+        ("GET", "/v1/relay/job", None),
+        ("POST", "/v1/relay/progress", {"note": "x"}),
+    ):
+        refused(
+            world,
+            lambda method=method, path=path, body=body: relay(
+                world, method, path, worker=me.worker, job=other.job, lease=me.token, body=body
+            ),
+            409,
+            "lease under this token has ended",
+        )
     # a job that does not exist, and the headers missing
-    refused(world, lambda: relay(world, "GET", "/v1/relay/job", worker=me.worker, job="jnope", lease=me.token),
-            409, "lease under this token has ended")
-    refused(world, lambda: relay(world, "GET", "/v1/relay/job", worker=me.worker, job="", lease=""),
-            400, RELAY_JOB_HEADER)
+    refused(
+        world,
+        lambda: relay(world, "GET", "/v1/relay/job", worker=me.worker, job="jnope", lease=me.token),
+        409,
+        "lease under this token has ended",
+    )
+    refused(
+        world, lambda: relay(world, "GET", "/v1/relay/job", worker=me.worker, job="", lease=""), 400, RELAY_JOB_HEADER
+    )
 
 
 def test_another_workers_lease_token_is_refused_and_named(world):
     me = world.lease("agent")
     thief = next(n for n in ("gpu1", "gpu2", "judge1") if n != me.worker)
     before = len(events(world.d, "lease.foreign_token"))
-    for method, path, body in (("POST", "/v1/relay/submit", {"commit": world.base}), ("GET", "/v1/relay/job", None),
-                               ("POST", "/v1/relay/progress", {"note": "x"})):
-        refused(world, lambda method=method, path=path, body=body: relay(world, method, path, worker=thief, job=me.job, lease=me.token, body=body),
-                409, f"is not leased to worker {thief}")
+    for method, path, body in (
+        ("POST", "/v1/relay/submit", {"commit": world.base}),
+        ("GET", "/v1/relay/job", None),
+        ("POST", "/v1/relay/progress", {"note": "x"}),
+    ):
+        refused(
+            world,
+            lambda method=method, path=path, body=body: relay(
+                world, method, path, worker=thief, job=me.job, lease=me.token, body=body
+            ),
+            409,
+            f"is not leased to worker {thief}",
+        )
     # one event a call, naming both workers (the stream is left out of the snapshots: this is its one change)
     seen = events(world.d, "lease.foreign_token")[before:]
     assert [(e["job"], e["worker"], e["holder"]) for e in seen] == [(me.job, thief, me.worker)] * 3, seen
@@ -300,15 +388,28 @@ def test_another_workers_lease_token_is_refused_and_named(world):
 
 def test_an_evaluations_lease_cannot_submit(world):
     ev = world.lease("evaluation")
-    refused(world, lambda: as_holder(world, "evaluation", "POST", "/v1/relay/submit", {"commit": world.base}),
-            403, f"job {ev.job} is an evaluation", "only a campaign's agent may submit")
+    refused(
+        world,
+        lambda: as_holder(world, "evaluation", "POST", "/v1/relay/submit", {"commit": world.base}),
+        403,
+        f"job {ev.job} is an evaluation",
+        "only a campaign's agent may submit",
+    )
 
 
 def test_a_plain_agents_lease_cannot_submit(world):
-    refused(world, lambda: as_holder(world, "plain", "POST", "/v1/relay/submit", {"commit": world.base}),
-            403, "is an agent of no campaign")
-    refused(world, lambda: as_holder(world, "labelled", "POST", "/v1/relay/submit", {"commit": world.base}),
-            403, "campaign nope is not a campaign")
+    refused(
+        world,
+        lambda: as_holder(world, "plain", "POST", "/v1/relay/submit", {"commit": world.base}),
+        403,
+        "is an agent of no campaign",
+    )
+    refused(
+        world,
+        lambda: as_holder(world, "labelled", "POST", "/v1/relay/submit", {"commit": world.base}),
+        403,
+        "campaign nope is not a campaign",
+    )
 
 
 def test_the_job_view_is_the_callers_own(world):
@@ -324,8 +425,13 @@ def test_the_job_view_is_the_callers_own(world):
 
 
 def test_a_progress_note_has_a_cap_and_the_list_is_bounded(world):
-    refused(world, lambda: as_holder(world, "plain", "POST", "/v1/relay/progress", {"note": "x" * 2001}),
-            400, "note", "2000")
+    refused(
+        world,
+        lambda: as_holder(world, "plain", "POST", "/v1/relay/progress", {"note": "x" * 2001}),
+        400,
+        "note",
+        "2000",
+    )
     refused(world, lambda: as_holder(world, "plain", "POST", "/v1/relay/progress", {"note": ""}), 400, "note")
     for i in range(205):
         resp = as_holder(world, "plain", "POST", "/v1/relay/progress", {"note": f"n{i}"})
@@ -336,6 +442,7 @@ def test_a_progress_note_has_a_cap_and_the_list_is_bounded(world):
 
 
 # -- the one call that goes through --------------------------------------------------------------------------
+
 
 def test_the_agents_submit_queues_exactly_its_campaigns_evaluation_of_the_commit(world):
     me = world.lease("agent")
@@ -357,8 +464,11 @@ def test_the_agents_submit_queues_exactly_its_campaigns_evaluation_of_the_commit
     # the campaign's eval spec as it stands, not the agent's (no secret, no env of the agent's)
     assert JobSpec.model_validate(spec) == JobSpec.model_validate_json(rec["eval_spec"])
     assert spec["argv"] == ["sh", "-c", EVAL] and spec["secrets"] == [] and spec["env"] == {}
-    assert camp == {"repo": {"campaign": "c1", "bundle": rec["bundle"], "commit": world.parent,
-                             "branch": f"runs/{me.job}"}, "collect": False, "score": True}
+    assert camp == {
+        "repo": {"campaign": "c1", "bundle": rec["bundle"], "commit": world.parent, "branch": f"runs/{me.job}"},
+        "collect": False,
+        "score": True,
+    }
     (queued,) = [e for e in events(world.d, "job.queued") if e["job"] == ev]
     assert queued["by"] == f"worker:{me.worker}/job:{me.job}" and queued["parent"] == me.job
     assert queued["pool"] == "judge"
@@ -376,13 +486,25 @@ def test_a_cancelled_jobs_lease_cannot_submit(world):
     holder.pause()
     try:
         world.d.cli("job", "cancel", me.job, check=True)
-        wait_for(lambda: view(world.d, me.job)["state"] in ("leased", "running") and
-                 events(world.d, "job.cancel_requested"), 10, interval=0.05, what="the cancel recorded")
+        wait_for(
+            lambda: view(world.d, me.job)["state"] in ("leased", "running") and events(world.d, "job.cancel_requested"),
+            10,
+            interval=0.05,
+            what="the cancel recorded",
+        )
         assert world.r.get(world.k.lease(me.job)).decode() == me.token  # the lease is still live
         # the daemon integrates the earlier tests' finished runs in the background; let it settle first
         wait_for(lambda: not world.r.scard(world.k.campaign_pending()), 30, what="earlier runs integrated")
-        for method, path, body in (("POST", "/v1/relay/submit", {"commit": world.base}),
-                                   ("POST", "/v1/relay/progress", {"note": "x"}), ("GET", "/v1/relay/job", None)):
-            refused(world, lambda method=method, path=path, body=body: as_holder(world, "agent", method, path, body), 409, "was cancelled")
+        for method, path, body in (
+            ("POST", "/v1/relay/submit", {"commit": world.base}),
+            ("POST", "/v1/relay/progress", {"note": "x"}),
+            ("GET", "/v1/relay/job", None),
+        ):
+            refused(
+                world,
+                lambda method=method, path=path, body=body: as_holder(world, "agent", method, path, body),
+                409,
+                "was cancelled",
+            )
     finally:
         holder.resume()

@@ -11,19 +11,37 @@ from tests.integration.test_campaigns import make_repo, show
 
 
 def test_a_worker_dying_during_a_run_and_during_its_evaluation_loses_no_score_and_scores_no_partial(
-        server, workers, tmp_path):
+    server, workers, tmp_path
+):
     d = server
     make_repo(tmp_path / "repo", big=10)
     flags = tmp_path / "flags"
     flags.mkdir()
     # the first agent and the first evaluation hang until their worker is killed; the first evaluation has
     # already printed a score line by then (partial output), which must never become the run's score
-    agent = (f'if [ ! -e {flags}/agent ]; then touch {flags}/agent; sleep 60; fi; '
-             'echo x >> runs.txt && git commit -qam "run $PILOOP_JOB"')
-    ev = (f'if [ ! -e {flags}/eval ]; then touch {flags}/eval; echo score=999; sleep 60; fi; echo score=5')
+    agent = (
+        f"if [ ! -e {flags}/agent ]; then touch {flags}/agent; sleep 60; fi; "
+        'echo x >> runs.txt && git commit -qam "run $PILOOP_JOB"'
+    )
+    ev = f"if [ ! -e {flags}/eval ]; then touch {flags}/eval; echo score=999; sleep 60; fi; echo score=5"
     w1 = workers(d, token(d, "w1", "--pool", "gpu")).start()
-    p = d.cli("campaign", "create", "faulty", "--repo", str(tmp_path / "repo"), "--agents", "1",
-              "--agent-pool", "gpu", "--eval-pool", "gpu", "--agent-cmd", agent, "--eval-cmd", ev)
+    p = d.cli(
+        "campaign",
+        "create",
+        "faulty",
+        "--repo",
+        str(tmp_path / "repo"),
+        "--agents",
+        "1",
+        "--agent-pool",
+        "gpu",
+        "--eval-pool",
+        "gpu",
+        "--agent-cmd",
+        agent,
+        "--eval-cmd",
+        ev,
+    )
     assert p.returncode == 0, p.stderr
 
     wait_for(lambda: (flags / "agent").exists(), 30, what="the first agent to start")
@@ -36,8 +54,11 @@ def test_a_worker_dying_during_a_run_and_during_its_evaluation_loses_no_score_an
     w2.kill()
     workers(d, token(d, "w3", "--pool", "gpu")).start()
     second_id = sorted(show(d, "faulty")["runs"], key=lambda r: r["created_ms"])[1]["job"]
-    wait_for(lambda: any(r["job"] == second_id and r["score"] is not None for r in show(d, "faulty")["runs"]),
-             TOLERATION + 30, what="the second run scored")
+    wait_for(
+        lambda: any(r["job"] == second_id and r["score"] is not None for r in show(d, "faulty")["runs"]),
+        TOLERATION + 30,
+        what="the second run scored",
+    )
     assert d.cli("campaign", "pause", "faulty").returncode == 0
     c = show(d, "faulty")
     runs = {r["job"]: r for r in c["runs"]}

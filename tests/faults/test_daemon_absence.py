@@ -27,8 +27,12 @@ def _leased(leases: Leases, job: str) -> Lease:
     (lease,) = leases.claim("w1", "p", "evaluation", slots=1, image="").leases
     assert not leases.expire().rearmed  # the daemon's pass ran once: it is present
     # then it is away (the machine sleeps): no pass runs while Redis expires the lease key on its own clock
-    wait_for(lambda: not leases.r.exists(leases.k.lease(job)), TOLERATION_MS / 1000 + 2, interval=0.05,
-             what="Redis to expire the lease key")
+    wait_for(
+        lambda: not leases.r.exists(leases.k.lease(job)),
+        TOLERATION_MS / 1000 + 2,
+        interval=0.05,
+        what="Redis to expire the lease key",
+    )
     return lease
 
 

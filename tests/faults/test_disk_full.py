@@ -16,8 +16,7 @@ from tests.helpers.workers import state, submit, token
 def small_dir(tmp_path):
     where = tmp_path / "dir"
     where.mkdir()
-    got = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], capture_output=True,
-                         text=True)
+    got = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], capture_output=True, text=True)
     if got.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {got.stderr.strip()}")
     yield where
@@ -51,8 +50,11 @@ def test_a_full_dir_before_the_job_starts_gives_the_job_back_and_the_worker_live
     filler = small_dir / "filler"
     subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # until ENOSPC
     job = submit(d, "sh", "-c", "echo ran")
-    wait_for(lambda: "event=job.released" in w.output() and "reason=dir" in w.output(), 20,
-             what="the worker to give the job back")
+    wait_for(
+        lambda: "event=job.released" in w.output() and "reason=dir" in w.output(),
+        20,
+        what="the worker to give the job back",
+    )
     assert w.alive
     filler.unlink()  # room again: the same job runs, once
     v = state(d, job, timeout=30)

@@ -103,8 +103,12 @@ def _passes(redis_client: redis.Redis, namespace: str, n: int) -> None:
     """Wait until the daemon has run `n` more passes (each writes its Redis time into the daemon hash)."""
     key = Keys(namespace).daemon()
     seen: set[bytes] = set()
-    wait_for(lambda: seen.add(redis_client.hget(key, "last_pass") or b"") or len(seen) > n, 20 + n, interval=0.05,
-             what=f"{n} passes")
+    wait_for(
+        lambda: seen.add(redis_client.hget(key, "last_pass") or b"") or len(seen) > n,
+        20 + n,
+        interval=0.05,
+        what=f"{n} passes",
+    )
 
 
 def _ms(event_id: str) -> int:
@@ -112,7 +116,8 @@ def _ms(event_id: str) -> int:
 
 
 def test_most_of_a_pool_silent_is_held_with_one_inbox_item_and_a_restart_neither_resets_nor_repeats_it(
-        gpu, disruption, redis_client, namespace):
+    gpu, disruption, redis_client, namespace
+):
     d = gpu
     ws = _workers(d, ["gpu0", "gpu1", "gpu2"])
     jobs = _claim_one_each(d, ws)
@@ -144,8 +149,12 @@ def test_most_of_a_pool_silent_is_held_with_one_inbox_item_and_a_restart_neither
             state(d, j, "queued", timeout=TOLERATION + 10)
         # their workers, silent for longer than the hold and now without leases, are forgotten; whether or not that
         # has happened yet, the pool is not held again nor escalated again
-        wait_for(lambda: {e["worker"] for e in events(d, "worker.forgotten")} >= {"gpu1", "gpu2"}, 10, interval=0.1,
-                 what="the silent workers to be forgotten")
+        wait_for(
+            lambda: {e["worker"] for e in events(d, "worker.forgotten")} >= {"gpu1", "gpu2"},
+            10,
+            interval=0.1,
+            what="the silent workers to be forgotten",
+        )
         _passes(redis_client, namespace, 10)
         assert disruption.holds().get("gpu") is None  # one worker left counts: the pool is no longer disrupted
         assert len(_inbox(d)) == 1 and len(_escalations(d)) == 1
@@ -213,7 +222,8 @@ def test_the_same_pool_silent_without_revokes_is_held(gpu, disruption):
 
 
 def test_a_daemon_paused_longer_than_grace_during_a_hold_neither_ends_nor_repeats_it(
-        gpu, disruption, redis_client, namespace):
+    gpu, disruption, redis_client, namespace
+):
     d = gpu
     ws = _workers(d, ["gpu0", "gpu1", "gpu2"])
     _claim_one_each(d, ws)
@@ -239,8 +249,16 @@ def test_two_passes_at_once_begin_one_hold(gpu, disruption, redis_server, namesp
     d = gpu
     ws = _workers(d, ["gpu0", "gpu1", "gpu2"])
     beats = Beats(ws[:1])
-    policy = disruption_policy(ExecutorConfig(renew_seconds=0.5, grace_seconds=2, toleration_seconds=6,
-                                              request_timeout_seconds=1, kill_grace_seconds=0.5, pass_seconds=0.2))
+    policy = disruption_policy(
+        ExecutorConfig(
+            renew_seconds=0.5,
+            grace_seconds=2,
+            toleration_seconds=6,
+            request_timeout_seconds=1,
+            kill_grace_seconds=0.5,
+            pass_seconds=0.2,
+        )
+    )
     began: list[str] = []
     start = threading.Barrier(8)
 

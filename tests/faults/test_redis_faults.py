@@ -11,16 +11,7 @@ from piloop_common.client import ApiClient
 from piloop_common.errors import Unavailable
 from tests.helpers.redis import RedisProcess, wait_for
 from tests.helpers.simworker import SimWorker
-from tests.helpers.workers import (
-    GRACE,
-    events,
-    marker_job,
-    marker_runs,
-    overlapping,
-    state,
-    tcp_server,
-    token,
-)
+from tests.helpers.workers import GRACE, events, marker_job, marker_runs, overlapping, state, tcp_server, token
 
 
 @pytest.fixture
@@ -40,8 +31,12 @@ def server_on_own_redis(own_redis, namespace):
 def _run_jobs_through(d, workers, marker, fault) -> list[str]:
     workers(d, token(d, "wa")).start()
     jobs = [marker_job(d, marker, pool=("serve", "gpu")[i % 2], seconds=1.5) for i in range(6)]
-    wait_for(lambda: sum(len(marker_runs(marker).get(j, [])) for j in jobs) >= 2, 30, interval=0.05,
-             what="jobs to be running")
+    wait_for(
+        lambda: sum(len(marker_runs(marker).get(j, [])) for j in jobs) >= 2,
+        30,
+        interval=0.05,
+        what="jobs to be running",
+    )
     fault()
     for j in jobs:
         v = state(d, j, timeout=60)
@@ -61,7 +56,8 @@ def _no_leases_left(rp: RedisProcess, namespace: str) -> None:
 
 
 def test_redis_killed_and_restarted_from_its_aof_mid_run_loses_and_doubles_nothing(
-        server_on_own_redis, own_redis, workers, namespace, tmp_path):
+    server_on_own_redis, own_redis, workers, namespace, tmp_path
+):
     d, marker = server_on_own_redis, tmp_path / "marker"
 
     def fault():
@@ -76,7 +72,8 @@ def test_redis_killed_and_restarted_from_its_aof_mid_run_loses_and_doubles_nothi
 
 
 def test_redis_unreachable_for_a_while_the_daemon_and_workers_wait_and_recover(
-        server_on_own_redis, own_redis, workers, namespace, tmp_path):
+    server_on_own_redis, own_redis, workers, namespace, tmp_path
+):
     d, marker = server_on_own_redis, tmp_path / "marker"
     with d.api() as api:
         cas_id = api.call("GET", "/v1/status")["cas"]["id"]

@@ -18,16 +18,25 @@ def test_a_piloop_call_after_the_lease_ended_is_refused(server, workers):
     d = server
     tok = token(d, "gpu1")
     workers(d, tok).start()
-    job = submit(d, "sh", "-c", f'{sys.executable} -m piloop_common.cli progress "while leased"', kind="agent",
-                 opts=("--campaign", "c1"))
+    job = submit(
+        d,
+        "sh",
+        "-c",
+        f'{sys.executable} -m piloop_common.cli progress "while leased"',
+        kind="agent",
+        opts=("--campaign", "c1"),
+    )
     v = state(d, job)
     assert v["state"] == "succeeded" and [n["note"] for n in v["progress"]] == ["while leased"], v
     lease = v["token"] or next(e for e in events(d, "lease.granted") if e["job"] == job)["token"]
     # the same relayed calls under the ended lease (what the worker's relay forwards): 409 lease_lost, nothing written
     with ApiClient(url=d.url, token=tok) as api:
         api.headers.update({RELAY_JOB_HEADER: job, RELAY_TOKEN_HEADER: lease})
-        for method, path, body in (("POST", "/v1/relay/progress", {"note": "too late"}), ("GET", "/v1/relay/job", None),
-                                   ("POST", "/v1/relay/submit", {"commit": "0" * 40})):
+        for method, path, body in (
+            ("POST", "/v1/relay/progress", {"note": "too late"}),
+            ("GET", "/v1/relay/job", None),
+            ("POST", "/v1/relay/submit", {"commit": "0" * 40}),
+        ):
             with pytest.raises(LeaseLost):
                 api.call(method, path, body)
     assert [n["note"] for n in view(d, job)["progress"]] == ["while leased"]

@@ -31,11 +31,19 @@ def test_a_late_report_is_refused_and_kept_as_a_stale_report_event_its_blobs_in_
     first = wait_for(lambda: (r := marker_runs(marker).get(job)) and r[0], 20, interval=0.05, what="the job to start")
     w.pause()  # the worker and its shim host stop; the job's shim does not, and fences it at its deadline
     wait_for(lambda: not pgid_alive(first["pgid"]), FENCE_AFTER + KILL_GRACE + 2, interval=0.1, what="the fence")
-    wait_for(lambda: [e for e in events(d, "lease.expired") if e["job"] == job], TOLERATION + 5, interval=0.2,
-             what="the lease to expire")
+    wait_for(
+        lambda: [e for e in events(d, "lease.expired") if e["job"] == job],
+        TOLERATION + 5,
+        interval=0.2,
+        what="the lease to expire",
+    )
     w.resume()  # its report of the fenced run, with the partial output, is now late
-    (stale,) = wait_for(lambda: [e for e in events(d, "lease.stale_report") if e["job"] == job], 20, interval=0.2,
-                        what="the late report to be kept as stale")
+    (stale,) = wait_for(
+        lambda: [e for e in events(d, "lease.stale_report") if e["job"] == job],
+        20,
+        interval=0.2,
+        what="the late report to be kept as stale",
+    )
     assert stale["token"] == first["token"] and stale["by"] == "worker:wa" and stale["outcome"] == "fenced"
     result = json.loads(stale["result"])
     store = LocalStore(d.home / "cas")

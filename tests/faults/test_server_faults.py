@@ -43,7 +43,7 @@ def test_the_server_does_not_answer_the_worker_fences_its_job_before_the_lease_e
     assert last_ack_sent <= paused
     wait_for(lambda: not pgid_alive(first["pgid"]), TOLERATION + 2, interval=0.05, what="the job to be fenced")
     gone = time.monotonic()
-    assert gone < last_ack_sent + TOLERATION, (gone - last_ack_sent)  # before its lease could expire
+    assert gone < last_ack_sent + TOLERATION, gone - last_ack_sent  # before its lease could expire
     wait_for(lambda: time.monotonic() > paused + TOLERATION + 2, TOLERATION + 3)  # the lease's time is past
     assert w.output().count("event=worker.unreachable") == 1  # at the first failure, then at most once a minute
     d.resume()
@@ -109,8 +109,12 @@ def test_piloop_serve_restarts_its_worker_reattaches_and_each_job_finishes_once(
     assert len(before) == 2
     # `piloop stop` waits for the daemon's pid to go; the test's Popen is its parent and must reap it (a detached
     # daemon's parent is init)
-    stopper = subprocess.Popen([sys.executable, "-m", "piloop_common.cli", "stop"], env=cli_env(d.home, d.env),
-                               stdout=subprocess.PIPE, text=True)
+    stopper = subprocess.Popen(
+        [sys.executable, "-m", "piloop_common.cli", "stop"],
+        env=cli_env(d.home, d.env),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     d.proc.wait(40)
     out = stopper.communicate(timeout=20)[0]
     assert "its worker's jobs run on under their shims" in out, out

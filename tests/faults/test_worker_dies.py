@@ -26,8 +26,9 @@ from tests.helpers.workers import (
 
 
 def _running_on(marker, job: str, timeout: float = 20) -> dict:
-    return wait_for(lambda: (r := marker_runs(marker).get(job)) and r[-1], timeout, interval=0.05,
-                    what=f"job {job} to start")
+    return wait_for(
+        lambda: (r := marker_runs(marker).get(job)) and r[-1], timeout, interval=0.05, what=f"job {job} to start"
+    )
 
 
 def test_a_worker_dies_during_a_run_the_run_ends_worker_lost_not_an_attempt(server, workers, tmp_path):
@@ -39,8 +40,12 @@ def test_a_worker_dies_during_a_run_the_run_ends_worker_lost_not_an_attempt(serv
     w.kill()
     killed = time.monotonic()
     # its shim fences it from the deadline on disk, though the worker is gone: dead before the lease can end
-    wait_for(lambda: not pgid_alive(run["pgid"]), FENCE_AFTER + KILL_GRACE + 2, interval=0.1,
-             what="the agent's processes to be stopped by its shim")
+    wait_for(
+        lambda: not pgid_alive(run["pgid"]),
+        FENCE_AFTER + KILL_GRACE + 2,
+        interval=0.1,
+        what="the agent's processes to be stopped by its shim",
+    )
     v = state(d, job, "worker_lost", "succeeded", "failed", "lost", "queued", timeout=TOLERATION + 10)
     assert v["state"] == "worker_lost", v
     assert v["attempts"] == 0 and "went silent" in v["reason"], v
@@ -51,14 +56,19 @@ def test_a_worker_dies_during_a_run_the_run_ends_worker_lost_not_an_attempt(serv
 
 
 def test_a_worker_dies_during_an_evaluation_it_is_queued_again_and_partial_output_is_never_the_result(
-        server, workers, tmp_path):
+    server, workers, tmp_path
+):
     d, marker = server, tmp_path / "marker"
     a = workers(d, token(d, "wa")).start()
     job = marker_job(d, marker, first_forever=True)  # the first run writes outputs/result.txt = "partial"
     first = _running_on(marker, job)
     a.kill()
-    wait_for(lambda: not pgid_alive(first["pgid"]), FENCE_AFTER + KILL_GRACE + 2, interval=0.1,
-             what="the evaluation to be fenced")
+    wait_for(
+        lambda: not pgid_alive(first["pgid"]),
+        FENCE_AFTER + KILL_GRACE + 2,
+        interval=0.1,
+        what="the evaluation to be fenced",
+    )
     state(d, job, "queued", timeout=TOLERATION + 10)
     b = workers(d, token(d, "wb")).start()
     v = state(d, job, timeout=40)
@@ -69,14 +79,16 @@ def test_a_worker_dies_during_an_evaluation_it_is_queued_again_and_partial_outpu
     assert [r["where"] for r in runs] == ["wa", "wb"] and not overlapping(runs), runs
     # wa comes back with the fenced run's report and its partial output: refused, the result stays the final one
     a.start()
-    stale = wait_for(lambda: [e for e in events(d, "lease.stale_report") if e["job"] == job], 30, interval=0.2,
-                     what="wa's late report to be kept as stale")
+    stale = wait_for(
+        lambda: [e for e in events(d, "lease.stale_report") if e["job"] == job],
+        30,
+        interval=0.2,
+        what="wa's late report to be kept as stale",
+    )
     assert stale[0]["token"] == first["token"] and stale[0]["outcome"] == "fenced"
     assert view(d, job)["result"] == v["result"]
     assert [e["job"] for e in events(d, "job.succeeded")].count(job) == 1
     b.kill()
-
-
 
 
 def test_the_shim_dies_during_an_evaluation_it_is_queued_again_not_ended_lost(server, workers, tmp_path):

@@ -35,13 +35,18 @@ def make_app(upstream: str, keys: dict[str, dict[str, str]]):
         claims = keys.get(key or "")
         if claims is None:
             return JSONResponse({"error": "proxy", "message": "the proxy does not know this caller"}, 401)
-        headers = [(k, v) for k, v in request.headers.items()
-                   if k not in HOP and k not in CLAIM_HEADERS and k != "x-api-key"]
+        headers = [
+            (k, v) for k, v in request.headers.items() if k not in HOP and k not in CLAIM_HEADERS and k != "x-api-key"
+        ]
         headers += [(h, claims[h]) for h in CLAIM_HEADERS if claims.get(h)]
-        resp = await client.request(request.method, request.url.path, params=request.query_params,
-                                    headers=headers, content=await request.body())
-        return Response(resp.content, resp.status_code,
-                        {k: v for k, v in resp.headers.items() if k not in HOP and k != "content-encoding"})
+        resp = await client.request(
+            request.method, request.url.path, params=request.query_params, headers=headers, content=await request.body()
+        )
+        return Response(
+            resp.content,
+            resp.status_code,
+            {k: v for k, v in resp.headers.items() if k not in HOP and k != "content-encoding"},
+        )
 
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD"]
     return Starlette(routes=[Route("/{path:path}", forward, methods=methods)])
@@ -62,9 +67,13 @@ class Proxy:
 
         root = Path(__file__).resolve().parents[2]
         self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.proxy", str(self.port), self.upstream,
-                                      json.dumps(self.keys)], cwd=root, stdout=self.log, stderr=self.log,
-                                     stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.helpers.proxy", str(self.port), self.upstream, json.dumps(self.keys)],
+            cwd=root,
+            stdout=self.log,
+            stderr=self.log,
+            stdin=subprocess.DEVNULL,
+        )
 
         def up() -> bool:
             assert self.proc is not None and self.proc.poll() is None, self.log_path.read_text()

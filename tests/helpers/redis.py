@@ -35,7 +35,9 @@ def wait_for(cond, timeout: float = 10.0, interval: float = 0.02, what: str = "c
         except Exception as e:  # the thing may not be up yet
             last_exc = e
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else ""))
+    raise AssertionError(
+        f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else "")
+    )
 
 
 class RedisProcess:
@@ -53,9 +55,25 @@ class RedisProcess:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisProcess:
-        args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-                "--appendonly", "yes" if self.appendonly else "no", "--save", "", "--daemonize", "no",
-                "--maxmemory-policy", "noeviction", "--loglevel", "warning"]
+        args = [
+            redis_server_binary(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--maxmemory-policy",
+            "noeviction",
+            "--loglevel",
+            "warning",
+        ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         import redis
 

@@ -55,19 +55,37 @@ def cli_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def piloop(home: Path, *args: str, env: dict[str, str] | None = None, input: str | None = None,
-           timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
+def piloop(
+    home: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    input: str | None = None,
+    timeout: float = 60,
+    check: bool = False,
+) -> subprocess.CompletedProcess:
     """Run the real CLI as a user would (a new process each time)."""
-    proc = subprocess.run([sys.executable, "-m", "piloop_common.cli", *args], env=cli_env(home, env),
-                          capture_output=True, text=True, input=input, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "piloop_common.cli", *args],
+        env=cli_env(home, env),
+        capture_output=True,
+        text=True,
+        input=input,
+        timeout=timeout,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"piloop {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
     return proc
 
 
 class Daemon:
-    def __init__(self, home: Path, config: str = FAST_EXECUTOR, redis_url: str | None = None,
-                 namespace: str | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        config: str = FAST_EXECUTOR,
+        redis_url: str | None = None,
+        namespace: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.home = home
         self.home.mkdir(parents=True, exist_ok=True)
         text = config
@@ -85,8 +103,9 @@ class Daemon:
         args = [sys.executable, "-m", "piloop_common.cli", "serve"] + (["--listen", listen] if listen else [])
         (self.home / "logs").mkdir(exist_ok=True)
         self.log = open(self.home / "logs" / "test-daemon.log", "ab")
-        self.proc = subprocess.Popen(args, env=cli_env(self.home, self.env), stdout=self.log, stderr=self.log,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            args, env=cli_env(self.home, self.env), stdout=self.log, stderr=self.log, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         while not self.healthy():  # raises at once when the daemon exits (a refused start)
             if time.monotonic() > deadline:

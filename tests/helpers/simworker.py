@@ -24,8 +24,14 @@ class SimWorker:
         self.name = ""
 
     def hello(self) -> dict:
-        return {"protocol": self.protocol, "pool": self.pool, "image": self.image, "cas_id": self.cas_id,
-                "sample": self.sample, "jobs": [{"job": j, "token": t} for j, t in self.held.items()]}
+        return {
+            "protocol": self.protocol,
+            "pool": self.pool,
+            "image": self.image,
+            "cas_id": self.cas_id,
+            "sample": self.sample,
+            "jobs": [{"job": j, "token": t} for j, t in self.held.items()],
+        }
 
     def register(self) -> dict:
         got = self.api.call("POST", "/v1/worker/register", self.hello())
@@ -40,17 +46,25 @@ class SimWorker:
         return got
 
     def claim(self, agent: int = 0, evaluation: int = 1) -> dict:
-        got = self.api.call("POST", "/v1/worker/claim", {"protocol": self.protocol,
-                                                          "want": {"agent": agent, "evaluation": evaluation}})
+        got = self.api.call(
+            "POST", "/v1/worker/claim", {"protocol": self.protocol, "want": {"agent": agent, "evaluation": evaluation}}
+        )
         for lease in got["leases"]:
             self.held[lease["job"]] = lease["token"]
         return got
 
-    def report(self, job: str, outcome: str = "succeeded", token: str | None = None, report_id: str | None = None,
-               **extra) -> dict:
-        body = {"protocol": self.protocol, "report_id": report_id or uuid.uuid4().hex, "job": job,
-                "token": token or self.held[job], "outcome": outcome, "exit_code": 0 if outcome == "succeeded" else 1,
-                **extra}
+    def report(
+        self, job: str, outcome: str = "succeeded", token: str | None = None, report_id: str | None = None, **extra
+    ) -> dict:
+        body = {
+            "protocol": self.protocol,
+            "report_id": report_id or uuid.uuid4().hex,
+            "job": job,
+            "token": token or self.held[job],
+            "outcome": outcome,
+            "exit_code": 0 if outcome == "succeeded" else 1,
+            **extra,
+        }
         got = self.api.call("POST", "/v1/worker/report", body)
         self.held.pop(job, None)
         return got

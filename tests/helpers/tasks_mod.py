@@ -29,8 +29,14 @@ def whoami():
     """Where the task runs: its pid, its parent, who imported this module, and its command line."""
     with open("/proc/self/cmdline", "rb") as f:
         cmdline = [a.decode() for a in f.read().split(b"\0") if a]
-    return {"pid": os.getpid(), "ppid": os.getppid(), "imported_by": IMPORTED_BY, "cmdline": cmdline,
-            "cwd": os.getcwd(), "job": os.environ.get("PILOOP_JOB", "")}
+    return {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "imported_by": IMPORTED_BY,
+        "cmdline": cmdline,
+        "cwd": os.getcwd(),
+        "job": os.environ.get("PILOOP_JOB", ""),
+    }
 
 
 @task

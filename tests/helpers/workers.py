@@ -39,8 +39,16 @@ def tcp_server(redis_url: str, namespace: str, extra: str = GPU, config: str = F
 class RemoteWorker:
     """`piloop worker --server ... --pool gpu` in a home of its own that shares only the server's CAS."""
 
-    def __init__(self, d: Daemon, token: str, pool: str = "gpu", same_cas: bool = True, env: dict | None = None,
-                 args: tuple[str, ...] = (), name: str = "") -> None:
+    def __init__(
+        self,
+        d: Daemon,
+        token: str,
+        pool: str = "gpu",
+        same_cas: bool = True,
+        env: dict | None = None,
+        args: tuple[str, ...] = (),
+        name: str = "",
+    ) -> None:
         self.d, self.token, self.pool, self.env, self.args, self.name = d, token, pool, env or {}, args, name
         self.home = short_home("w")
         if same_cas:
@@ -51,9 +59,24 @@ class RemoteWorker:
         env = cli_env(self.home, {"PILOOP_HTTPS_TOKEN": self.token, **self.env})
         self.log = open(self.home / "worker.log", "ab")
         # a session of its own: a test may stop the worker with its shim host as one group (the shims have theirs)
-        self.proc = subprocess.Popen([sys.executable, "-m", "piloop_common.cli", "worker", "--server", self.d.url,
-                                      "--pool", self.pool, *self.args], env=env, stdout=self.log, stderr=self.log,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "piloop_common.cli",
+                "worker",
+                "--server",
+                self.d.url,
+                "--pool",
+                self.pool,
+                *self.args,
+            ],
+            env=env,
+            stdout=self.log,
+            stderr=self.log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         return self
 
     @property
@@ -136,8 +159,12 @@ def view(d: Daemon, job: str) -> dict:
 
 def state(d: Daemon, job: str, *states: str, timeout: float = 30) -> dict:
     states = states or ENDED
-    return wait_for(lambda: (v := view(d, job))["state"] in states and v, timeout, interval=0.1,
-                    what=f"job {job} to be {'|'.join(states)}")
+    return wait_for(
+        lambda: (v := view(d, job))["state"] in states and v,
+        timeout,
+        interval=0.1,
+        what=f"job {job} to be {'|'.join(states)}",
+    )
 
 
 def events(d: Daemon, *types: str) -> list[dict]:
@@ -224,8 +251,18 @@ def marker_runs(marker: Path) -> dict[str, list[dict]]:
         return {}
     for raw in marker.read_text().splitlines():
         ev, job, where, tok, pgid, t = raw.split(" ")
-        r = runs.setdefault((job, tok), {"job": job, "where": where, "token": tok, "pgid": int(pgid),
-                                          "start": float(t), "last": float(t), "ended": False})
+        r = runs.setdefault(
+            (job, tok),
+            {
+                "job": job,
+                "where": where,
+                "token": tok,
+                "pgid": int(pgid),
+                "start": float(t),
+                "last": float(t),
+                "ended": False,
+            },
+        )
         r["start"], r["last"] = min(r["start"], float(t)), max(r["last"], float(t))
         r["ended"] = r["ended"] or ev == "end"
     out: dict[str, list[dict]] = {}
@@ -240,8 +277,15 @@ def overlapping(runs: list[dict]) -> bool:
     return any(b["start"] < a["last"] for a, b in itertools.pairwise(rs))
 
 
-def marker_job(d: Daemon, marker: Path, *, pool: str = "gpu", kind: str = "evaluation", seconds: float = 1.0,
-               first_forever: bool = False) -> str:
+def marker_job(
+    d: Daemon,
+    marker: Path,
+    *,
+    pool: str = "gpu",
+    kind: str = "evaluation",
+    seconds: float = 1.0,
+    first_forever: bool = False,
+) -> str:
     opts = ("--env", f"MARKER={marker}", "--env", f"RUN_SECONDS={seconds}")
     if first_forever:
         opts += ("--env", "FIRST_FOREVER=1")
@@ -258,14 +302,23 @@ class HandWorker:
         from piloop_common.protocol import PROTOCOL
 
         self.d, self.name, self.token, self.pool, self.protocol = d, name, tok, pool, PROTOCOL
-        self.http = httpx.Client(base_url=d.url, timeout=10,  # type: ignore[attr-defined]
-                                 headers={"Authorization": f"Bearer {tok}"})
+        self.http = httpx.Client(
+            base_url=d.url,
+            timeout=10,  # type: ignore[attr-defined]
+            headers={"Authorization": f"Bearer {tok}"},
+        )
         with d.api() as api:
             self.cas_id = api.call("GET", "/v1/status")["cas"]["id"]
 
     def hello(self, jobs: list[dict] | None = None) -> dict:
-        return {"protocol": self.protocol, "pool": self.pool, "image": "", "cas_id": self.cas_id, "jobs": jobs or [],
-                "sample": {"cpus": 1, "load1": 0.0, "memory_available_gb": 8.0, "disk_free_gb": 10.0}}
+        return {
+            "protocol": self.protocol,
+            "pool": self.pool,
+            "image": "",
+            "cas_id": self.cas_id,
+            "jobs": jobs or [],
+            "sample": {"cpus": 1, "load1": 0.0, "memory_available_gb": 8.0, "disk_free_gb": 10.0},
+        }
 
     def post(self, path: str, body: dict):
         return self.http.post(f"/v1/worker/{path}", json={"protocol": self.protocol, **body})
@@ -277,11 +330,13 @@ class HandWorker:
 
     def claim(self, kind: str = "evaluation", timeout: float = 20) -> dict:
         """One lease of `kind`, claimed again until one comes: the assignment (job, token, ...)."""
+
         def once() -> dict | None:
             resp = self.post("claim", {"want": {kind: 1}})
             assert resp.status_code == 200, resp.text
             got = resp.json()["leases"]
             return got[0] if got else None
+
         return wait_for(once, timeout, interval=0.1, what=f"worker {self.name} to lease a job")
 
     def close(self) -> None:

@@ -22,8 +22,13 @@ def _state(daemon, job: str) -> str:
 def test_attach_follows_a_running_job_then_prints_a_finished_one_whole_and_exits_with_its_outcome(daemon):
     job = daemon.cli("job", "submit", "--", sys.executable, "-c", TICKER, check=True).stdout.strip()
     wait_for(lambda: _state(daemon, job) == "running", 20, what=f"{job} running")
-    proc = subprocess.Popen([sys.executable, "-m", "piloop_common.cli", "attach", job], env=cli_env(daemon.home),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "piloop_common.cli", "attach", job],
+        env=cli_env(daemon.home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()
@@ -42,8 +47,9 @@ def test_attach_follows_a_running_job_then_prints_a_finished_one_whole_and_exits
     assert again.returncode == 0, again.stderr
     assert again.stdout.splitlines() == expected
 
-    failing = daemon.cli("job", "submit", "--", sys.executable, "-c", "print('about to fail'); raise SystemExit(3)",
-                         check=True).stdout.strip()
+    failing = daemon.cli(
+        "job", "submit", "--", sys.executable, "-c", "print('about to fail'); raise SystemExit(3)", check=True
+    ).stdout.strip()
     started = time.monotonic()
     out = daemon.cli("attach", failing, timeout=60)
     assert out.stdout == "about to fail\n"

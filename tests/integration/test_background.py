@@ -22,15 +22,22 @@ MOD = "tests.helpers.background_tasks"
 
 
 # a provisioned pool that never starts a worker: its queue has a background worker of its own
-GPU = ("\n[plugins.executor.pools.gpu]\nagents = 0\nevaluations = 1\n\n[plugins.executor.pools.gpu.provisioner]\n"
-       "max = 0\n\n[plugins.executor.pools.gpu.provisioner.compute]\nprovider = \"local\"\n")
+GPU = (
+    "\n[plugins.executor.pools.gpu]\nagents = 0\nevaluations = 1\n\n[plugins.executor.pools.gpu.provisioner]\n"
+    'max = 0\n\n[plugins.executor.pools.gpu.provisioner.compute]\nprovider = "local"\n'
+)
 
 
 def _daemon(redis_server) -> Daemon:
     ns = "t" + uuid.uuid4().hex[:10]
     # the workers import the tests' task module; the tasks it submits itself retry 1 s apart
-    d = Daemon(short_home(), config=FAST_EXECUTOR + GPU, redis_url=redis_server.url, namespace=ns,
-               env={"PYTHONPATH": REPO, tasks.RETRY_ENV: "1,1"})
+    d = Daemon(
+        short_home(),
+        config=FAST_EXECUTOR + GPU,
+        redis_url=redis_server.url,
+        namespace=ns,
+        env={"PYTHONPATH": REPO, tasks.RETRY_ENV: "1,1"},
+    )
     d.ns = ns  # type: ignore[attr-defined]
     return d.start()
 
@@ -50,8 +57,11 @@ def rt(server, redis_client):
 
 def _events(d: Daemon, type_: str, name: str) -> list[dict]:
     with d.api() as api:
-        return [e for e in api.call("GET", "/v1/events", params={"count": 10_000})
-                if e["type"] == type_ and e.get("name", e.get("key")) == name]
+        return [
+            e
+            for e in api.call("GET", "/v1/events", params={"count": 10_000})
+            if e["type"] == type_ and e.get("name", e.get("key")) == name
+        ]
 
 
 def _background(d: Daemon) -> dict[str, psutil.Process]:
@@ -72,8 +82,12 @@ def test_a_task_runs_in_a_background_worker_and_one_key_runs_once_at_a_time(serv
     assert int(done[0]["pid"]) == _background(server)["default"].pid  # run by serve's worker of its queue
     assert len(_events(server, "test.started", name)) == 1
     # once it has ended, the same key runs again
-    wait_for(lambda: tasks.submit(rt, f"{MOD}:mark", name, key=f"test.mark:{name}"), 5, interval=0.05,
-             what="a second submit once the first ended")
+    wait_for(
+        lambda: tasks.submit(rt, f"{MOD}:mark", name, key=f"test.mark:{name}"),
+        5,
+        interval=0.05,
+        what="a second submit once the first ended",
+    )
     wait_for(lambda: len(_events(server, "test.done", name)) == 2, 30, interval=0.1, what="the second run")
 
 
@@ -116,8 +130,12 @@ def test_a_killed_background_worker_is_restarted_and_its_tasks_still_run(server,
     done = wait_for(lambda: _events(server, "test.done", queued), 30, interval=0.1, what="the queued task runs")
     now = _background(server)["default"]
     assert now.pid != before["default"].pid and int(done[0]["pid"]) == now.pid
-    wait_for(lambda: len(_events(server, "test.started", name)) == 2, 30, interval=0.1,
-             what="the task the killed worker held is retried")
+    wait_for(
+        lambda: len(_events(server, "test.started", name)) == 2,
+        30,
+        interval=0.1,
+        what="the task the killed worker held is retried",
+    )
 
 
 def test_killing_serve_leaves_no_background_process(redis_server, redis_client):

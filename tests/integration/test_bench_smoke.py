@@ -11,8 +11,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_python_m_bench_quick_prints_its_table():
-    got = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "server", "--workers", "10"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    got = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--only", "server", "--workers", "10"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert got.returncode == 0, got.stderr[-2000:]
     lines = got.stdout.splitlines()
     assert lines[0].startswith("| figure ") and "piloop/best" in lines[0], got.stdout

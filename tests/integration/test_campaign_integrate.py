@@ -34,19 +34,36 @@ def rt(redis_server, namespace, tmp_path):
 
 def _finished_run(rt: Runtime, name: str, job: str, *, bundle: str | None, head: str, base: str) -> None:
     """An agent job of the campaign that succeeded with this head and bundle, as report.lua leaves it."""
-    spec = JobSpec(argv=["true"], campaign=CampaignJob(
-        repo=RepoSpec(campaign=name, bundle="sha256:" + "0" * 64, commit=base, branch=f"runs/{job}"), collect=True))
+    spec = JobSpec(
+        argv=["true"],
+        campaign=CampaignJob(
+            repo=RepoSpec(campaign=name, bundle="sha256:" + "0" * 64, commit=base, branch=f"runs/{job}"), collect=True
+        ),
+    )
     rt.leases.enqueue(job, "agent", "serve", spec.model_dump(mode="json"), by="test", campaign=name)
-    rt.redis.hset(rt.keys.job(job), mapping={"state": "succeeded", "result": json.dumps(
-        {"head": head, "bundle": bundle, "workspace": None})})
+    rt.redis.hset(
+        rt.keys.job(job),
+        mapping={"state": "succeeded", "result": json.dumps({"head": head, "bundle": bundle, "workspace": None})},
+    )
     rt.redis.zadd(rt.keys.campaign_runs(name), {job: 1})
     rt.redis.sadd(rt.keys.campaign_pending(), job)
 
 
 def test_taking_a_run_in_twice_is_one_branch_and_one_evaluation(rt, tmp_path):
     base = make_repo(tmp_path / "repo", big=10)
-    campaigns.create(rt, CampaignCreate(name="c", repo=str(tmp_path / "repo"), agent_cmd="true", eval_cmd="true",
-                                        agents=0, eval_memory_mb=512, eval_max_attempts=2), by="test")
+    campaigns.create(
+        rt,
+        CampaignCreate(
+            name="c",
+            repo=str(tmp_path / "repo"),
+            agent_cmd="true",
+            eval_cmd="true",
+            agents=0,
+            eval_memory_mb=512,
+            eval_max_attempts=2,
+        ),
+        by="test",
+    )
     work = tmp_path / "work"
     subprocess.run(["git", "clone", "-q", str(tmp_path / "repo"), str(work)], check=True)
     (work / "runs.txt").write_text("one\n")
@@ -73,8 +90,11 @@ def test_taking_a_run_in_twice_is_one_branch_and_one_evaluation(rt, tmp_path):
 
 def test_a_run_whose_bundle_left_the_cas_is_reported_once_and_not_retried(rt, tmp_path):
     base = make_repo(tmp_path / "repo", big=10)
-    campaigns.create(rt, CampaignCreate(name="c", repo=str(tmp_path / "repo"), agent_cmd="true", eval_cmd="true",
-                                        agents=0), by="test")
+    campaigns.create(
+        rt,
+        CampaignCreate(name="c", repo=str(tmp_path / "repo"), agent_cmd="true", eval_cmd="true", agents=0),
+        by="test",
+    )
     missing = "sha256:" + "1" * 64  # accepted at report time, deleted from the CAS since
     _finished_run(rt, "c", "jbbbbbbbbbbbb", bundle=missing, head="2" * 40, base=base)
     assert campaigns.integrate(rt, "jbbbbbbbbbbbb") == "failed"

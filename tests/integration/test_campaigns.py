@@ -16,8 +16,10 @@ from tests.helpers.workers import token
 
 # each run appends a line (its job id) and commits; the score is the number of lines, so runs that start from
 # the best run so far score higher and higher
-AGENT = ('echo "$PILOOP_JOB" >> runs.txt && git add runs.txt && git commit -qm "run $PILOOP_JOB" '
-         '&& echo "$PILOOP_JOB" > "$PILOOP_WORKSPACE/note-$PILOOP_JOB.txt" && rm -f "$PILOOP_WORKSPACE/drop.txt"')
+AGENT = (
+    'echo "$PILOOP_JOB" >> runs.txt && git add runs.txt && git commit -qm "run $PILOOP_JOB" '
+    '&& echo "$PILOOP_JOB" > "$PILOOP_WORKSPACE/note-$PILOOP_JOB.txt" && rm -f "$PILOOP_WORKSPACE/drop.txt"'
+)
 EVAL = 'echo "evaluating $(git rev-parse HEAD)"; echo "score=$(wc -l < runs.txt)"'
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
 
@@ -31,8 +33,9 @@ def make_repo(path: Path, big: int = 300_000) -> str:
     (path / "runs.txt").write_text("")
     subprocess.run(["git", "add", "-A"], cwd=path, check=True, env=env)
     subprocess.run(["git", "commit", "-qm", "base"], cwd=path, check=True, env=env)
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, check=True, env=env, capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=path, check=True, env=env, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def show(d, name: str) -> dict:
@@ -57,9 +60,25 @@ def test_a_campaign_runs_agents_on_two_workers_and_ranks_their_scores(server, wo
     for name in ("gpu1", "gpu2"):  # a token names its worker
         workers(d, token(d, name, "--pool", "gpu")).start()
 
-    p = d.cli("campaign", "create", "demo", "--repo", str(tmp_path / "repo"), "--agent-cmd", AGENT,
-              "--eval-cmd", EVAL, "--agents", "2", "--agent-pool", "gpu", "--eval-pool", "serve",
-              "--workspace", str(ws))
+    p = d.cli(
+        "campaign",
+        "create",
+        "demo",
+        "--repo",
+        str(tmp_path / "repo"),
+        "--agent-cmd",
+        AGENT,
+        "--eval-cmd",
+        EVAL,
+        "--agents",
+        "2",
+        "--agent-pool",
+        "gpu",
+        "--eval-pool",
+        "serve",
+        "--workspace",
+        str(ws),
+    )
     assert p.returncode == 0, p.stderr
     assert "campaign demo: 2 agent(s) on pool gpu" in p.stdout
     c = show(d, "demo")
@@ -70,6 +89,7 @@ def test_a_campaign_runs_agents_on_two_workers_and_ranks_their_scores(server, wo
     def built_on() -> bool:
         scores = [r["score"] for r in show(d, "demo")["runs"] if r["score"] is not None]
         return len(scores) >= 6 and max(scores) >= 2
+
     wait_for(built_on, timeout=180, what="six scored runs, one of them built on an earlier run")
     assert d.cli("campaign", "pause", "demo").returncode == 0
     assert show(d, "demo")["queued"] == 0  # pausing withdrew the agents waiting for a slot
@@ -81,18 +101,28 @@ def test_a_campaign_runs_agents_on_two_workers_and_ranks_their_scores(server, wo
     assert c["best"] == scored[0]["score"] >= 2  # later runs built on earlier ones
 
     repo = d.home / "campaigns" / "demo" / "repo.git"
-    branches = subprocess.run(["git", "for-each-ref", "--format=%(refname:short) %(objectname)", "refs/heads/runs"],
-                              cwd=repo, capture_output=True, text=True, check=True).stdout.split("\n")
+    branches = subprocess.run(
+        ["git", "for-each-ref", "--format=%(refname:short) %(objectname)", "refs/heads/runs"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
     heads = dict(line.split() for line in branches if line)
     for r in scored:
         assert heads[r["branch"]] == r["head"]  # the run's commits are its branch in the campaign's repo
         ev = job(d, r["evaluation"])
         assert ev["state"] == "succeeded" and ev["result"]["score"] == r["score"]
-        count = subprocess.run(["git", "show", f"{r['head']}:runs.txt"], cwd=repo, capture_output=True, text=True,
-                               check=True).stdout.count("\n")
+        count = subprocess.run(
+            ["git", "show", f"{r['head']}:runs.txt"], cwd=repo, capture_output=True, text=True, check=True
+        ).stdout.count("\n")
         assert count == r["score"]
-        assert r["job"] in subprocess.run(["git", "log", "-1", "--format=%s", r["head"]], cwd=repo,
-                                          capture_output=True, text=True, check=True).stdout
+        assert (
+            r["job"]
+            in subprocess.run(
+                ["git", "log", "-1", "--format=%s", r["head"]], cwd=repo, capture_output=True, text=True, check=True
+            ).stdout
+        )
 
     # the workspace: each integrated run's note is in it, the shared file kept, the deleted one gone
     store = open_store(load_settings(d.home).plugins.cas, d.home)
@@ -146,8 +176,9 @@ def test_bad_campaign_input_is_refused_and_creates_nothing(daemon, tmp_path):
         p = d.cli("campaign", "create", "bad", *args, "--agent-cmd", "true", "--eval-cmd", "true")
         assert p.returncode != 0 and said in p.stderr, (args, p.stderr)
         assert "Traceback" not in p.stderr
-    p = d.cli("campaign", "create", "Bad Name", "--repo", str(tmp_path / "repo"), "--agent-cmd", "true",
-              "--eval-cmd", "true")
+    p = d.cli(
+        "campaign", "create", "Bad Name", "--repo", str(tmp_path / "repo"), "--agent-cmd", "true", "--eval-cmd", "true"
+    )
     assert p.returncode != 0 and "name" in p.stderr
     assert json.loads(d.cli("campaign", "list", "--json").stdout) == []
     # a job to an unknown pool is refused the same way, and nothing is queued
@@ -161,11 +192,25 @@ def test_bad_campaign_input_is_refused_and_creates_nothing(daemon, tmp_path):
 def test_an_eval_that_prints_no_score_fails_its_evaluation_and_scores_nothing(daemon, tmp_path):
     d = daemon
     make_repo(tmp_path / "repo", big=10)
-    p = d.cli("campaign", "create", "noscore", "--repo", str(tmp_path / "repo"), "--agents", "1",
-              "--agent-cmd", 'echo x >> runs.txt && git commit -qam "run"', "--eval-cmd", "echo all good")
+    p = d.cli(
+        "campaign",
+        "create",
+        "noscore",
+        "--repo",
+        str(tmp_path / "repo"),
+        "--agents",
+        "1",
+        "--agent-cmd",
+        'echo x >> runs.txt && git commit -qam "run"',
+        "--eval-cmd",
+        "echo all good",
+    )
     assert p.returncode == 0, p.stderr
-    wait_for(lambda: any(r["evaluation_state"] == "failed" for r in show(d, "noscore")["runs"]), timeout=60,
-             what="a failed evaluation")
+    wait_for(
+        lambda: any(r["evaluation_state"] == "failed" for r in show(d, "noscore")["runs"]),
+        timeout=60,
+        what="a failed evaluation",
+    )
     assert d.cli("campaign", "pause", "noscore").returncode == 0
     c = show(d, "noscore")
     r = next(r for r in c["runs"] if r["evaluation_state"] == "failed")
@@ -174,8 +219,9 @@ def test_an_eval_that_prints_no_score_fails_its_evaluation_and_scores_nothing(da
     ev = job(d, r["evaluation"])
     assert ev["state"] == "failed" and "score=<number>" in ev["reason"] and "score" not in ev["result"]
     # a second create of the same name is refused, the first untouched
-    p = d.cli("campaign", "create", "noscore", "--repo", str(tmp_path / "repo"), "--agent-cmd", "true",
-              "--eval-cmd", "true")
+    p = d.cli(
+        "campaign", "create", "noscore", "--repo", str(tmp_path / "repo"), "--agent-cmd", "true", "--eval-cmd", "true"
+    )
     assert p.returncode != 0 and "exists" in p.stderr
     assert show(d, "noscore")["agent_cmd"].startswith("echo x")
     p = d.cli("campaign", "rm", "noscore")
@@ -190,14 +236,26 @@ def test_campaigns_sharing_one_agent_slot_take_turns(daemon, tmp_path):
     # each agent notes itself while it runs; a run with no commit is not evaluated
     agent = f'echo "$PILOOP_CAMPAIGN $PILOOP_JOB start" >> {marker}; sleep 0.3; echo "$PILOOP_CAMPAIGN $PILOOP_JOB end" >> {marker}'
     for name in ("a", "b"):
-        p = d.cli("campaign", "create", name, "--repo", str(tmp_path / "repo"), "--agents", "1",
-                  "--agent-cmd", agent, "--eval-cmd", "echo score=1")
+        p = d.cli(
+            "campaign",
+            "create",
+            name,
+            "--repo",
+            str(tmp_path / "repo"),
+            "--agents",
+            "1",
+            "--agent-cmd",
+            agent,
+            "--eval-cmd",
+            "echo score=1",
+        )
         assert p.returncode == 0, p.stderr
     wait_for(lambda: all(len(show(d, n)["runs"]) >= 3 for n in ("a", "b")), timeout=60, what="three runs each")
     for n in ("a", "b"):
         assert d.cli("campaign", "pause", n).returncode == 0
-    wait_for(lambda: all(show(d, n)["live"] + show(d, n)["queued"] == 0 for n in ("a", "b")), timeout=30,
-             what="agents ended")
+    wait_for(
+        lambda: all(show(d, n)["live"] + show(d, n)["queued"] == 0 for n in ("a", "b")), timeout=30, what="agents ended"
+    )
     lines = marker.read_text().split()
     events = [(lines[i], lines[i + 1], lines[i + 2]) for i in range(0, len(lines), 3)]
     running = 0
@@ -208,5 +266,5 @@ def test_campaigns_sharing_one_agent_slot_take_turns(daemon, tmp_path):
     # first pause: a paused campaign's turn goes to the other
     starts = [c for c, _, what in events if what == "start"]
     first_b = starts.index("b")
-    order = starts[max(0, first_b - 1):first_b + 5]
+    order = starts[max(0, first_b - 1) : first_b + 5]
     assert all(order[i] != order[i + 1] for i in range(len(order) - 1)), order

@@ -350,8 +350,10 @@ def test_s3_uploads_in_boto3s_parts_and_sends_nothing_that_exists(s3_url: str, t
     from piloop_common.cas.s3 import S3Store
 
     ns = uuid.uuid4().hex[:12]
-    store = open_store(CONFIG.validate_python({"provider": "s3", "bucket": BUCKET, "prefix": f"{ns}/",
-                                               "endpoint_url": s3_url}), tmp_path)
+    store = open_store(
+        CONFIG.validate_python({"provider": "s3", "bucket": BUCKET, "prefix": f"{ns}/", "endpoint_url": s3_url}),
+        tmp_path,
+    )
     assert isinstance(store, S3Store)
     calls: list[str] = []
     store._client.meta.events.register("before-call.s3", lambda model, **_: calls.append(model.name))

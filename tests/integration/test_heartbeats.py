@@ -33,8 +33,13 @@ def _leased(leases: Leases, worker: str, job: str) -> Lease:
 def test_one_script_answers_each_worker_and_refuses_only_the_unknown(leases):
     _workers(leases, 2)
     lease = _leased(leases, "w0", "j1")
-    answers = leases.heartbeats([Beat("w0", {"load": 0.5}, [lease, Lease("ghost-job", "7")]), Beat("ghost", {}, []),
-                                 Beat("w1", {"load": 0.2}, [])])
+    answers = leases.heartbeats(
+        [
+            Beat("w0", {"load": 0.5}, [lease, Lease("ghost-job", "7")]),
+            Beat("ghost", {}, []),
+            Beat("w1", {"load": 0.2}, []),
+        ]
+    )
     (now0, st0), unknown, (now1, st1) = answers
     assert now0 == now1 > 0
     assert st0 == {"j1": "ok", "ghost-job": "lost"} and st1 == {}

@@ -23,8 +23,7 @@ def test_init_runs_everything_on_the_embedded_defaults_and_stop_keeps_the_data()
         assert (home / "redis" / "redis.sock").exists()
         # the default pool keeps jobs off a host over 1.5 load per CPU, which a loaded test machine can be: this
         # test is about init, so lift that threshold with a limit (the rest stays the embedded defaults)
-        piloop(home, "limits", "set", "executor.pools.serve.max_load=1000", "--reason", "test machine load",
-               check=True)
+        piloop(home, "limits", "set", "executor.pools.serve.max_load=1000", "--reason", "test machine load", check=True)
         job = piloop(home, "job", "submit", "--", "sh", "-c", "echo hi", check=True).stdout.strip()
         assert piloop(home, "job", "wait", job, timeout=60).returncode == 0
         st = json.loads(piloop(home, "status", "--json", check=True).stdout)
@@ -34,11 +33,19 @@ def test_init_runs_everything_on_the_embedded_defaults_and_stop_keeps_the_data()
         again = piloop(home, "init")
         assert "already running" in again.stdout
         assert piloop(home, "stop", timeout=90).returncode == 0
-        wait_for(lambda: not (home / "redis" / "redis.sock").exists() or not _redis_up(home), 15,
-                 what="the embedded Redis to stop with the daemon")
+        wait_for(
+            lambda: not (home / "redis" / "redis.sock").exists() or not _redis_up(home),
+            15,
+            what="the embedded Redis to stop with the daemon",
+        )
         # a new daemon finds the job where the old one left it: the AOF kept it
-        proc = subprocess.Popen([sys.executable, "-m", "piloop_common.cli", "serve", "--detach"],
-                                env=cli_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "piloop_common.cli", "serve", "--detach"],
+            env=cli_env(home),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         _out, err = proc.communicate(timeout=90)
         assert proc.returncode == 0, err
         shown = json.loads(piloop(home, "job", "show", job, "--json", check=True).stdout)
@@ -59,8 +66,12 @@ def _redis_up(home) -> bool:
 
 
 def test_events_follow_prints_new_events_as_they_happen(daemon):
-    proc = subprocess.Popen([sys.executable, "-m", "piloop_common.cli", "events", "--follow", "--last", "0"],
-                            env=cli_env(daemon.home, daemon.env), stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "piloop_common.cli", "events", "--follow", "--last", "0"],
+        env=cli_env(daemon.home, daemon.env),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: proc.poll() is None, 5, what="events --follow to start")
         job = daemon.cli("job", "submit", "--", "true", check=True).stdout.strip()
@@ -72,6 +83,7 @@ def test_events_follow_prints_new_events_as_they_happen(daemon):
             if line:
                 seen.append(line)
             return any("job.queued" in s and job in s and "human:" in s for s in seen)
+
         wait_for(got_it, 15, interval=0.05, what="job.queued in events --follow")
     finally:
         proc.terminate()

@@ -78,9 +78,13 @@ class LeaseMachine(RuleBasedStateMachine):
             assert fence(t) > self.max_token, "a token went backwards"
             self.max_token = fence(t)
 
-    @rule(kind=st.sampled_from(KINDS), campaign=st.sampled_from(CAMPAIGNS),
-          memory=st.sampled_from([None, 512, 1024, 1536]), attempts=st.integers(1, 3),
-          backoff=st.sampled_from([0, 1000]))
+    @rule(
+        kind=st.sampled_from(KINDS),
+        campaign=st.sampled_from(CAMPAIGNS),
+        memory=st.sampled_from([None, 512, 1024, 1536]),
+        attempts=st.integers(1, 3),
+        backoff=st.sampled_from([0, 1000]),
+    )
     def enqueue(self, kind, campaign, memory, attempts, backoff):
         jid = f"j{next(self.ids)}"
         spec = {"memory_mb": memory, "max_attempts": attempts, "backoff_seconds": backoff}
@@ -89,8 +93,9 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @rule(worker=st.sampled_from(WORKERS), kind=st.sampled_from(KINDS), most=st.integers(1, 3))
     def claim(self, worker, kind, most):
-        c = self.l.claim(worker, "p", kind, slots=SLOTS[kind], image="", most=most, room_mb=ROOM[worker],
-                         default_mb=256)
+        c = self.l.claim(
+            worker, "p", kind, slots=SLOTS[kind], image="", most=most, room_mb=ROOM[worker], default_mb=256
+        )
         self._take(lease.token for lease in c.leases)
         for lease in c.leases:
             assert lease.job not in self.cancelled, f"{lease.job} was leased again after its cancel"
@@ -120,8 +125,12 @@ class LeaseMachine(RuleBasedStateMachine):
         self.l.expire()
 
     @precondition(lambda self: any(self.held.values()))
-    @rule(data=st.data(), outcome=st.sampled_from(["succeeded", "failed", "fenced", "cancelled"]),
-          twice=st.booleans(), oom=st.booleans())
+    @rule(
+        data=st.data(),
+        outcome=st.sampled_from(["succeeded", "failed", "fenced", "cancelled"]),
+        twice=st.booleans(),
+        oom=st.booleans(),
+    )
     def report(self, data, outcome, twice, oom):
         worker = data.draw(st.sampled_from([w for w in WORKERS if self.held[w]]))
         job = data.draw(st.sampled_from(sorted(self.held[worker])))
@@ -166,15 +175,22 @@ class LeaseMachine(RuleBasedStateMachine):
 
     def _snapshot(self, job: str) -> tuple:
         r, k = self.r, self.k
-        return (r.hmget(k.job(job), "state", "worker", "token", "attempts", "lost", "result", "history"),
-                r.get(k.lease(job)), r.zscore(k.deadlines(), job), r.llen(k.job_log(job)))
+        return (
+            r.hmget(k.job(job), "state", "worker", "token", "attempts", "lost", "result", "history"),
+            r.get(k.lease(job)),
+            r.zscore(k.deadlines(), job),
+            r.llen(k.job_log(job)),
+        )
 
     def _foreign_events(self) -> int:
         return sum(1 for _, f in self.r.xrange(self.k.events()) if f[b"type"] == b"lease.foreign_token")
 
     @precondition(lambda self: self.given)
-    @rule(data=st.data(), how=st.sampled_from(["stolen", "guessed"]),
-          call=st.sampled_from(["heartbeat", "report", "release", "log"]))
+    @rule(
+        data=st.data(),
+        how=st.sampled_from(["stolen", "guessed"]),
+        call=st.sampled_from(["heartbeat", "report", "release", "log"]),
+    )
     def attacker(self, data, how, call):
         """Another worker's (or a stale) token, or a guess of the next one, under the attacker's own name."""
         victim, job, token = data.draw(st.sampled_from(self.given))
@@ -272,7 +288,9 @@ class LeaseMachine(RuleBasedStateMachine):
 
 TestLeaseMachine = LeaseMachine.TestCase
 TestLeaseMachine.settings = settings(
-    max_examples=60, stateful_step_count=40, deadline=None,
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 TestLeaseMachine = pytest.mark.usefixtures("machine_env")(TestLeaseMachine)

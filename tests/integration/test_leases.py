@@ -55,8 +55,9 @@ def test_claim_reads_past_jobs_it_may_not_run_in_pages_and_keeps_their_order(lea
     plan += [(f"b{i}", "img:1", 100) for i in range(2)] + [(y, "img:2", 0) for y in other[3:]]  # the next 16
     plan += [(f"big{i}", "", 4096) for i in range(2)] + [(f"c{i}", "", 0) for i in range(3)]
     for job, image, mb in plan:
-        leases.enqueue(job, "evaluation", "p", {"argv": ["true"], **({"memory_mb": mb} if mb else {})},
-                       by="human:t", image=image)
+        leases.enqueue(
+            job, "evaluation", "p", {"argv": ["true"], **({"memory_mb": mb} if mb else {})}, by="human:t", image=image
+        )
         time.sleep(0.002)  # distinct enqueue scores
     c = leases.claim("w1", "p", "evaluation", slots=10, image="img:1", most=6, room_mb=1024)
     assert [lease.job for lease in c.leases] == ["a0", "a1", "a2", "b0", "b1", "c0"]
@@ -150,13 +151,17 @@ def test_reports_in_one_batch_answer_each_in_order_and_one_error_leaves_the_othe
     lc, la, lb = leases.claim("w1", "p", "evaluation", slots=3, image="", most=3).leases
     assert leases.report("rc", "c", lc.token, "w1", "succeeded", {})["answer"] == "accepted"  # its SHA now known
     leases.r.script_flush()  # as after a restart of Redis: every script of the batch meets NOSCRIPT, and runs once
-    got = leases.report_many([
-        Report("ra", "a", la.token, "w1", "succeeded", {"exit": 0}),
-        Report("rx", "nope", "1", "w1", "succeeded", {}),
-        Report("ra", "a", la.token, "w1", "succeeded", {"exit": 0}),  # the same report again: the same answer
-        Report("rb", "b", lb.token[:-1] + ("0" if lb.token[-1] != "0" else "1"), "w1", "failed", {"exit": 1}),  # not b's lease
-        Report("rb2", "b", lb.token, "w1", "failed", {"exit": 1}, "boom"),
-    ])
+    got = leases.report_many(
+        [
+            Report("ra", "a", la.token, "w1", "succeeded", {"exit": 0}),
+            Report("rx", "nope", "1", "w1", "succeeded", {}),
+            Report("ra", "a", la.token, "w1", "succeeded", {"exit": 0}),  # the same report again: the same answer
+            Report(
+                "rb", "b", lb.token[:-1] + ("0" if lb.token[-1] != "0" else "1"), "w1", "failed", {"exit": 1}
+            ),  # not b's lease
+            Report("rb2", "b", lb.token, "w1", "failed", {"exit": 1}, "boom"),
+        ]
+    )
     assert got[0] == got[2] == {"answer": "accepted", "state": "succeeded"}
     assert isinstance(got[1], NotFound) and "nope" in got[1].message
     assert got[3] == {"answer": "stale"}
@@ -177,6 +182,7 @@ def test_expiry_requeues_evaluations_ends_agents_and_stops_after_max_lost(leases
         def go():
             leases.heartbeat("w1", {}, [])  # the worker lives; its leases are not named
             return leases.expire().count >= n or None
+
         return go
 
     wait_for(pass_expired(1), 5, interval=0.1, what="the leases to expire")
@@ -193,6 +199,7 @@ def test_expiry_requeues_evaluations_ends_agents_and_stops_after_max_lost(leases
         leases.heartbeat("w1", {}, [])
         res = leases.expire()
         return "e" in res.lost or None
+
     wait_for(lost, 5, interval=0.1, what="the evaluation to end lost")
     assert _state(leases, "e") == "lost"
     del la
@@ -223,6 +230,7 @@ def test_held_pools_do_not_requeue(leases):
         leases.heartbeat("w1", {}, [])
         leases.expire(held_pools=("p",))
         return not leases.r.exists(leases.k.lease("e"))
+
     wait_for(due, 5, interval=0.1, what="the lease to lapse")
     leases.heartbeat("w1", {}, [])
     assert leases.expire(held_pools=("p",)).count == 0

@@ -21,9 +21,10 @@ from tests.helpers.workers import events, state, submit, tcp_server, token, view
 CGROUPS = Cgroups("piloop-memtest")
 if CGROUPS.available:
     CGROUPS.base.rmdir()
-needs_cgroups = pytest.mark.skipif(not CGROUPS.available,
-                                   reason=f"no writable memory cgroup here ({CGROUPS.reason}): grants are only "
-                                          "checked at claim, not enforced")
+needs_cgroups = pytest.mark.skipif(
+    not CGROUPS.available,
+    reason=f"no writable memory cgroup here ({CGROUPS.reason}): grants are only checked at claim, not enforced",
+)
 
 POOL = """
 [plugins.executor.pools.mem]
@@ -57,8 +58,9 @@ def mem(redis_server, namespace, workers):
     def start(avail: int):
         d = tcp_server(redis_server.url, namespace, extra=POOL)
         made.append(d)
-        w = workers(d, token(d, "m1", "--pool", "mem"), pool="mem",
-                    env={"PILOOP_MEMORY_AVAILABLE_MB": str(avail)}).start()
+        w = workers(
+            d, token(d, "m1", "--pool", "mem"), pool="mem", env={"PILOOP_MEMORY_AVAILABLE_MB": str(avail)}
+        ).start()
         return d, w
 
     yield start
@@ -97,8 +99,9 @@ def test_out_of_memory_is_retried_with_a_larger_grant_until_it_fits(mem):
 def test_a_job_held_at_its_limit_is_stopped_after_the_pools_time(mem):
     d, _ = mem(4096)
     started = time.monotonic()
-    job = submit(d, sys.executable, "-c", THRASH.format(mb=96), pool="mem",
-                 opts=("--memory", "48M", "--memory-growth", "1"))
+    job = submit(
+        d, sys.executable, "-c", THRASH.format(mb=96), pool="mem", opts=("--memory", "48M", "--memory-growth", "1")
+    )
     v = state(d, job, timeout=60)
     took = time.monotonic() - started
     assert v["state"] == "failed", v
@@ -119,15 +122,21 @@ def test_a_worker_takes_no_job_whose_grant_does_not_fit_its_room(mem):
     for j in jobs[:2]:
         state(d, j, "running")
     # the claim after the two leases answered `memory`: the third was seen and did not fit
-    row = wait_for(lambda: (r := _worker(d, "m1"))["no_lease"] == "memory" and r, 15, interval=0.1,
-                   what="m1's claim to answer memory")
+    row = wait_for(
+        lambda: (r := _worker(d, "m1"))["no_lease"] == "memory" and r,
+        15,
+        interval=0.1,
+        what="m1's claim to answer memory",
+    )
     assert row["room_mb"] == 2048 and row["granted_mb"] == 2048, row
     assert view(d, jobs[2])["state"] == "queued"
     wide = d.cli("worker", "list", "--wide", check=True).stdout.splitlines()
     assert wide[0].split()[-2:] == ["room", "granted"]
     assert next(r for r in wide if r.split()[0] == "m1").split()[-5:] == ["memory", "2.0", "GiB", "2.0", "GiB"]
     st = d.cli("status", check=True).stdout
-    assert "memory granted/room" in st and "2.0/2.0 GiB" in next(r for r in st.splitlines() if r.startswith(" mem ")), st
+    assert "memory granted/room" in st and "2.0/2.0 GiB" in next(r for r in st.splitlines() if r.startswith(" mem ")), (
+        st
+    )
     flag.touch()
     for j in jobs:
         assert state(d, j, timeout=30)["state"] == "succeeded"
@@ -164,8 +173,9 @@ def test_job_show_says_why_a_queued_job_waits(mem):
     big = submit(d, "true", pool="mem", opts=("--memory", "4G"))
     v = view(d, big)
     assert v["state"] == "queued", v
-    assert v["waiting"] == ("its grant of 4.0 GiB is larger than the room of every live worker of pool mem "
-                            "(the most: 2.0 GiB)"), v
+    assert v["waiting"] == (
+        "its grant of 4.0 GiB is larger than the room of every live worker of pool mem (the most: 2.0 GiB)"
+    ), v
     shown = d.cli("job", "show", big, check=True).stdout.splitlines()
     assert shown[3].split()[0] == "state" and shown[4].split(None, 1) == ["waiting", v["waiting"]], shown
     other = submit(d, "true", pool="mem", opts=("--image", "other:1"))
@@ -176,6 +186,10 @@ def test_job_show_says_why_a_queued_job_waits(mem):
     listed = json.loads(d.cli("job", "list", "--json", check=True).stdout)
     assert all(j["waiting"] == "" for j in listed)  # a listing does not read the workers for each job
     w.terminate()  # the pool's only worker goes
-    wait_for(lambda: view(d, big)["waiting"] == "no live worker in pool mem", 30, interval=0.1,
-             what="the job to say its pool has no live worker")
+    wait_for(
+        lambda: view(d, big)["waiting"] == "no live worker in pool mem",
+        30,
+        interval=0.1,
+        what="the job to say its pool has no live worker",
+    )
     assert view(d, big)["state"] == "queued"

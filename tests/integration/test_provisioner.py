@@ -19,13 +19,29 @@ BACKOFF = "PILOOP_PROVISIONER_BACKOFF_SECONDS"
 FAKE_MODAL = Path(__file__).resolve().parents[1] / "helpers" / "fake_modal"
 
 
-def _daemon(redis_server, namespace, provisioner: str, compute: str = "", backoff: float = 30,
-            provider: str = "local", env: dict | None = None) -> Daemon:
-    config = (FAST_EXECUTOR + "\n[plugins.executor.pools.gpu]\nagents = 0\nevaluations = 1\nmax_load = 1000\n"
-              "min_memory_gb = 0\n\n[plugins.executor.pools.gpu.provisioner]\n" + provisioner
-              + f"\n[plugins.executor.pools.gpu.provisioner.compute]\nprovider = \"{provider}\"\n" + compute)
-    d = Daemon(short_home(), config=config, redis_url=redis_server.url, namespace=namespace,
-               env={BACKOFF: str(backoff), **(env or {})})
+def _daemon(
+    redis_server,
+    namespace,
+    provisioner: str,
+    compute: str = "",
+    backoff: float = 30,
+    provider: str = "local",
+    env: dict | None = None,
+) -> Daemon:
+    config = (
+        FAST_EXECUTOR + "\n[plugins.executor.pools.gpu]\nagents = 0\nevaluations = 1\nmax_load = 1000\n"
+        "min_memory_gb = 0\n\n[plugins.executor.pools.gpu.provisioner]\n"
+        + provisioner
+        + f'\n[plugins.executor.pools.gpu.provisioner.compute]\nprovider = "{provider}"\n'
+        + compute
+    )
+    d = Daemon(
+        short_home(),
+        config=config,
+        redis_url=redis_server.url,
+        namespace=namespace,
+        env={BACKOFF: str(backoff), **(env or {})},
+    )
     d.start(listen=f"127.0.0.1:{free_port()}")
     return d
 
@@ -101,8 +117,9 @@ def test_max_0_drains_the_pool_and_stops_a_worker_only_once_it_holds_no_lease(st
     wait_for(lambda: _job(d, job)["state"] == "running", 60, interval=0.1, what="the job runs on a started worker")
     worker = _job(d, job)["worker"]
     d.cli("limits", "set", "executor.pools.gpu.provisioner.max=0", "--reason", "the GPU budget is spent", check=True)
-    wait_for(lambda: [w["no_lease"] for w in _gpu_workers(d)] == ["draining"], 10, interval=0.1,
-             what="the worker drains")
+    wait_for(
+        lambda: [w["no_lease"] for w in _gpu_workers(d)] == ["draining"], 10, interval=0.1, what="the worker drains"
+    )
     later = _submit(d, "true")
     wait_for(lambda: _job(d, job)["state"] == "succeeded", 30, interval=0.1, what="the held job runs to its end")
     wait_for(lambda: not _gpu_workers(d), 30, interval=0.1, what="the drained worker stops")
@@ -113,8 +130,12 @@ def test_max_0_drains_the_pool_and_stops_a_worker_only_once_it_holds_no_lease(st
 def test_a_worker_that_never_registers_is_stopped_and_the_backoff_doubles(started):
     d = started("max = 1\nregister_seconds = 1\n", "hang = true\n", backoff=1)
     _submit(d, "true")
-    wait_for(lambda: [w["no_lease"] for w in _gpu_workers(d)] == ["starting"], 30, interval=0.1,
-             what="a starting row in worker list")
+    wait_for(
+        lambda: [w["no_lease"] for w in _gpu_workers(d)] == ["starting"],
+        30,
+        interval=0.1,
+        what="a starting row in worker list",
+    )
     wait_for(lambda: _prov(d)["backoff_seconds"] == 1, 30, interval=0.1, what="the first backoff")
     wait_for(lambda: _prov(d)["backoff_seconds"] == 2, 30, interval=0.1, what="the backoff doubles")
     st = json.loads(d.cli("status", "--json", check=True).stdout)["provisioners"][0]
@@ -156,8 +177,12 @@ def test_an_unknown_process_tagged_as_ours_is_stopped_and_another_servers_is_not
     code = "import time\nwhile True: time.sleep(60)"
     procs = []
     for tag in (_server_id(d), "another-server"):
-        env = {**os.environ, "PILOOP_PROVISIONER_TAG": tag, "PILOOP_PROVISIONED_NAME": "gpu-999",
-               "PILOOP_PROVISIONED_POOL": "gpu"}
+        env = {
+            **os.environ,
+            "PILOOP_PROVISIONER_TAG": tag,
+            "PILOOP_PROVISIONED_NAME": "gpu-999",
+            "PILOOP_PROVISIONED_POOL": "gpu",
+        }
         procs.append(subprocess.Popen([sys.executable, "-c", code, str(d.home)], env=env, start_new_session=True))
     try:
         wait_for(lambda: procs[0].poll() is not None, 20, interval=0.1, what="the unknown tagged process stops")
@@ -179,8 +204,12 @@ def test_a_killed_started_worker_is_stopped_and_its_job_comes_back_on_another(st
     first = _job(d, job)["worker"]
     pid = _worker_pid(d, first)
     os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: _job(d, job)["state"] == "succeeded" and _job(d, job)["worker"] != first, 90, interval=0.2,
-             what="the job runs again on a new worker")
+    wait_for(
+        lambda: _job(d, job)["state"] == "succeeded" and _job(d, job)["worker"] != first,
+        90,
+        interval=0.2,
+        what="the job runs again on a new worker",
+    )
     reasons = [e["reason"] for e in _events(d, "provisioner.stopping") if e["worker"] == first]
     assert reasons and reasons[0] in ("the platform lost it", "it went silent")
 
@@ -219,14 +248,22 @@ def test_a_started_worker_exits_by_itself_once_its_server_is_gone(started):
     wait_for(gone, 30, interval=0.2, what="the orphaned worker exits")
 
 
-@pytest.mark.parametrize("mode, what, says", [
-    ("quota", "provisioner.refused", "refused 3 starts in a row for pool gpu: modal: no A100 is free"),
-    ("auth", "provisioner.auth", "refused the server's credentials for pool gpu: modal: token is invalid"),
-])
+@pytest.mark.parametrize(
+    "mode, what, says",
+    [
+        ("quota", "provisioner.refused", "refused 3 starts in a row for pool gpu: modal: no A100 is free"),
+        ("auth", "provisioner.auth", "refused the server's credentials for pool gpu: modal: token is invalid"),
+    ],
+)
 def test_modal_a_quota_backs_off_and_bad_credentials_stop_the_pool(started, mode, what, says):
     # the daemon imports the fake SDK (tests/helpers/fake_modal) as `modal`
-    d = started("max = 1\n", 'image = "ghcr.io/acme/piloop-worker:0.3"\ngpu = "A100"\n', backoff=0.1,
-                provider="modal", env={"PYTHONPATH": str(FAKE_MODAL), "FAKE_MODAL_MODE": mode})
+    d = started(
+        "max = 1\n",
+        'image = "ghcr.io/acme/piloop-worker:0.3"\ngpu = "A100"\n',
+        backoff=0.1,
+        provider="modal",
+        env={"PYTHONPATH": str(FAKE_MODAL), "FAKE_MODAL_MODE": mode},
+    )
     _submit(d, "true")
 
     def escalated() -> list:
@@ -246,12 +283,24 @@ def test_a_worker_whose_server_is_gone_before_it_registered_exits_once_orphaned(
     procs = {}
     for which, extra in (("orphan", {"PILOOP_ORPHAN_EXIT_SECONDS": "1"}), ("operator's", {})):
         home = short_home("w")
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("PILOOP_")}, "PILOOP_HOME": str(home),
-               "PILOOP_HTTPS_TOKEN": "plt_" + "x" * 43, **extra}
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("PILOOP_")},
+            "PILOOP_HOME": str(home),
+            "PILOOP_HTTPS_TOKEN": "plt_" + "x" * 43,
+            **extra,
+        }
         log = open(home / "worker.log", "wb")
-        procs[which] = (subprocess.Popen([sys.executable, "-m", "piloop_common.cli", "worker", "--server", url,
-                                          "--pool", "gpu"], env=env, stdout=log, stderr=log,
-                                         stdin=subprocess.DEVNULL, start_new_session=True), home)
+        procs[which] = (
+            subprocess.Popen(
+                [sys.executable, "-m", "piloop_common.cli", "worker", "--server", url, "--pool", "gpu"],
+                env=env,
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            ),
+            home,
+        )
     try:
         orphan, home = procs["orphan"]
         assert orphan.wait(30) == 0

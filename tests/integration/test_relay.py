@@ -54,8 +54,21 @@ def server(redis_server, namespace):
 
 
 def agent(d: Daemon, script: str, campaign: str = "c1") -> str:
-    return d.cli("job", "submit", "--kind", "agent", "--pool", "gpu", "--campaign", campaign, "--",
-                 "sh", "-c", textwrap.dedent(script), check=True).stdout.strip()
+    return d.cli(
+        "job",
+        "submit",
+        "--kind",
+        "agent",
+        "--pool",
+        "gpu",
+        "--campaign",
+        campaign,
+        "--",
+        "sh",
+        "-c",
+        textwrap.dedent(script),
+        check=True,
+    ).stdout.strip()
 
 
 def events(d: Daemon) -> list[dict]:
@@ -73,7 +86,9 @@ def test_an_agent_notes_progress_and_is_told_what_it_may_submit_through_its_rela
     d = server
     workers(d, token(d, "gpu1")).start()
     out = tmp_path / "out"
-    job = agent(d, f"""
+    job = agent(
+        d,
+        f"""
         set -e
         test -S "$PILOOP_RELAY"
         {PILOOP} progress "halfway there"
@@ -81,7 +96,8 @@ def test_an_agent_notes_progress_and_is_told_what_it_may_submit_through_its_rela
         {PILOOP} job show "$PILOOP_JOB" --json > {out}.self
         {PILOOP} job list > {out}.list 2>&1 && exit 9 || true
         {PILOOP} progress done
-    """)
+    """,
+    )
     v = state(d, job, "succeeded", "failed", "worker_lost")
     assert v["state"] == "succeeded", (v, d.cli("job", "show", job).stdout)
     assert [n["note"] for n in v["progress"]] == ["halfway there", "done"]
@@ -106,14 +122,17 @@ def test_a_cancelled_agent_is_refused_and_nothing_changes(server, workers, tmp_p
     workers(d, token(d, "gpu1")).start()
     out = tmp_path / "out"
     # the agent notes progress until a call is refused (it ignores the cancel's SIGTERM to keep trying)
-    job = agent(d, f"""
+    job = agent(
+        d,
+        f"""
         trap '' TERM
         i=0
         while :; do
           i=$((i+1))
           if {PILOOP} progress "tick $i" > {out}.last 2>&1; then touch {out}.ready; else mv {out}.last {out}.late; exit 0; fi
         done
-    """)
+    """,
+    )
     wait_for(lambda: Path(f"{out}.ready").exists(), 30, interval=0.1, what="the agent's first note")
     d.cli("job", "cancel", job, check=True)
     v = state(d, job, "cancelled", "failed", "worker_lost")
@@ -130,14 +149,21 @@ def test_after_the_worker_is_killed_and_the_lease_expires_the_call_is_refused(se
     w = workers(d, tok).start()
     out = tmp_path / "out"
     # a note every ~0.3 s, recording each answer, until the shim fences the job
-    job = agent(d, f"""
+    job = agent(
+        d,
+        f"""
         i=0
         while :; do
           i=$((i+1)); {PILOOP} progress "tick $i" >> {out} 2>&1; echo "rc=$?" >> {out}; sleep 0.3
         done
-    """)
-    wait_for(lambda: Path(out).exists() and "rc=0" in Path(out).read_text(), 30, interval=0.1,
-             what="a note through the relay")
+    """,
+    )
+    wait_for(
+        lambda: Path(out).exists() and "rc=0" in Path(out).read_text(),
+        30,
+        interval=0.1,
+        what="a note through the relay",
+    )
     lease = view(d, job)["token"]
     w.kill()
     # the relay died with its worker: the job's next call fails at once, saying why
@@ -146,8 +172,11 @@ def test_after_the_worker_is_killed_and_the_lease_expires_the_call_is_refused(se
     v = state(d, job, "worker_lost", timeout=30)  # the lease expired; an agent ends worker_lost
     notes = v["progress"]
     # the same call, replayed with the worker's own token and the ended lease: 409 lease_lost, nothing written
-    for path, body in (("/v1/relay/progress", {"note": "late"}), ("/v1/relay/job", None),
-                       ("/v1/relay/submit", {"commit": "0" * 40})):
+    for path, body in (
+        ("/v1/relay/progress", {"note": "late"}),
+        ("/v1/relay/job", None),
+        ("/v1/relay/submit", {"commit": "0" * 40}),
+    ):
         with pytest.raises(LeaseLost, match="lease under this token has ended"):
             relayed(d, tok, job, lease, path, body)
     assert view(d, job)["progress"] == notes

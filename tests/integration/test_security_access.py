@@ -20,7 +20,9 @@ from tests.helpers.redis import free_port
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
 
 PUBLIC = {"/v1/health", "/openapi.json"}
-WORKER = {f"/v1/worker/{r}" for r in ("register", "heartbeat", "claim", "release", "report", "reports", "log", "bundle")}
+WORKER = {
+    f"/v1/worker/{r}" for r in ("register", "heartbeat", "claim", "release", "report", "reports", "log", "bundle")
+}
 RELAY = "/v1/relay/"  # workers reach it for the jobs they hold: its own tests check the lease
 
 
@@ -44,8 +46,12 @@ def app_routes(tmp: Path) -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def server(redis_server):
-    d = Daemon(short_home(), config=FAST_EXECUTOR + "\n[plugins.network]\nmax_body_mb = 1\n",
-               redis_url=redis_server.url, namespace="t" + uuid.uuid4().hex[:10])
+    d = Daemon(
+        short_home(),
+        config=FAST_EXECUTOR + "\n[plugins.network]\nmax_body_mb = 1\n",
+        redis_url=redis_server.url,
+        namespace="t" + uuid.uuid4().hex[:10],
+    )
     port = free_port()
     d.start(listen=f"127.0.0.1:{port}")
     d.url = f"http://127.0.0.1:{port}"
@@ -98,7 +104,7 @@ def test_bodies_over_the_limit_are_refused_declared_or_chunked(server):
 
     def chunks():
         for i in range(0, len(big), 64 * 1024):
-            yield big[i:i + 64 * 1024]
+            yield big[i : i + 64 * 1024]
 
     r = httpx.post(d.url + "/v1/worker/claim", content=chunks(), headers=headers)
     assert r.status_code == 413 and r.json()["error"] == "too_large"
@@ -106,12 +112,15 @@ def test_bodies_over_the_limit_are_refused_declared_or_chunked(server):
     assert r.status_code == 404 and "not registered" in r.json()["message"]  # a small chunked body goes through
 
 
-@pytest.mark.parametrize("body,says", [
-    (b"{not json", "JSON decode error"),
-    (b'{"pool": 5, "spec": "x"}', "spec: "),
-    (b"[]", "body: "),
-    (b'{"pool": "serve", "spec": {"argv": ["true"], "timeout_seconds": "soon"}}', "spec.timeout_seconds"),
-])
+@pytest.mark.parametrize(
+    "body,says",
+    [
+        (b"{not json", "JSON decode error"),
+        (b'{"pool": 5, "spec": "x"}', "spec: "),
+        (b"[]", "body: "),
+        (b'{"pool": "serve", "spec": {"argv": ["true"], "timeout_seconds": "soon"}}', "spec.timeout_seconds"),
+    ],
+)
 def test_malformed_bodies_get_a_clear_400(server, body, says):
     with server.api() as api:
         r = api.http.post("/v1/jobs", content=body, headers={"content-type": "application/json"})

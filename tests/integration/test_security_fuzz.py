@@ -37,11 +37,18 @@ min_memory_gb = 0
 """
 EXAMPLES = 300
 
-json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False, allow_infinity=False),
-                      st.text(max_size=20))
-json_any = st.recursive(json_leaf, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                           st.dictionaries(st.text(max_size=10), inner, max_size=4)),
-                        max_leaves=12)
+json_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=20),
+)
+json_any = st.recursive(
+    json_leaf,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)),
+    max_leaves=12,
+)
 odd_text = st.one_of(st.text(max_size=40), st.sampled_from(["..", "%2e%2e", "a/b", "\x00", "plt_", "x" * 600, "-1"]))
 
 
@@ -86,8 +93,14 @@ def test_no_5xx_and_refused_calls_change_nothing(fuzz_server, redis_client):
     live = w.claim()["leases"][0]["token"]
     assert live != stale
     templates = {
-        "/v1/worker/report": {"protocol": PROTOCOL, "report_id": uuid.uuid4().hex, "job": job, "token": stale,
-                              "outcome": "succeeded", "exit_code": 0},
+        "/v1/worker/report": {
+            "protocol": PROTOCOL,
+            "report_id": uuid.uuid4().hex,
+            "job": job,
+            "token": stale,
+            "outcome": "succeeded",
+            "exit_code": 0,
+        },
         "/v1/worker/release": {"protocol": PROTOCOL, "job": job, "token": stale, "reason": "image"},
         "/v1/worker/log": {"protocol": PROTOCOL, "job": job, "token": stale, "chunks": ["sha256:" + "0" * 64]},
         "/v1/worker/heartbeat": {**w.hello(), "jobs": [{"job": job, "token": stale}]},
@@ -96,11 +109,16 @@ def test_no_5xx_and_refused_calls_change_nothing(fuzz_server, redis_client):
         "/v1/limits": {"key": "executor.pools.gpu.evaluations", "value": "1", "reason": "fuzz"},
         "/v1/tokens": {"name": "fz2"},
     }
-    auths = {"none": {}, "garbage": {"authorization": "Bearer garbage"}, "basic": {"authorization": "Basic eDp5"},
-             "unknown": {"authorization": "Bearer plt_" + "A" * 43}, "revoked": {"authorization": f"Bearer {revoked}"},
-             "worker": {"authorization": f"Bearer {good}"}, "renamed": {"authorization": f"Bearer {good}",
-                                                                      "x-piloop-worker": "someone-else"},
-             "socket": {}}
+    auths = {
+        "none": {},
+        "garbage": {"authorization": "Bearer garbage"},
+        "basic": {"authorization": "Basic eDp5"},
+        "unknown": {"authorization": "Bearer plt_" + "A" * 43},
+        "revoked": {"authorization": f"Bearer {revoked}"},
+        "worker": {"authorization": f"Bearer {good}"},
+        "renamed": {"authorization": f"Bearer {good}", "x-piloop-worker": "someone-else"},
+        "socket": {},
+    }
     http = httpx.Client(base_url=d.url, timeout=15)
     human = d.api(timeout=15).http  # the unix socket: the daemon's own user, for the act routes' bodies
     state = {"before": _snapshot(redis_client, keys)}
@@ -122,21 +140,30 @@ def test_no_5xx_and_refused_calls_change_nothing(fuzz_server, redis_client):
     @st.composite
     def calls(draw):
         method, path = draw(st.sampled_from(ops))
-        url = re.sub(r"\{[^}]+\}", lambda _: quote(draw(st.one_of(st.just(job), odd_text.filter(lambda s: s.strip("/."))))
-                                                         , safe=""), path)
+        url = re.sub(
+            r"\{[^}]+\}",
+            lambda _: quote(draw(st.one_of(st.just(job), odd_text.filter(lambda s: s.strip("/.")))), safe=""),
+            path,
+        )
         auth = draw(st.sampled_from(sorted(auths)))
         body = draw(bodies(path)) if method in ("POST", "PUT", "PATCH", "DELETE") else None
-        params = draw(st.dictionaries(st.sampled_from(["after", "count", "last", "limit", "state", "pool", "all"]),
-                                      odd_text, max_size=2))
+        params = draw(
+            st.dictionaries(
+                st.sampled_from(["after", "count", "last", "limit", "state", "pool", "all"]), odd_text, max_size=2
+            )
+        )
         return method, url, auth, body, params
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    )
     @given(calls())
     def one(call) -> None:
         method, url, auth, body, params = call
         kw = {"content": body} if isinstance(body, bytes) else ({"json": body} if body is not None else {})
-        r = (human if auth == "socket" else http).request(method, url, headers={**auths[auth], "content-type": "application/json"}, params=params, **kw)
+        r = (human if auth == "socket" else http).request(
+            method, url, headers={**auths[auth], "content-type": "application/json"}, params=params, **kw
+        )
         stats[r.status_code] = stats.get(r.status_code, 0) + 1
         assert r.status_code < 500, (method, url, auth, body, params, r.status_code, r.text)
         after = _snapshot(redis_client, keys)

@@ -30,8 +30,9 @@ rules = [
   { when = { org = "acme" }, access = "act" },
 ]
 """
-WORKER_KEY, SERVICE_KEY, HUMAN_KEY, NAMELESS_KEY, OTHER_KEY = (f"k-{w}-{uuid.uuid4().hex}" for w in
-                                                               ("worker", "svc", "human", "principal", "other"))
+WORKER_KEY, SERVICE_KEY, HUMAN_KEY, NAMELESS_KEY, OTHER_KEY = (
+    f"k-{w}-{uuid.uuid4().hex}" for w in ("worker", "svc", "human", "principal", "other")
+)
 KEYS = {
     WORKER_KEY: {"x-org-id": "acme", "x-subject-kind": "api_key", "x-principal": "key-0123"},
     SERVICE_KEY: {"x-org-id": "acme", "x-subject-kind": "service_account", "x-principal": "ci-bot"},
@@ -43,8 +44,12 @@ KEYS = {
 
 @pytest.fixture(scope="module")
 def net(redis_server):
-    d = Daemon(short_home(), config=FAST_EXECUTOR + GPU + SPEC_NETWORK, redis_url=redis_server.url,
-               namespace="t" + uuid.uuid4().hex[:10])
+    d = Daemon(
+        short_home(),
+        config=FAST_EXECUTOR + GPU + SPEC_NETWORK,
+        redis_url=redis_server.url,
+        namespace="t" + uuid.uuid4().hex[:10],
+    )
     d.start(listen=f"127.0.0.1:{free_port()}")
     proxy = Proxy(free_port(), f"http://{d.listen}", KEYS, d.home / "logs" / "proxy.log").start()
     yield d, proxy
@@ -53,8 +58,9 @@ def net(redis_server):
 
 
 def _call(proxy: Proxy, key: str, method: str, path: str, body=None, headers=None) -> httpx.Response:
-    return httpx.request(method, proxy.url + path, json=body, timeout=10,
-                         headers={"authorization": f"Bearer {key}", **(headers or {})})
+    return httpx.request(
+        method, proxy.url + path, json=body, timeout=10, headers={"authorization": f"Bearer {key}", **(headers or {})}
+    )
 
 
 def _events(d: Daemon, type_: str) -> list[dict]:
@@ -62,8 +68,11 @@ def _events(d: Daemon, type_: str) -> list[dict]:
         return [e for e in api.call("GET", "/v1/events", params={"last": 1000}) if e["type"] == type_]
 
 
-@pytest.mark.parametrize("key,signed", [(HUMAN_KEY, "human:alice"), (SERVICE_KEY, "service:ci-bot"),
-                                        (NAMELESS_KEY, "human:key-0789")], ids=["human", "service", "principal"])
+@pytest.mark.parametrize(
+    "key,signed",
+    [(HUMAN_KEY, "human:alice"), (SERVICE_KEY, "service:ci-bot"), (NAMELESS_KEY, "human:key-0789")],
+    ids=["human", "service", "principal"],
+)
 def test_act_callers_sign_their_writes_as_the_rules_say(net, key, signed):
     d, proxy = net
     r = _call(proxy, key, "POST", "/v1/jobs", {"pool": "gpu", "spec": {"argv": ["true"]}})
@@ -74,8 +83,14 @@ def test_act_callers_sign_their_writes_as_the_rules_say(net, key, signed):
     assert r.status_code == 200, r.text
     assert any(e["job"] == job and e["by"] == signed for e in _events(d, "job.cancelled"))
     # a caller's own copy of a claim header never reaches the server: the proxy stamps its own
-    r = _call(proxy, key, "POST", "/v1/limits", {"key": "executor.pools.gpu.evaluations", "value": "1", "reason": "t"},
-              headers={"x-user-id": "root", "x-subject-kind": "service_account"})
+    r = _call(
+        proxy,
+        key,
+        "POST",
+        "/v1/limits",
+        {"key": "executor.pools.gpu.evaluations", "value": "1", "reason": "t"},
+        headers={"x-user-id": "root", "x-subject-kind": "service_account"},
+    )
     assert r.status_code == 200, r.text
     assert _events(d, "limit.set")[-1]["by"] == signed
     assert _call(proxy, key, "POST", "/v1/worker/claim", {"protocol": 1, "want": {}}).status_code == 403
@@ -106,8 +121,14 @@ def test_the_worker_rule_names_the_worker_by_its_header_and_allows_worker_routes
     _d, proxy = net
     r = _call(proxy, WORKER_KEY, "POST", "/v1/worker/claim", {"protocol": 1, "want": {}})
     assert r.status_code == 403 and "x-piloop-worker" in r.json()["message"]
-    r = _call(proxy, WORKER_KEY, "POST", "/v1/worker/claim", {"protocol": 1, "want": {}},
-              headers={"x-piloop-worker": "nobody"})
+    r = _call(
+        proxy,
+        WORKER_KEY,
+        "POST",
+        "/v1/worker/claim",
+        {"protocol": 1, "want": {}},
+        headers={"x-piloop-worker": "nobody"},
+    )
     assert r.status_code == 404 and "nobody is not registered" in r.json()["message"]
     r = _call(proxy, WORKER_KEY, "GET", "/v1/jobs", headers={"x-piloop-worker": "w1"})
     assert r.status_code == 403 and "workers can only" in r.json()["message"]
@@ -119,14 +140,16 @@ def test_a_real_worker_registers_and_runs_a_job_through_the_proxy(net):
     assert WORKER_KEY not in got.stdout + got.stderr
     home = short_home("w")
     (home / "config.toml").write_text(f'[plugins.cas]\nprovider = "local"\npath = "{d.home}/cas"\n')
-    env = cli_env(home, {"PILOOP_PLUGINS": json.dumps({"network": {"provider": "proxy"}}),
-                         "PILOOP_WORKER_CREDENTIAL": WORKER_KEY})
+    env = cli_env(
+        home, {"PILOOP_PLUGINS": json.dumps({"network": {"provider": "proxy"}}), "PILOOP_WORKER_CREDENTIAL": WORKER_KEY}
+    )
     args = [sys.executable, "-m", "piloop_common.cli", "worker", "--server", proxy.url, "--pool", "gpu"]
     nameless = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
     assert nameless.returncode == 2 and "--name" in nameless.stderr and "Traceback" not in nameless.stderr
     log = home / "worker.log"
-    proc = subprocess.Popen([*args, "--name", "gpu-a"], env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*args, "--name", "gpu-a"], env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+    )
     try:
         job = d.cli("job", "submit", "--pool", "gpu", "--", "true", check=True).stdout.strip()
 

@@ -70,8 +70,21 @@ def test_a_job_gets_exactly_its_secrets_and_the_values_are_nowhere_else(daemon, 
     key_file = d.home / "secret.key"
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
 
-    job = d.cli("job", "submit", "--pool", "serve", "--secret", "TSEC_A", "--secret", "TSEC_B", "--", "python3", "-c",
-                ENV_JOB, check=True).stdout.strip()
+    job = d.cli(
+        "job",
+        "submit",
+        "--pool",
+        "serve",
+        "--secret",
+        "TSEC_A",
+        "--secret",
+        "TSEC_B",
+        "--",
+        "python3",
+        "-c",
+        ENV_JOB,
+        check=True,
+    ).stdout.strip()
 
     def ended() -> dict | None:
         with d.api() as api:
@@ -100,11 +113,13 @@ def test_a_job_gets_exactly_its_secrets_and_the_values_are_nowhere_else(daemon, 
 
 def test_secret_cli_sets_lists_removes_and_refuses_in_one_line(daemon):
     d = daemon
-    for args, given, says in ((("secret", "set", "EMPTY"), "", "the value is empty"),
-                              (("secret", "set", "1BAD-NAME"), "v", "secret name '1BAD-NAME'"),
-                              (("secret", "set", "a/b"), "v", "secret name 'a/b'"),
-                              (("secret", "rm", "NOPE"), None, "no secret named NOPE"),
-                              (("job", "submit", "--secret", "NOPE", "--", "true"), None, "no secret named NOPE")):
+    for args, given, says in (
+        (("secret", "set", "EMPTY"), "", "the value is empty"),
+        (("secret", "set", "1BAD-NAME"), "v", "secret name '1BAD-NAME'"),
+        (("secret", "set", "a/b"), "v", "secret name 'a/b'"),
+        (("secret", "rm", "NOPE"), None, "no secret named NOPE"),
+        (("job", "submit", "--secret", "NOPE", "--", "true"), None, "no secret named NOPE"),
+    ):
         got = d.cli(*args, input=given)
         assert got.returncode != 0 and says in got.stderr, got.stderr
         assert got.stderr.strip().count("\n") == 0 and "Traceback" not in got.stderr

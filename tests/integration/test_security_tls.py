@@ -36,9 +36,13 @@ def _worker(d: Daemon, token: str, env: dict[str, str]) -> tuple[subprocess.Pope
     (home / "config.toml").write_text(f'[plugins.cas]\nprovider = "local"\npath = "{d.home}/cas"\n')
     base = {k: v for k, v in cli_env(home, {"PILOOP_HTTPS_TOKEN": token}).items() if k != "SSL_CERT_FILE"}
     log = home / "worker.log"
-    proc = subprocess.Popen([sys.executable, "-m", "piloop_common.cli", "worker", "--server", d.url, "--pool", "gpu"],
-                            env={**base, **env}, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "piloop_common.cli", "worker", "--server", d.url, "--pool", "gpu"],
+        env={**base, **env},
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     return proc, home
 
 

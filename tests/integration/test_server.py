@@ -31,8 +31,11 @@ def _tcp_daemon(redis_server, namespace, extra: str = "") -> Daemon:
 
 @pytest.fixture
 def tcp_daemon(redis_server, namespace):
-    d = _tcp_daemon(redis_server, namespace, "\n[plugins.executor.pools.gpu]\nagents = 2\nevaluations = 1\n"
-                    "max_load = 1.5\nmin_memory_gb = 4\n")
+    d = _tcp_daemon(
+        redis_server,
+        namespace,
+        "\n[plugins.executor.pools.gpu]\nagents = 2\nevaluations = 1\nmax_load = 1.5\nmin_memory_gb = 4\n",
+    )
     yield d
     d.cleanup()
 
@@ -59,13 +62,16 @@ def test_limits_lines_are_the_spec_lines(daemon):
     assert "limits" not in daemon.cli("status").stdout.split("\n\n", 2)[-1]
 
 
-@pytest.mark.parametrize("assignment, says", [
-    ("executor.pools.nope.agents=1", "executor.pools has no nope (serve)"),
-    ("executor.pools.serve.agents=two", "executor.pools.serve.agents = 'two' is refused"),
-    ("executor.pools.serve.agent=1", "no such key"),
-    ("executor.pools.serve.agents=-1", "greater than or equal to 0"),
-    ("plugins.cas.provider=s3", "limits set keys of [plugins.executor]"),
-])
+@pytest.mark.parametrize(
+    "assignment, says",
+    [
+        ("executor.pools.nope.agents=1", "executor.pools has no nope (serve)"),
+        ("executor.pools.serve.agents=two", "executor.pools.serve.agents = 'two' is refused"),
+        ("executor.pools.serve.agent=1", "no such key"),
+        ("executor.pools.serve.agents=-1", "greater than or equal to 0"),
+        ("plugins.cas.provider=s3", "limits set keys of [plugins.executor]"),
+    ],
+)
 def test_bad_limits_are_refused_with_the_reason_and_change_nothing(daemon, assignment, says):
     r = daemon.cli("limits", "set", assignment, "--reason", "because")
     assert r.returncode == 1
@@ -149,8 +155,10 @@ def test_worker_list_columns_and_reasons(tcp_daemon):
     starts = [header.index(n) for n in names]
     assert header.startswith(" worker  ") and header.endswith("evaluations  no lease")
     rows = {line.split()[0]: line for line in out[1:]}
-    expect = {"gpu1": ["gpu1", "gpu", r"\ds ago", "78.1/32", "60.8 GB", "379.3 GB", "0", "0", "load"],
-              "gpu2": ["gpu2", "gpu", r"\ds ago", "21.8/32", "103.8 GB", "816.4 GB", "0", "0", "nothing"]}
+    expect = {
+        "gpu1": ["gpu1", "gpu", r"\ds ago", "78.1/32", "60.8 GB", "379.3 GB", "0", "0", "load"],
+        "gpu2": ["gpu2", "gpu", r"\ds ago", "21.8/32", "103.8 GB", "816.4 GB", "0", "0", "nothing"],
+    }
     for name, cells in expect.items():
         line = rows[name]
         for start, cell, end in zip(starts, cells, [*starts[1:], None], strict=True):
@@ -175,8 +183,13 @@ def test_workers_are_refused_with_the_reason(tcp_daemon, case):
         d.cli("token", "revoke", "w", check=True)
     with pytest.raises(Refused) as e:
         w.register()
-    expect = {"protocol": "protocol 1, this worker 99", "pool": "unknown pool tpu", "revoked": "token w was revoked",
-              "cas": "is not the server's", "token_pool": "token w is for pool serve, not gpu"}[case]
+    expect = {
+        "protocol": "protocol 1, this worker 99",
+        "pool": "unknown pool tpu",
+        "revoked": "token w was revoked",
+        "cas": "is not the server's",
+        "token_pool": "token w is for pool serve, not gpu",
+    }[case]
     assert expect in str(e.value)
 
 
@@ -222,16 +235,19 @@ def test_silent_worker_leases_expire_and_jobs_requeue_with_a_new_token(tcp_daemo
     job = d.cli("job", "submit", "--pool", "gpu", "--", "true", check=True).stdout.strip()
     w1.heartbeat()
     (lease,) = w1.claim()["leases"]
+
     # w1 goes silent; w2 keeps beating. grace 2 s: w1 unreachable; toleration 6 s: its lease expires
     def unreachable():
         w2.heartbeat()
         return "unreachable" in next(ln for ln in d.cli("worker", "list").stdout.splitlines() if "gpu1" in ln)
+
     wait_for(unreachable, 10, interval=0.3, what="gpu1 unreachable")
 
     def requeued():
         w2.heartbeat()
         got = w2.claim()["leases"]
         return got or None
+
     (again,) = wait_for(requeued, 15, interval=0.3, what="the job to come back")
     assert again["job"] == job and fence(again["token"]) > fence(lease["token"])
     assert w1.report(job, token=lease["token"])["answer"] == "stale"
@@ -279,8 +295,12 @@ def test_redis_restarted_empty_changes_generation_and_never_reissues_a_token(tmp
         rp.stop(kill=True)
         rp.wipe()
         rp.start()  # empty: no AOF, no snapshot
-        wait_for(lambda: '"redis.lost_data"' in d.cli("inbox", "--json").stdout, 15, interval=0.2,
-                 what="the daemon to notice the data loss")
+        wait_for(
+            lambda: '"redis.lost_data"' in d.cli("inbox", "--json").stdout,
+            15,
+            interval=0.2,
+            what="the daemon to notice the data loss",
+        )
         assert gen1 != d.cli("status", "--json").stdout
         token = _token(d, "w2")  # the old token's record is gone with the data
         w = SimWorker(ApiClient(url=d.url, token=token), "sim", _cas_id(d))
@@ -293,6 +313,7 @@ def test_redis_restarted_empty_changes_generation_and_never_reissues_a_token(tmp
             w.heartbeat()
             got = w.claim()
             return got["leases"] or (got["reason"] == "recovering" and None)
+
         (after,) = wait_for(claimed, 10, interval=0.2, what="claims after the hold")
         assert fence(after["token"]) > fence(before["token"])
     finally:

@@ -17,8 +17,12 @@ GPU = "\n[plugins.executor.pools.gpu]\nagents = 0\nevaluations = 1\nmax_load = 1
 
 @pytest.fixture
 def gpu_daemon(redis_server, namespace):
-    d = Daemon(short_home(), config=FAST_EXECUTOR.replace("pass_seconds = 0.2", "pass_seconds = 0.2\nmax_lost = 2")
-               + GPU, redis_url=redis_server.url, namespace=namespace)
+    d = Daemon(
+        short_home(),
+        config=FAST_EXECUTOR.replace("pass_seconds = 0.2", "pass_seconds = 0.2\nmax_lost = 2") + GPU,
+        redis_url=redis_server.url,
+        namespace=namespace,
+    )
     port = free_port()
     d.start(listen=f"127.0.0.1:{port}")
     d.url = f"http://127.0.0.1:{port}"
@@ -62,8 +66,15 @@ def test_most_of_a_pool_going_silent_holds_requeues_and_escalates(gpu_daemon):
         assert len(w.claim()["leases"]) == 1
     survivor = ws[0]
     # two of three go silent at once: a network blip looks like this, so the pass holds
-    wait_for(lambda: any(e["type"] == "escalation" and "pool.disrupted" in e.get("what", "") for e in _events(d))
-             or (survivor.heartbeat() and None), 10, interval=0.3, what="the disruption escalation")
+    wait_for(
+        lambda: (
+            any(e["type"] == "escalation" and "pool.disrupted" in e.get("what", "") for e in _events(d))
+            or (survivor.heartbeat() and None)
+        ),
+        10,
+        interval=0.3,
+        what="the disruption escalation",
+    )
     with d.api() as api:
         inbox = api.call("GET", "/v1/inbox")
     assert any(e["what"] == "pool.disrupted" and "2 of 3 workers of pool gpu" in e["message"] for e in inbox)
@@ -73,7 +84,8 @@ def test_most_of_a_pool_going_silent_holds_requeues_and_escalates(gpu_daemon):
     def still_held() -> bool:
         survivor.heartbeat()
         return all(_state(d, j) in ("leased", "running") for j in held) and not any(
-            e["type"] == "lease.expired" for e in _events(d))
+            e["type"] == "lease.expired" for e in _events(d)
+        )
 
     # watch through a whole toleration period after the escalation: a held lease must not expire
     end = time.monotonic() + 6.5
@@ -81,8 +93,12 @@ def test_most_of_a_pool_going_silent_holds_requeues_and_escalates(gpu_daemon):
         assert still_held(), "a held lease expired during the disruption"
         time.sleep(0.3)
     # the hold has a deadline too: after two toleration periods the leases expire as usual
-    wait_for(lambda: all(_state(d, j) == "queued" for j in held) or (survivor.heartbeat() and None), 20,
-             interval=0.3, what="the held leases to expire after the hold's deadline")
+    wait_for(
+        lambda: all(_state(d, j) == "queued" for j in held) or (survivor.heartbeat() and None),
+        20,
+        interval=0.3,
+        what="the held leases to expire after the hold's deadline",
+    )
 
 
 def test_an_evaluation_lost_max_lost_times_ends_lost_with_an_escalation(gpu_daemon):

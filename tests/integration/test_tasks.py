@@ -19,8 +19,13 @@ REPO = str(Path(__file__).resolve().parents[2])
 
 @pytest.fixture(scope="module")
 def server(redis_server):
-    d = Daemon(short_home(), config=FAST_EXECUTOR, redis_url=redis_server.url,
-               namespace="t" + uuid.uuid4().hex[:10], env={"PYTHONPATH": REPO})  # the worker imports tests.helpers
+    d = Daemon(
+        short_home(),
+        config=FAST_EXECUTOR,
+        redis_url=redis_server.url,
+        namespace="t" + uuid.uuid4().hex[:10],
+        env={"PYTHONPATH": REPO},
+    )  # the worker imports tests.helpers
     d.start()
     yield d
     d.cleanup()

@@ -29,11 +29,20 @@ KEY = f"k-human-{uuid.uuid4().hex}"
 
 @pytest.fixture(scope="module")
 def remote(redis_server):
-    d = Daemon(short_home(), config=FAST_EXECUTOR + NETWORK, redis_url=redis_server.url,
-               namespace="t" + uuid.uuid4().hex[:10], env={"PYTHONPATH": REPO})
+    d = Daemon(
+        short_home(),
+        config=FAST_EXECUTOR + NETWORK,
+        redis_url=redis_server.url,
+        namespace="t" + uuid.uuid4().hex[:10],
+        env={"PYTHONPATH": REPO},
+    )
     d.start(listen=f"127.0.0.1:{free_port()}")
-    proxy = Proxy(free_port(), f"http://{d.listen}", {KEY: {"x-org-id": "acme", "x-user-id": "alice"}},
-                  d.home / "logs" / "proxy.log").start()
+    proxy = Proxy(
+        free_port(),
+        f"http://{d.listen}",
+        {KEY: {"x-org-id": "acme", "x-user-id": "alice"}},
+        d.home / "logs" / "proxy.log",
+    ).start()
     elsewhere = short_home("away")  # another machine's home: no daemon, no CAS
     yield d, {"PILOOP_SERVER": proxy.url, "PILOOP_HTTPS_TOKEN": KEY}, elsewhere
     proxy.stop()

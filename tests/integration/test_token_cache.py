@@ -71,8 +71,12 @@ def test_a_replaced_token_is_refused_and_its_successor_accepted(server, store):
     new.register()
     assert new.heartbeat() == {}
     # its hash is no longer indexed: the same answer as a token never made
-    wait_for(lambda: refusal(old) == "the server does not know this token", CACHE_SECONDS + SLACK_SECONDS, interval=0.05,
-             what="the replaced token refused")
+    wait_for(
+        lambda: refusal(old) == "the server does not know this token",
+        CACHE_SECONDS + SLACK_SECONDS,
+        interval=0.05,
+        what="the replaced token refused",
+    )
 
 
 def test_a_cached_token_is_refused_once_it_expires(server, store):
@@ -80,5 +84,3 @@ def test_a_cached_token_is_refused_once_it_expires(server, store):
     w.heartbeat()
     # expiry is checked on every call, cached or not: no bound beyond the call itself
     wait_for(lambda: refusal(w) == "token w4 expired", 1.5 + SLACK_SECONDS, interval=0.05, what="the token expired")
-
-

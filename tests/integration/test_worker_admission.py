@@ -23,21 +23,25 @@ def table(d) -> list[list[str]]:
     return [line.split() for line in d.cli("worker", "list", check=True).stdout.splitlines()]
 
 
-def test_memory_pressure_over_the_maximum_claims_nothing_until_it_falls(server, workers, tmp_path, redis_server,
-                                                                        namespace):
+def test_memory_pressure_over_the_maximum_claims_nothing_until_it_falls(
+    server, workers, tmp_path, redis_server, namespace
+):
     d = server
     psi = tmp_path / "pressure"
     psi.write_text(PSI.format(90.0))  # over memory_pressure_max (40)
     workers(d, token(d, "gpu1"), env={"PILOOP_PSI_MEMORY": str(psi)}).start()
-    wait_for(lambda: rows(d).get("gpu1", {}).get("no_lease") == "memory", 20, interval=0.1,
-             what="gpu1 to say memory")
+    wait_for(lambda: rows(d).get("gpu1", {}).get("no_lease") == "memory", 20, interval=0.1, what="gpu1 to say memory")
     job = submit(d, "true")
     # two heartbeats after the submit (and so at least one claim round each), the job is still queued
     r = redis.Redis.from_url(redis_server.url)
     seen_key = Keys(namespace).worker("gpu1")
     seen = [r.hget(seen_key, "seen")]
-    wait_for(lambda: (s := r.hget(seen_key, "seen")) != seen[-1] and seen.append(s) is None and len(seen) >= 3,
-             10, interval=0.05, what="two more heartbeats")
+    wait_for(
+        lambda: (s := r.hget(seen_key, "seen")) != seen[-1] and seen.append(s) is None and len(seen) >= 3,
+        10,
+        interval=0.05,
+        what="two more heartbeats",
+    )
     assert view(d, job)["state"] == "queued"
     (row,) = [x for x in table(d) if x[0] == "gpu1"]
     assert row[1] == "gpu" and row[-1] == "memory", row

@@ -47,7 +47,9 @@ def test_a_remote_worker_runs_an_evaluation(server, workers, tmp_path):
     data = tmp_path / "data.txt"
     data.write_text("forty-two\n")
     # over a second long: host metrics start 1 s into a job (docs/worker.md)
-    script = "cat ../inputs/data.txt; echo from=$FROM; mkdir -p ../outputs; echo score=1 > ../outputs/result.txt; sleep 1.3"
+    script = (
+        "cat ../inputs/data.txt; echo from=$FROM; mkdir -p ../outputs; echo score=1 > ../outputs/result.txt; sleep 1.3"
+    )
     job = submit(d, "sh", "-c", script, opts=("--input", str(data), "--env", "FROM=env"))
     v = state(d, job, "succeeded", "failed", "lost")
     assert v["state"] == "succeeded" and v["worker"] == "gpu1", v
@@ -59,8 +61,11 @@ def test_a_remote_worker_runs_an_evaluation(server, workers, tmp_path):
     assert "cpu_percent" in json.loads(store.get_bytes(r["metrics"]).splitlines()[0])
     short = state(d, submit(d, "true"), "succeeded", "failed", "lost")
     assert short["state"] == "succeeded" and short["result"]["metrics"] is None, short  # within its first second
-    wait_for(lambda: not w.spool("gpu1") and not job_dirs(w.home / "work" / "gpu1"), 20,
-             what="the spool and job dir to be cleared")
+    wait_for(
+        lambda: not w.spool("gpu1") and not job_dirs(w.home / "work" / "gpu1"),
+        20,
+        what="the spool and job dir to be cleared",
+    )
     rows = d.cli("worker", "list").stdout
     assert any(line.split()[:2] == ["gpu1", "gpu"] for line in rows.splitlines()), rows
 
@@ -86,8 +91,12 @@ def test_sigkilled_worker_fences_its_job_and_it_never_runs_twice(server, workers
     assert max(t for _, t in runs[first_dir]) < min(t for _, t in runs[second_dir])  # never at once
     # the fenced copy's report, sent when wa starts again, is late: kept as a stale report
     a.start()
-    wait_for(lambda: "lease.stale_report" in d.cli("events", "--json").stdout, 20, interval=0.2,
-             what="wa's late report to be recorded stale")
+    wait_for(
+        lambda: "lease.stale_report" in d.cli("events", "--json").stdout,
+        20,
+        interval=0.2,
+        what="wa's late report to be recorded stale",
+    )
     assert "answer=stale" in a.output()
     b.kill()
 
@@ -169,5 +178,8 @@ def test_a_worker_with_state_credentials_refuses_to_start(server, workers):
     d = server
     w = workers(d, token(d, "w1"), env={"PILOOP_REDIS_URL": "redis://127.0.0.1:1/0"}).start()
     assert w.wait(20) == 2
-    assert w.output().strip().endswith("PILOOP_REDIS_URL is set: a worker holds no state credentials; "
-                                       "unset it on this machine")
+    assert (
+        w.output()
+        .strip()
+        .endswith("PILOOP_REDIS_URL is set: a worker holds no state credentials; unset it on this machine")
+    )

@@ -22,8 +22,14 @@ def server(redis_server, namespace):
 
 
 def _report(job: str, tok: str, report_id: str | None = None) -> dict:
-    return {"protocol": 1, "report_id": report_id or uuid.uuid4().hex, "job": job, "token": tok,
-            "outcome": "succeeded", "exit_code": 0}
+    return {
+        "protocol": 1,
+        "report_id": report_id or uuid.uuid4().hex,
+        "job": job,
+        "token": tok,
+        "outcome": "succeeded",
+        "exit_code": 0,
+    }
 
 
 def _holding_two(api, cas_id: str) -> tuple[SimWorker, dict[str, str]]:
@@ -48,8 +54,10 @@ def test_reports_in_one_call_are_answered_one_by_one_and_a_resend_gets_the_same_
         _, held = _holding_two(api, cas_id)
         assert set(held) == set(jobs), held
         a, b = jobs
-        batch = {"protocol": 1, "reports": [_report(a, held[a]), _report(b, "0." + "0" * 32, report_id="wrong-token"),
-                                            _report(b, held[b])]}
+        batch = {
+            "protocol": 1,
+            "reports": [_report(a, held[a]), _report(b, "0." + "0" * 32, report_id="wrong-token"), _report(b, held[b])],
+        }
         got = api.call("POST", "/v1/worker/reports", batch)["answers"]
         assert [x["answer"] for x in got] == ["accepted", "stale", "accepted"], got
         assert all(x["error"] is None for x in got), got

@@ -22,8 +22,11 @@ def test_the_serve_worker_runs_a_job_over_the_socket(daemon):
 
 
 # a renew period long enough that an idle worker's claim waits the most it may at the server (5 s)
-SLOW_RENEW = FAST_EXECUTOR.replace("renew_seconds = 0.5", "renew_seconds = 5").replace(
-    "grace_seconds = 2", "grace_seconds = 12").replace("toleration_seconds = 6", "toleration_seconds = 40")
+SLOW_RENEW = (
+    FAST_EXECUTOR.replace("renew_seconds = 0.5", "renew_seconds = 5")
+    .replace("grace_seconds = 2", "grace_seconds = 12")
+    .replace("toleration_seconds = 6", "toleration_seconds = 40")
+)
 
 
 def test_a_retry_the_pass_queues_wakes_the_idle_worker_s_waiting_claim(redis_server, namespace):

@@ -45,14 +45,23 @@ def _job(tmp_path: Path, name: str = "j1") -> JobDir:
 
 def _start(host: ShimHost, jd: JobDir, argv: list[str], deadline_in: float = 60.0, **req) -> None:
     jd.write_deadline(time.monotonic() + deadline_in)
-    host.run_job({"dir": str(jd.root), "run": str(jd.run), "argv": argv,
-                  "env": req.pop("env", {}), "kill_grace": req.pop("kill_grace", 0.3), **req})  # set over the host's env
+    host.run_job(
+        {
+            "dir": str(jd.root),
+            "run": str(jd.run),
+            "argv": argv,
+            "env": req.pop("env", {}),
+            "kill_grace": req.pop("kill_grace", 0.3),
+            **req,
+        }
+    )  # set over the host's env
 
 
 def _pids(jd: JobDir, n: int) -> list[int]:
     f = jd.work / "pids"
-    return wait_for(lambda: f.exists() and len(ps := [int(x) for x in f.read_text().split()]) >= n and ps,
-                    10, what="the job's pids")
+    return wait_for(
+        lambda: f.exists() and len(ps := [int(x) for x in f.read_text().split()]) >= n and ps, 10, what="the job's pids"
+    )
 
 
 def _gone(pid: int) -> bool:
@@ -68,7 +77,9 @@ def _exit(jd: JobDir, timeout: float = 10) -> dict:
 
 def test_a_job_runs_in_its_own_session_and_process_group(host, tmp_path):
     jd = _job(tmp_path)
-    script = "import os; print(os.getsid(0), os.getpgid(0), os.getpid(), os.environ['X'], os.environ['PATH'], flush=True)"
+    script = (
+        "import os; print(os.getsid(0), os.getpgid(0), os.getpid(), os.environ['X'], os.environ['PATH'], flush=True)"
+    )
     _start(host, jd, [sys.executable, "-c", script], env={"X": "x1"})
     rec = _exit(jd)
     assert rec["exit_code"] == 0 and rec["stopped"] == "" and rec["usage"]["peak_rss_bytes"] > 0
@@ -147,8 +158,9 @@ OWNER = textwrap.dedent("""
 @pytest.mark.parametrize("victim", ["worker", "shim host"])
 def test_sigkilled_worker_or_host_still_fences_its_job_by_the_deadline(tmp_path, victim):
     jd = _job(tmp_path)
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(jd.root), str(jd.run), "3", TREE],
-                             stdout=subprocess.PIPE, text=True)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(jd.root), str(jd.run), "3", TREE], stdout=subprocess.PIPE, text=True
+    )
     try:
         host_pid = int(owner.stdout.readline())
         pids = _pids(jd, 3)
@@ -169,8 +181,12 @@ def test_sigkilled_worker_or_host_still_fences_its_job_by_the_deadline(tmp_path,
 def test_out_of_memory_in_the_job_cgroup_is_recorded(host, tmp_path, job_cgroups):
     jd = _job(tmp_path)
     cg = job_cgroups.take(64)
-    _start(host, jd, [sys.executable, "-c", "b = bytearray(400 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096])"],
-           cgroup={"path": str(cg.path), "version": cg.version})
+    _start(
+        host,
+        jd,
+        [sys.executable, "-c", "b = bytearray(400 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096])"],
+        cgroup={"path": str(cg.path), "version": cg.version},
+    )
     rec = _exit(jd, timeout=30)
     assert rec["oom"] is True and rec["signal"] == signal.SIGKILL
     # the group stays for the worker to keep for a later job: the counter its first job raised is not the next one's
@@ -206,8 +222,12 @@ def test_a_shim_whose_worker_is_gone_removes_its_jobs_cgroup(own_host, tmp_path,
     """Nobody would keep the group for a later job: the shim removes it once its job has ended."""
     jd = _job(tmp_path)
     cg = job_cgroups.take(64)
-    _start(own_host, jd, ["sh", "-c", "while [ ! -f go ]; do sleep 0.02; done"],
-           cgroup={"path": str(cg.path), "version": cg.version})
+    _start(
+        own_host,
+        jd,
+        ["sh", "-c", "while [ ! -f go ]; do sleep 0.02; done"],
+        cgroup={"path": str(cg.path), "version": cg.version},
+    )
     wait_for(lambda: read_json(jd.shim_json), 10, what="shim.json")
     assert own_host.exits is not None
     own_host.exits.close()  # the worker's end of the wake-up pair, as when the worker dies
@@ -230,6 +250,7 @@ def _ended(jd: JobDir) -> dict:
         except OSError:
             return True  # gone: nothing to wait for
         return where == "0" or "wait_for_more_packets" in where  # "0": a kernel that hides it
+
     wait_for(waiting, 5, what="the shim to wait for its next request")
     return rec
 

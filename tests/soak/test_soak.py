@@ -57,8 +57,14 @@ class Soak:
 
     # -- jobs ------------------------------------------------------------------------------
     def submit(self, kind: str, pool: str, seconds: float) -> None:
-        body = {"kind": kind, "pool": pool, "spec": {"argv": [sys.executable, "-c", MARKER_JOB],
-                                                     "env": {"MARKER": str(self.marker), "RUN_SECONDS": str(seconds)}}}
+        body = {
+            "kind": kind,
+            "pool": pool,
+            "spec": {
+                "argv": [sys.executable, "-c", MARKER_JOB],
+                "env": {"MARKER": str(self.marker), "RUN_SECONDS": str(seconds)},
+            },
+        }
         end = time.monotonic() + 60
         while time.monotonic() < end:
             try:
@@ -117,8 +123,13 @@ class Soak:
         self.figures["redis restarts"] += 1
 
     def driver(self, until: float) -> None:
-        actions = [self.kill_remote] * 4 + [self.kill_serve_worker, self.pause_daemon, self.pause_daemon,
-                                             self.restart_serve, self.restart_redis]
+        actions = [self.kill_remote] * 4 + [
+            self.kill_serve_worker,
+            self.pause_daemon,
+            self.pause_daemon,
+            self.restart_serve,
+            self.restart_redis,
+        ]
         while time.monotonic() < until and not self.stop.is_set():
             self.stop.wait(self.rng.uniform(1.0, 4.0))
             if time.monotonic() >= until:
@@ -133,9 +144,16 @@ class Soak:
 
 def _story(d, job: str, evs: list[dict] | None = None) -> list[tuple]:
     """One job's events, short: (type, token, worker, then/outcome/reason)."""
-    return [(e["type"], e.get("token", ""), e.get("worker") or e.get("by", ""),
-             e.get("then") or e.get("outcome") or e.get("reason") or "")
-            for e in (evs if evs is not None else events(d)) if e.get("job") == job]
+    return [
+        (
+            e["type"],
+            e.get("token", ""),
+            e.get("worker") or e.get("by", ""),
+            e.get("then") or e.get("outcome") or e.get("reason") or "",
+        )
+        for e in (evs if evs is not None else events(d))
+        if e.get("job") == job
+    ]
 
 
 def test_soak(tmp_path, namespace):
@@ -177,14 +195,21 @@ def test_soak(tmp_path, namespace):
             return not left
 
         try:
-            wait_for(drained, max(10.0, drain_deadline - time.monotonic()), interval=0.5,
-                     what=f"all {len(soak.jobs)} jobs to end (seed {seed})")
+            wait_for(
+                drained,
+                max(10.0, drain_deadline - time.monotonic()),
+                interval=0.5,
+                what=f"all {len(soak.jobs)} jobs to end (seed {seed})",
+            )
         except AssertionError:
             with d.api() as api:
                 left = [v for j in soak.jobs if (v := api.call("GET", f"/v1/jobs/{j}"))["state"] not in ENDED]
             for v in left[:5]:
-                print(f"soak: not ended: {v['id']} {v['state']} worker={v['worker']} token={v['token']} "
-                      f"lost={v['lost']} reason={v['reason']!r} events={_story(d, v['id'])}", flush=True)
+                print(
+                    f"soak: not ended: {v['id']} {v['state']} worker={v['worker']} token={v['token']} "
+                    f"lost={v['lost']} reason={v['reason']!r} events={_story(d, v['id'])}",
+                    flush=True,
+                )
             raise
         with d.api() as api:
             views = {j: api.call("GET", f"/v1/jobs/{j}") for j in soak.jobs}
@@ -204,19 +229,24 @@ def test_soak(tmp_path, namespace):
         overlaps = [j for j in soak.jobs if overlapping(runs.get(j, []))]
         lost_agents = [j for j in agents_ if views[j]["state"] == "worker_lost"]
         bad_agents = {j: views[j]["state"] for j in agents_ if views[j]["state"] not in ("succeeded", "worker_lost")}
-        no_end_event = [j for j in soak.jobs
-                        if not ends[(j, f"job.{views[j]['state']}")] and j not in expired_lost]
+        no_end_event = [j for j in soak.jobs if not ends[(j, f"job.{views[j]['state']}")] and j not in expired_lost]
         reruns = sum(1 for j in soak.jobs if len(runs.get(j, [])) > 1)
         f = soak.figures
-        print(f"soak: seed={seed} jobs={len(soak.jobs)} (evaluations={len(evals)} agents={len(agents_)}) "
-              f"worker_kills={f['worker kills']} worker_restarts={f['worker restarts']} "
-              f"daemon_pauses={f['daemon pauses']} (>grace {f['daemon pauses > grace']}) "
-              f"serve_restarts={f['serve restarts']} redis_restarts={f['redis restarts']} "
-              f"reruns={reruns} duplicates={len(doubled)} overlaps={len(overlaps)} lost_agents={len(lost_agents)} "
-              f"lost_evaluations={len(bad_evals)} seconds={time.monotonic() - began:.0f}", flush=True)
+        print(
+            f"soak: seed={seed} jobs={len(soak.jobs)} (evaluations={len(evals)} agents={len(agents_)}) "
+            f"worker_kills={f['worker kills']} worker_restarts={f['worker restarts']} "
+            f"daemon_pauses={f['daemon pauses']} (>grace {f['daemon pauses > grace']}) "
+            f"serve_restarts={f['serve restarts']} redis_restarts={f['redis restarts']} "
+            f"reruns={reruns} duplicates={len(doubled)} overlaps={len(overlaps)} lost_agents={len(lost_agents)} "
+            f"lost_evaluations={len(bad_evals)} seconds={time.monotonic() - began:.0f}",
+            flush=True,
+        )
         for j in list(bad_evals)[:5]:
-            print(f"soak: {j} ended {views[j]['state']} lost={views[j]['lost']} reason={views[j]['reason']!r} "
-                  f"events={_story(d, j, evs)}", flush=True)
+            print(
+                f"soak: {j} ended {views[j]['state']} lost={views[j]['lost']} reason={views[j]['reason']!r} "
+                f"events={_story(d, j, evs)}",
+                flush=True,
+            )
         assert not bad_evals, f"evaluations that did not succeed (seed {seed}): {bad_evals}"
         assert not doubled, f"jobs that succeeded twice (seed {seed}): {doubled}"
         assert not overlaps, f"jobs that ran twice at once (seed {seed}): {[runs[j] for j in overlaps]}"

@@ -16,13 +16,22 @@ from bench.jobs import piloop_cpu
 
 
 def _drain(seconds: float, cpu: float, rss: float = 50.0, bad: int = 0) -> dict:
-    return {"jobs": 100, "seconds": seconds, "not_succeeded": bad, "worker_rss_mib": rss, "server_rss_mib": rss + 10,
-            "cpu_ms": {"server": cpu, "machine": 2 * cpu}}
+    return {
+        "jobs": 100,
+        "seconds": seconds,
+        "not_succeeded": bad,
+        "worker_rss_mib": rss,
+        "server_rss_mib": rss + 10,
+        "cpu_ms": {"server": cpu, "machine": 2 * cpu},
+    }
 
 
 def test_a_drain_is_the_median_of_its_rounds() -> None:
-    rounds = [{"piloop process": _drain(1.0, 5.0, rss=60)}, {"piloop process": _drain(4.0, 9.0, bad=1)},
-              {"piloop process": _drain(2.0, 6.0, rss=55, bad=2)}]
+    rounds = [
+        {"piloop process": _drain(1.0, 5.0, rss=60)},
+        {"piloop process": _drain(4.0, 9.0, bad=1)},
+        {"piloop process": _drain(2.0, 6.0, rss=55, bad=2)},
+    ]
     got = merge_rounds(rounds)["piloop process"]
     assert got["seconds"] == 2.0  # so the rate shown is the median rate, 50 jobs/s
     assert got["cpu_ms"] == {"server": 6.0, "machine": 12.0}
@@ -32,40 +41,67 @@ def test_a_drain_is_the_median_of_its_rounds() -> None:
 
 
 def test_each_rounds_ratio_is_against_that_rounds_best_peer() -> None:
-    one = {"piloop task": _drain(1.0, 1.0), "rq Worker python": _drain(4.0, 1.0),
-           "Celery solo python": _drain(0.5, 1.0)}
+    one = {
+        "piloop task": _drain(1.0, 1.0),
+        "rq Worker python": _drain(4.0, 1.0),
+        "Celery solo python": _drain(0.5, 1.0),
+    }
     assert round_ratio(one, "task", "python") == pytest.approx(0.5)  # 100/s beside Celery solo's 200/s
     assert round_ratio({"piloop task": _drain(1.0, 1.0)}, "task", "python") is None
 
 
 def test_the_table_names_the_rounds_and_gives_each_ratio() -> None:
     names = ["piloop process", "piloop task", "rq Worker subprocess", "rq Worker python"]
-    per = [{n: _drain(s, 1.0) for n, s in zip(names, secs, strict=True)} for secs in ([1.0, 1.0, 2.0, 4.0], [2.0, 1.0, 2.0, 1.0])]
+    per = [
+        {n: _drain(s, 1.0) for n, s in zip(names, secs, strict=True)}
+        for secs in ([1.0, 1.0, 2.0, 4.0], [2.0, 1.0, 2.0, 1.0])
+    ]
     jobs = {**merge_rounds(per), "rounds": per}
     drain_rows = [r for r in rows({"jobs": jobs}) if r["figure"].startswith("drain")]
-    assert [r["figure"] for r in drain_rows] == ["drain 100 jobs, 2 workers: /bin/true each, median of 2 rounds",
-                                                 "drain 100 jobs, 2 workers: Python no-op, median of 2 rounds"]
+    assert [r["figure"] for r in drain_rows] == [
+        "drain 100 jobs, 2 workers: /bin/true each, median of 2 rounds",
+        "drain 100 jobs, 2 workers: Python no-op, median of 2 rounds",
+    ]
     assert drain_rows[0]["note"] == "each round's ratio: 2.00, 1.00"
     assert drain_rows[1]["note"] == "piloop: tasks, each its own process; each round's ratio: 4.00, 1.00"
     assert drain_rows[0]["ratio"] == pytest.approx((100 / 1.5) / 50)  # the medians' ratio
 
 
 def test_the_cpu_row_compares_the_whole_machine_and_splits_it() -> None:
-    piloop = {**_drain(1.0, 1.0), "cpu_ms": {"server": 1.0, "workers": 2.2, "redis": 0.3, "machine": 6.0, "worker": 1.9,
-                                             "shim host": 0.3, "shims": 1.2, "jobs": 0.8}}
+    piloop = {
+        **_drain(1.0, 1.0),
+        "cpu_ms": {
+            "server": 1.0,
+            "workers": 2.2,
+            "redis": 0.3,
+            "machine": 6.0,
+            "worker": 1.9,
+            "shim host": 0.3,
+            "shims": 1.2,
+            "jobs": 0.8,
+        },
+    }
     celery = {**_drain(0.5, 1.0), "cpu_ms": {"workers": 2.2, "jobs": 0.8, "redis": 0.2, "machine": 3.0}}
     rq = {**_drain(4.0, 1.0), "cpu_ms": {"workers": 9.0, "jobs": 6.0, "redis": 0.5, "machine": 12.0}}
-    jobs = {"piloop process": piloop, "Celery solo subprocess": celery, "rq Worker subprocess": rq,
-            "piloop task": _drain(1.0, 1.0)}
+    jobs = {
+        "piloop process": piloop,
+        "Celery solo subprocess": celery,
+        "rq Worker subprocess": rq,
+        "piloop task": _drain(1.0, 1.0),
+    }
     cpu = [r for r in rows({"jobs": jobs}) if r["figure"].startswith("  CPU a job")]
-    assert [r["figure"] for r in cpu] == ["  CPU a job of that drain, whole machine: /bin/true each",
-                                          "  CPU a job of that drain, whole machine: Python no-op"]
+    assert [r["figure"] for r in cpu] == [
+        "  CPU a job of that drain, whole machine: /bin/true each",
+        "  CPU a job of that drain, whole machine: Python no-op",
+    ]
     assert cpu[1]["ratio"] is None and cpu[1]["note"] == "piloop: server 1.00"  # no peer ran Python no-ops here
     assert cpu[0]["peers"] == {"rq Worker": 12.0, "Celery solo": 3.0} and cpu[0]["better"] == "lower"
     assert cpu[0]["ratio"] == pytest.approx(2.0)  # piloop's 6 ms beside the cheaper peer's 3
     # the peer named is the one that spent the least; its worker's own CPU is its workers' less what they reaped
-    assert cpu[0]["note"] == ("piloop: worker 1.90, shim host 0.30, shims 1.20, jobs 0.80, server 1.00, Redis 0.30; "
-                              "Celery solo: worker 1.40, jobs 0.80, Redis 0.20")
+    assert cpu[0]["note"] == (
+        "piloop: worker 1.90, shim host 0.30, shims 1.20, jobs 0.80, server 1.00, Redis 0.30; "
+        "Celery solo: worker 1.40, jobs 0.80, Redis 0.20"
+    )
 
 
 def _burn_then(seconds: float, then: str) -> str:
@@ -81,8 +117,9 @@ def test_piloop_cpu_finds_the_shim_host_its_shims_and_their_jobs(tmp_path) -> No
     job = _burn_then(0.8, "")
     shim = _burn_then(0.4, spawn.format(job) + f"\nopen({str(ready)!r}, 'w').close(); sys.stdin.read()")
     host = _burn_then(0.2, spawn.format(shim))
-    worker = subprocess.Popen([sys.executable, "-c", _burn_then(0.1, spawn.format(host))], stdin=subprocess.PIPE,
-                              start_new_session=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _burn_then(0.1, spawn.format(host))], stdin=subprocess.PIPE, start_new_session=True
+    )
     try:
         end = time.monotonic() + 60
         while not ready.exists():

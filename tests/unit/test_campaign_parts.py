@@ -12,24 +12,32 @@ from piloop_common import gitrepo, workspace
 from piloop_common.cas.local import LocalStore
 from piloop_worker.repos import parse_score
 
-ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-       "GIT_COMMITTER_EMAIL": "t@t"}
+ENV = {
+    **os.environ,
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
+}
 
 
-@pytest.mark.parametrize("text,score", [
-    ("working\nscore=0.75\n", 0.75),
-    ("score = 12\n\n\n", 12.0),
-    ('noise\n{"score": 3, "loss": 1}\n', 3.0),
-    ("score=-1e3", -1000.0),
-    ("score=0.9\nthen something else\n", None),  # the last line only
-    ("score=nan\n", None),
-    ("score=inf\n", None),
-    ('{"score": "high"}\n', None),
-    ('{"score": true}\n', None),
-    ('{"loss": 1}\n', None),
-    ("", None),
-    ("score=\n", None),
-])
+@pytest.mark.parametrize(
+    "text,score",
+    [
+        ("working\nscore=0.75\n", 0.75),
+        ("score = 12\n\n\n", 12.0),
+        ('noise\n{"score": 3, "loss": 1}\n', 3.0),
+        ("score=-1e3", -1000.0),
+        ("score=0.9\nthen something else\n", None),  # the last line only
+        ("score=nan\n", None),
+        ("score=inf\n", None),
+        ('{"score": "high"}\n', None),
+        ('{"score": true}\n', None),
+        ('{"loss": 1}\n', None),
+        ("", None),
+        ("score=\n", None),
+    ],
+)
 def test_the_score_is_the_last_line(tmp_path, text, score):
     p = tmp_path / "output.log"
     p.write_text(text)
@@ -71,8 +79,9 @@ def _commit(repo: Path, name: str, data: bytes) -> str:
     (repo / name).write_bytes(data)
     subprocess.run(["git", "add", name], cwd=repo, check=True, env=ENV)
     subprocess.run(["git", "commit", "-qm", name], cwd=repo, check=True, env=ENV)
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, check=True, env=ENV, capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo, check=True, env=ENV, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def test_an_incremental_bundle_carries_only_what_is_newer(tmp_path):

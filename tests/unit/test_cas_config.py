@@ -14,7 +14,9 @@ def test_each_provider_is_chosen_by_its_name() -> None:
     assert isinstance(CONFIG.validate_python({"provider": "local"}), LocalCasConfig)
     assert isinstance(CONFIG.validate_python({"provider": "s3", "bucket": "b"}), S3CasConfig)
     assert isinstance(CONFIG.validate_python({"provider": "http", "url": "https://x:7701"}), HttpCasConfig)
-    cached = CONFIG.validate_python({"provider": "cached", "local_max_gb": 50, "remote": {"provider": "http", "url": "u"}})
+    cached = CONFIG.validate_python(
+        {"provider": "cached", "local_max_gb": 50, "remote": {"provider": "http", "url": "u"}}
+    )
     assert isinstance(cached, CachedCasConfig) and isinstance(cached.remote, HttpCasConfig)
 
 
@@ -37,7 +39,9 @@ def test_unknown_keys_and_bad_values_are_refused(raw: dict[str, object]) -> None
 
 
 def test_credentials_never_print() -> None:
-    cfg = CONFIG.validate_python({"provider": "s3", "bucket": "b", "access_key_id": "AKIA1", "secret_access_key": "s3cr3t"})
+    cfg = CONFIG.validate_python(
+        {"provider": "s3", "bucket": "b", "access_key_id": "AKIA1", "secret_access_key": "s3cr3t"}
+    )
     assert "s3cr3t" not in repr(cfg) and "AKIA1" not in str(cfg)
     assert cfg.secret_access_key.get_secret_value() == "s3cr3t"
 

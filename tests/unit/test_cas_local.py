@@ -45,7 +45,8 @@ def test_a_blob_got_in_place_is_written_straight_to_its_path_and_removed_when_co
     dest.parent.mkdir()
     assert store.get_file(address, dest, durable=False, in_place=True) == 26
     assert dest.read_bytes() == b'{"args": [], "kwargs": {}}' and sorted(p.name for p in dest.parent.iterdir()) == [
-        "args.json"]  # no temp file beside it
+        "args.json"
+    ]  # no temp file beside it
     store.path_of(address).write_bytes(b"something else")  # the blob rots in the store
     with pytest.raises(Exception, match="corrupt"):
         store.get_file(address, dest, durable=False, in_place=True)

@@ -27,8 +27,21 @@ SAMPLE_HOSTNAME = "3f2a9c1b7d4e"  # what $HOSTNAME is in a container: its short 
 # the service keys this file may use; a typo (`depend_on`, `healthckeck`) would be ignored by nothing
 # here, so it must be refused here
 SERVICE_KEYS = {
-    "build", "image", "platform", "init", "restart", "command", "entrypoint", "environment", "volumes",
-    "ports", "networks", "depends_on", "healthcheck", "stop_grace_period", "container_name",
+    "build",
+    "image",
+    "platform",
+    "init",
+    "restart",
+    "command",
+    "entrypoint",
+    "environment",
+    "volumes",
+    "ports",
+    "networks",
+    "depends_on",
+    "healthcheck",
+    "stop_grace_period",
+    "container_name",
 }
 HEALTHCHECK_KEYS = {"test", "interval", "timeout", "retries", "start_period", "start_interval", "disable"}
 RESTART = {"no", "always", "on-failure", "unless-stopped"}
@@ -114,12 +127,13 @@ def piloop_argv(svc: dict[str, Any]) -> list[str]:
     if entry is None:
         return list(command)
     assert isinstance(entry, list) and entry[:2] == ["/bin/sh", "-c"] and len(entry) == 4 and entry[3] == "piloop", (
-        f"entrypoint {entry}: use the image's (piloop) or [/bin/sh, -c, '… exec piloop \"$@\" …', piloop]")
+        f"entrypoint {entry}: use the image's (piloop) or [/bin/sh, -c, '… exec piloop \"$@\" …', piloop]"
+    )
     script = entry[2]
     _head, sep, tail = script.partition('exec piloop "$@"')
-    assert sep, f"entrypoint script {script!r} must end in `exec piloop \"$@\" …`"
+    assert sep, f'entrypoint script {script!r} must end in `exec piloop "$@" …`'
     extra = shlex.split(tail.replace("$HOSTNAME", SAMPLE_HOSTNAME))
-    assert "$" not in " ".join(extra), f"entrypoint script: only $HOSTNAME is expanded after \"$@\": {tail!r}"
+    assert "$" not in " ".join(extra), f'entrypoint script: only $HOSTNAME is expanded after "$@": {tail!r}'
     return list(command) + extra
 
 
@@ -276,7 +290,8 @@ def test_published_port_matches_listen(compose: dict[str, Any], tmp_path: Path) 
     assert tls is not None, "a non-loopback listen needs [plugins.network] tls"
     if tls == "proxy":
         assert all(len(p) == 3 and p[0] == "127.0.0.1" for p in published), (
-            "tls = \"proxy\" serves plain HTTP: publish it on the host's loopback only")
+            'tls = "proxy" serves plain HTTP: publish it on the host\'s loopback only'
+        )
 
 
 def test_worker_scales_and_holds_no_state_credentials(compose: dict[str, Any], tmp_path: Path) -> None:
@@ -284,7 +299,7 @@ def test_worker_scales_and_holds_no_state_credentials(compose: dict[str, Any], t
     svc = svcs["worker"]
     assert "container_name" not in svc, "a fixed container_name stops `--scale worker=3`"
     argv = piloop_argv(svc)
-    assert option(argv, "--name") == SAMPLE_HOSTNAME, "each replica must name itself (--name \"$HOSTNAME\")"
+    assert option(argv, "--name") == SAMPLE_HOSTNAME, 'each replica must name itself (--name "$HOSTNAME")'
     env = environment(svc)
     assert "PILOOP_REDIS_URL" not in env and not any(k.startswith("PILOOP_STATE__") for k in env)
     assert "state" not in json.loads(env.get("PILOOP_PLUGINS") or "{}")
@@ -308,7 +323,8 @@ def test_worker_dials_the_server_and_shares_its_cas(compose: dict[str, Any], tmp
     remote = worker.plugins.cas.remote if worker.plugins.cas.provider == "cached" else worker.plugins.cas
     same = ("provider", "bucket", "prefix", "endpoint_url")
     assert [getattr(remote, k) for k in same] == [getattr(server.plugins.cas, k) for k in same], (
-        "the worker's CAS must be the server's bucket, or the server refuses it")
+        "the worker's CAS must be the server's bucket, or the server refuses it"
+    )
     assert set(svcs["minio"]["networks"]) & set(svcs["worker"]["networks"]), "the worker must reach MinIO"
     assert "server" in (svcs["worker"].get("depends_on") or {})
 
@@ -361,14 +377,15 @@ def test_dockerfile() -> None:
     user = users[-1].split(":")[0]
     assert user not in ("root", "0"), f"USER {users[-1]}"
     entry = [a for i, a in steps if i == "ENTRYPOINT"]
-    assert entry and json.loads(entry[-1]) == ["piloop"], "ENTRYPOINT [\"piloop\"] in exec form"
+    assert entry and json.loads(entry[-1]) == ["piloop"], 'ENTRYPOINT ["piloop"] in exec form'
     runs = " ".join(a for i, a in steps if i == "RUN")
     assert "pip install ." in runs
     assert not re.search(r"\b(curl|wget|git clone|apt-get)\b", runs), "no fetches beyond PyPI"
     env = " ".join(a for i, a in steps if i == "ENV")
     assert f"PILOOP_HOME={HOME}" in env, "the compose file mounts configs under the image's PILOOP_HOME"
     assert "HEALTHCHECK" not in [i for i, _ in steps], (
-        "one image serves two roles: health checks belong to the compose services")
+        "one image serves two roles: health checks belong to the compose services"
+    )
 
 
 def test_dockerignore_lets_the_package_in() -> None:

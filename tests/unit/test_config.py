@@ -24,8 +24,10 @@ def test_defaults(tmp_path):
 
 
 def test_sources_win_in_order(tmp_path):
-    home = _home(tmp_path, "[plugins.executor]\nrenew_seconds = 5\ngrace_seconds = 40\n"
-                           "[plugins.executor.pools.gpu]\nagents = 3\n")
+    home = _home(
+        tmp_path,
+        "[plugins.executor]\nrenew_seconds = 5\ngrace_seconds = 40\n[plugins.executor.pools.gpu]\nagents = 3\n",
+    )
     s = load_settings(home, env={})
     assert s.plugins.executor.renew_seconds == 5 and s.plugins.executor.pools["gpu"].agents == 3
     assert "serve" in s.plugins.executor.pools  # the daemon's own pool stays

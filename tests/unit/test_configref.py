@@ -24,7 +24,8 @@ def test_configuration_md_is_render() -> None:
     got = (DOCS / "configuration.md").read_text()
     assert got == want, (
         "docs/configuration.md differs from the models: run "
-        "`python -m piloop_common.configref > docs/configuration.md` and commit it")
+        "`python -m piloop_common.configref > docs/configuration.md` and commit it"
+    )
 
 
 def test_every_config_field_has_a_description() -> None:
@@ -47,9 +48,22 @@ def test_every_key_of_the_models_is_in_the_reference() -> None:
     )
 
     text = configref.render()
-    for model in (ExecutorConfig, PoolConfig, ProvisionerConfig, LocalCompute, ModalCompute, RegistryConfig,
-                  NetworkConfig, TlsFiles, ProxyRule, StateConfig, LocalCasConfig, S3CasConfig, HttpCasConfig,
-                  CachedCasConfig):
+    for model in (
+        ExecutorConfig,
+        PoolConfig,
+        ProvisionerConfig,
+        LocalCompute,
+        ModalCompute,
+        RegistryConfig,
+        NetworkConfig,
+        TlsFiles,
+        ProxyRule,
+        StateConfig,
+        LocalCasConfig,
+        S3CasConfig,
+        HttpCasConfig,
+        CachedCasConfig,
+    ):
         for name in model.model_fields:
             assert f"| `{name}` |" in text, f"{model.__name__}.{name} is not in the reference"
 
@@ -144,14 +158,19 @@ def test_architecture_state_block_is_generated() -> None:
     assert configref.STATE_BEGIN in text and configref.STATE_END in text
     assert configref.splice_state(text) == text, (
         "docs/architecture.md's Redis keys or Lua scripts differ from piloop_server/state/: run "
-        "`python -m piloop_common.configref --write` and commit it")
+        "`python -m piloop_common.configref --write` and commit it"
+    )
 
 
 def test_architecture_names_only_real_modules() -> None:
     text = (DOCS / "architecture.md").read_text()
-    text = text[:text.index(configref.STATE_BEGIN)]
-    files = [str(p.relative_to(REPO)) for pkg in ("piloop_common", "piloop_server", "piloop_worker")
-             for p in (REPO / pkg).rglob("*") if "__pycache__" not in p.parts]
+    text = text[: text.index(configref.STATE_BEGIN)]
+    files = [
+        str(p.relative_to(REPO))
+        for pkg in ("piloop_common", "piloop_server", "piloop_worker")
+        for p in (REPO / pkg).rglob("*")
+        if "__pycache__" not in p.parts
+    ]
     for name in sorted(set(re.findall(r"`([\w/]+(?:\.py|\.lua|/))`", text))):
         name = name.replace("*", "")
         hit = [f for f in files if f == name.rstrip("/") or f.endswith("/" + name.rstrip("/"))]

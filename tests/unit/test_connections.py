@@ -31,9 +31,18 @@ class _Echo(http.server.BaseHTTPRequestHandler):
         if self.path.startswith("/missing"):
             out, status = json.dumps({"error": "not_found", "message": "no such job j1"}).encode(), 404
         else:
-            out, status = json.dumps({"method": self.command, "path": self.path, "body": body.decode(),
-                                      "port": self.client_address[1] if self.client_address else None,
-                                      "auth": self.headers.get("authorization")}).encode(), 200
+            out, status = (
+                json.dumps(
+                    {
+                        "method": self.command,
+                        "path": self.path,
+                        "body": body.decode(),
+                        "port": self.client_address[1] if self.client_address else None,
+                        "auth": self.headers.get("authorization"),
+                    }
+                ).encode(),
+                200,
+            )
         self.send_response(status)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(out)))
@@ -74,10 +83,12 @@ def tcp() -> Iterator[_TCP]:
 
 def test_a_connection_is_kept_for_the_next_call_and_the_body_and_query_arrive(tcp):
     c = Connections(url=f"http://127.0.0.1:{tcp.server_address[1]}/api")
-    first = json.loads(c.request("POST", "/v1/x", body=b'{"a":1}', headers={"authorization": "Bearer t"},
-                                 timeout=5).body)
-    second = json.loads(c.request("GET", "/v1/y", headers={}, params={"all": True, "n": 3, "none": None},
-                                  timeout=5).body)
+    first = json.loads(
+        c.request("POST", "/v1/x", body=b'{"a":1}', headers={"authorization": "Bearer t"}, timeout=5).body
+    )
+    second = json.loads(
+        c.request("GET", "/v1/y", headers={}, params={"all": True, "n": 3, "none": None}, timeout=5).body
+    )
     assert first["path"] == "/api/v1/x" and first["body"] == '{"a":1}' and first["auth"] == "Bearer t"
     assert second["path"] == "/api/v1/y?all=true&n=3&none="
     third = json.loads(c.request("GET", "/v1/z?a=1", headers={}, params={"b": 2}, timeout=5).body)
@@ -109,7 +120,7 @@ def test_a_connection_the_server_closed_while_idle_is_seen_before_the_next_call(
     monkeypatch.setattr(_Echo, "timeout", 0.2)
     c = Connections(url=f"http://127.0.0.1:{tcp.server_address[1]}")
     a = json.loads(c.request("GET", "/a", headers={}, timeout=5).body)
-    (conn, _), = c._idle
+    ((conn, _),) = c._idle
     deadline = time.monotonic() + 10
     while not select.select([conn.sock], [], [], 0.05)[0]:
         assert time.monotonic() < deadline, "the server never closed the idle connection"
@@ -164,7 +175,7 @@ def test_a_kept_connection_past_fd_1023_is_checked_and_reused(tcp):
             held.append(os.open(os.devnull, os.O_RDONLY))
         c = Connections(url=f"http://127.0.0.1:{tcp.server_address[1]}")
         a = json.loads(c.request("GET", "/a", headers={}, timeout=5).body)
-        (conn, _), = c._idle
+        ((conn, _),) = c._idle
         assert conn.sock.fileno() > 1023
         b = json.loads(c.request("GET", "/b", headers={}, timeout=5).body)
         assert b["port"] == a["port"]

@@ -14,8 +14,19 @@ from piloop_worker.cgroups import HeldWatch
 from piloop_worker.room import Room
 
 
-@pytest.mark.parametrize("text,mb", [("4G", 4096), ("512M", 512), ("1.5GiB", 1536), ("4096", 4096), ("2gb", 2048),
-                                     ("1T", 1024 * 1024), ("1.1M", 2), (300, 300)])
+@pytest.mark.parametrize(
+    "text,mb",
+    [
+        ("4G", 4096),
+        ("512M", 512),
+        ("1.5GiB", 1536),
+        ("4096", 4096),
+        ("2gb", 2048),
+        ("1T", 1024 * 1024),
+        ("1.1M", 2),
+        (300, 300),
+    ],
+)
 def test_sizes_are_binary_and_round_up_to_mib(text, mb):
     assert parse_memory(text) == mb
 
@@ -82,15 +93,22 @@ def test_outcomes_of_memory_ends():
 
 def test_flags_make_the_spec_fields_and_refuse_bad_ones():
     got = _policy("1.5G", None, 2.0, "6G", 3, "30s")
-    assert got == {"memory_mb": 1536, "memory_max_mb": 6144, "memory_growth": 2.0, "max_attempts": 3,
-                   "backoff_seconds": 30.0}
+    assert got == {
+        "memory_mb": 1536,
+        "memory_max_mb": 6144,
+        "memory_growth": 2.0,
+        "max_attempts": 3,
+        "backoff_seconds": 30.0,
+    }
     JobSpec(argv=["x"], **got)
     assert _policy(None, None, None, None, None, None) == {"memory_mb": None}
-    for args, flag in [(("4X", None, None, None, None, None), "--memory"),
-                       (("4G", None, None, "1G", None, None), "--memory-max"),
-                       (("4G", 100, None, None, None, None), "--memory-mb"),
-                       ((None, None, 0.5, None, None, None), "--memory-growth"),
-                       ((None, None, None, None, 0, None), "--max-attempts"),
-                       ((None, None, None, None, None, "soon"), "--backoff")]:
+    for args, flag in [
+        (("4X", None, None, None, None, None), "--memory"),
+        (("4G", None, None, "1G", None, None), "--memory-max"),
+        (("4G", 100, None, None, None, None), "--memory-mb"),
+        ((None, None, 0.5, None, None, None), "--memory-growth"),
+        ((None, None, None, None, 0, None), "--max-attempts"),
+        ((None, None, None, None, None, "soon"), "--backoff"),
+    ]:
         with pytest.raises((click.UsageError, BadRequest), match=flag):
             _policy(*args)

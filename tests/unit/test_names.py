@@ -7,8 +7,25 @@ import pytest
 from piloop_common.errors import BadRequest
 from piloop_common.names import check_name, problem
 
-ATTACKS = ["serve", "piloop", "piloop-x", "victim:leases:evaluation", "../../etc", "*", "{evil}", "a" * 300, "Gpu1",
-           "", "-lead", ".hidden", "a b", "a\n", "tab\t", "é", "a" * 64]
+ATTACKS = [
+    "serve",
+    "piloop",
+    "piloop-x",
+    "victim:leases:evaluation",
+    "../../etc",
+    "*",
+    "{evil}",
+    "a" * 300,
+    "Gpu1",
+    "",
+    "-lead",
+    ".hidden",
+    "a b",
+    "a\n",
+    "tab\t",
+    "é",
+    "a" * 64,
+]
 GOOD = ["gpu1", "a", "0", "gpu-1.box_2", "a" * 63, "serves", "my-piloop", "9lives"]
 
 

@@ -26,34 +26,54 @@ def modal(monkeypatch):
 
 def _provider(**compute):
     cfg = ModalCompute(image="ghcr.io/acme/piloop-worker:0.3", **compute)
-    return open_provider("gpu", cfg, url="https://piloop.example.com:8443", home=Path("/nonexistent"),
-                         tag="srv1", cas_plugins={})
+    return open_provider(
+        "gpu", cfg, url="https://piloop.example.com:8443", home=Path("/nonexistent"), tag="srv1", cas_plugins={}
+    )
 
 
 def test_start_passes_the_image_gpu_secrets_tags_name_and_timeouts(modal):
-    p = _provider(gpu="A100", cpu=4.0, memory_mb=32768, secrets=["piloop-cas"], env={"A": "1"},
-                  idle_timeout_seconds=600, registry={"kind": "aws-ecr", "secret": "piloop-ecr-pull"})
+    p = _provider(
+        gpu="A100",
+        cpu=4.0,
+        memory_mb=32768,
+        secrets=["piloop-cas"],
+        env={"A": "1"},
+        idle_timeout_seconds=600,
+        registry={"kind": "aws-ecr", "secret": "piloop-ecr-pull"},
+    )
     m = modal()
     h = p.start("gpu-1", "plt_x", {"PILOOP_PROVISIONER_TAG": "srv1"})
     what, args, kwargs = m.calls[-1]
     assert what == "Sandbox.create"
-    assert args == ("piloop", "worker", "--server", "https://piloop.example.com:8443", "--pool", "gpu", "--name",
-                    "gpu-1")
+    assert args == (
+        "piloop",
+        "worker",
+        "--server",
+        "https://piloop.example.com:8443",
+        "--pool",
+        "gpu",
+        "--name",
+        "gpu-1",
+    )
     assert kwargs == {
-        "app": m.App("piloop-workers"), "name": "piloop-srv1-gpu-1",
+        "app": m.App("piloop-workers"),
+        "name": "piloop-srv1-gpu-1",
         "image": m.Image("aws-ecr", "ghcr.io/acme/piloop-worker:0.3", m.Secret("piloop-ecr-pull")),
         "env": {"A": "1", "PILOOP_PROVISIONER_TAG": "srv1", "PILOOP_HTTPS_TOKEN": "plt_x"},
         "secrets": [m.Secret("piloop-cas")],
         "tags": {"piloop-server": "srv1", "piloop-worker": "gpu-1", "piloop-pool": "gpu"},
-        "timeout": 24 * 3600, "gpu": "A100", "cpu": 4.0, "memory": 32768, "idle_timeout": 600,
+        "timeout": 24 * 3600,
+        "gpu": "A100",
+        "cpu": 4.0,
+        "memory": 32768,
+        "idle_timeout": 600,
     }
     assert (h.name, h.pool, h.id) == ("gpu-1", "gpu", m.Sandbox.live[h.id].object_id)
 
 
-@pytest.mark.parametrize("registry, image", [
-    (None, ("registry", None)),
-    ({"kind": "basic", "secret": "pull"}, ("registry", "pull")),
-])
+@pytest.mark.parametrize(
+    "registry, image", [(None, ("registry", None)), ({"kind": "basic", "secret": "pull"}, ("registry", "pull"))]
+)
 def test_a_public_image_and_a_basic_registry(modal, registry, image):
     p = _provider(registry=registry)
     m = modal()

@@ -27,11 +27,16 @@ class _Secrets:
 
 
 def _rt(network: str, secrets: dict[str, str]):
-    pool = types.SimpleNamespace(provisioner=ProvisionerConfig(max=1, orphan_exit_seconds=60,
-                                                               compute={"provider": "local"}))
+    pool = types.SimpleNamespace(
+        provisioner=ProvisionerConfig(max=1, orphan_exit_seconds=60, compute={"provider": "local"})
+    )
     settings = types.SimpleNamespace(plugins=types.SimpleNamespace(network=types.SimpleNamespace(provider=network)))
-    return types.SimpleNamespace(executor=types.SimpleNamespace(pools={"gpu": pool}), server_id="srv1",
-                                 settings=settings, secrets=_Secrets(secrets))
+    return types.SimpleNamespace(
+        executor=types.SimpleNamespace(pools={"gpu": pool}),
+        server_id="srv1",
+        settings=settings,
+        secrets=_Secrets(secrets),
+    )
 
 
 @pytest.mark.parametrize("network, credential", [("proxy", "wk-1"), ("token", None)])
@@ -40,8 +45,12 @@ def test_a_started_worker_gets_the_proxy_credential_only_behind_the_proxy(networ
     assert env.pop("PILOOP_WORKER_CREDENTIAL", None) == credential
     # told it is on the proxy network, through the env source of `[plugins.network] provider`
     assert env.pop("PILOOP_NETWORK__PROVIDER", None) == ("proxy" if credential else None)
-    assert env == {"PILOOP_PROVISIONER_TAG": "srv1", "PILOOP_PROVISIONED_NAME": "gpu-3",
-                   "PILOOP_PROVISIONED_POOL": "gpu", "PILOOP_ORPHAN_EXIT_SECONDS": "60"}
+    assert env == {
+        "PILOOP_PROVISIONER_TAG": "srv1",
+        "PILOOP_PROVISIONED_NAME": "gpu-3",
+        "PILOOP_PROVISIONED_POOL": "gpu",
+        "PILOOP_ORPHAN_EXIT_SECONDS": "60",
+    }
 
 
 def test_the_computes_plugins_keep_the_servers_cas_unless_they_name_one():

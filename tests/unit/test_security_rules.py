@@ -18,43 +18,68 @@ from piloop_server.secrets import KEY_FILE, Secrets, key_id
 from piloop_server.state.keys import Keys
 
 SPEC = NetworkConfig(
-    provider="proxy", listen="0.0.0.0:8443", url="https://piloop.example.com",
+    provider="proxy",
+    listen="0.0.0.0:8443",
+    url="https://piloop.example.com",
     claims={"org": "x-org-id", "kind": "x-subject-kind", "user": "x-user-id", "principal": "x-principal"},
     name_claims=["user", "principal"],
-    rules=[{"when": {"org": "acme", "principal": "key-0123"}, "access": "worker"},
-           {"when": {"org": "acme", "kind": "service_account"}, "access": "act", "caller": "service"},
-           {"when": {"org": "acme"}, "access": "act"}],
+    rules=[
+        {"when": {"org": "acme", "principal": "key-0123"}, "access": "worker"},
+        {"when": {"org": "acme", "kind": "service_account"}, "access": "act", "caller": "service"},
+        {"when": {"org": "acme"}, "access": "act"},
+    ],
 )
 
 
-@pytest.mark.parametrize("headers,kind,name", [
-    ({"x-org-id": "acme", "x-principal": "key-0123", "x-piloop-worker": "gpu1"}, "worker", "gpu1"),
-    # the worker rule comes first: a service account holding the workers' key is a worker
-    ({"x-org-id": "acme", "x-principal": "key-0123", "x-subject-kind": "service_account", "x-piloop-worker": "w"},
-     "worker", "w"),
-    ({"x-org-id": "acme", "x-subject-kind": "service_account", "x-principal": "ci"}, "service", "ci"),
-    ({"x-org-id": "acme", "x-subject-kind": "service_account", "x-user-id": "bot", "x-principal": "ci"}, "service", "bot"),
-    ({"x-org-id": "acme", "x-user-id": "alice", "x-principal": "key-9"}, "human", "alice"),
-    ({"x-org-id": "acme", "x-user-id": "  ", "x-principal": "key-9"}, "human", "key-9"),
-    # an act caller's x-piloop-worker names nothing: its rule says what it is
-    ({"x-org-id": "acme", "x-user-id": "alice", "x-piloop-worker": "gpu1"}, "human", "alice"),
-])
+@pytest.mark.parametrize(
+    "headers,kind,name",
+    [
+        ({"x-org-id": "acme", "x-principal": "key-0123", "x-piloop-worker": "gpu1"}, "worker", "gpu1"),
+        # the worker rule comes first: a service account holding the workers' key is a worker
+        (
+            {
+                "x-org-id": "acme",
+                "x-principal": "key-0123",
+                "x-subject-kind": "service_account",
+                "x-piloop-worker": "w",
+            },
+            "worker",
+            "w",
+        ),
+        ({"x-org-id": "acme", "x-subject-kind": "service_account", "x-principal": "ci"}, "service", "ci"),
+        (
+            {"x-org-id": "acme", "x-subject-kind": "service_account", "x-user-id": "bot", "x-principal": "ci"},
+            "service",
+            "bot",
+        ),
+        ({"x-org-id": "acme", "x-user-id": "alice", "x-principal": "key-9"}, "human", "alice"),
+        ({"x-org-id": "acme", "x-user-id": "  ", "x-principal": "key-9"}, "human", "key-9"),
+        # an act caller's x-piloop-worker names nothing: its rule says what it is
+        ({"x-org-id": "acme", "x-user-id": "alice", "x-piloop-worker": "gpu1"}, "human", "alice"),
+    ],
+)
 def test_the_first_matching_rule_wins_and_names_the_caller(headers, kind, name):
     who = identify_proxy(headers, SPEC)
     assert (who.kind, who.name) == (kind, name)
 
 
-@pytest.mark.parametrize("headers,error,says", [
-    ({}, Forbidden, "no rule of [plugins.network] rules matches this caller (claims: none)"),
-    ({"x-org-id": "ACME", "x-user-id": "a"}, Forbidden, "no rule"),  # values match exactly
-    ({"x-org-id": "umbrella", "x-user-id": "a"}, Forbidden, "org='umbrella'"),
-    ({"x-org-id": "acme", "x-principal": "key-0123"}, Forbidden, "a worker names itself in x-piloop-worker"),
-    ({"x-org-id": "acme", "x-principal": "key-0123", "x-piloop-worker": "../x"}, Forbidden, "is not a worker name"),
-    ({"x-org-id": "acme"}, Forbidden, "none of name_claims (user, principal) has a value"),
-    ({"x-org-id": "acme", "x-user-id": "alice", "authorization": "Bearer plt_abc"}, Refused,
-     "piloop tokens (plt_) are refused on the proxy network"),
-    ({"x-org-id": "acme", "x-user-id": "alice", "authorization": "bearer  plt_abc"}, Refused, "plt_"),
-])
+@pytest.mark.parametrize(
+    "headers,error,says",
+    [
+        ({}, Forbidden, "no rule of [plugins.network] rules matches this caller (claims: none)"),
+        ({"x-org-id": "ACME", "x-user-id": "a"}, Forbidden, "no rule"),  # values match exactly
+        ({"x-org-id": "umbrella", "x-user-id": "a"}, Forbidden, "org='umbrella'"),
+        ({"x-org-id": "acme", "x-principal": "key-0123"}, Forbidden, "a worker names itself in x-piloop-worker"),
+        ({"x-org-id": "acme", "x-principal": "key-0123", "x-piloop-worker": "../x"}, Forbidden, "is not a worker name"),
+        ({"x-org-id": "acme"}, Forbidden, "none of name_claims (user, principal) has a value"),
+        (
+            {"x-org-id": "acme", "x-user-id": "alice", "authorization": "Bearer plt_abc"},
+            Refused,
+            "piloop tokens (plt_) are refused on the proxy network",
+        ),
+        ({"x-org-id": "acme", "x-user-id": "alice", "authorization": "bearer  plt_abc"}, Refused, "plt_"),
+    ],
+)
 def test_callers_are_refused_with_the_reason(headers, error, says):
     with pytest.raises(error) as e:
         identify_proxy(headers, SPEC)
@@ -62,8 +87,10 @@ def test_callers_are_refused_with_the_reason(headers, error, says):
 
 
 def test_other_bearer_credentials_pass_through_to_the_claims():
-    who = identify_proxy({"authorization": "Bearer worker-key", "x-org-id": "acme", "x-principal": "key-0123",
-                          "x-piloop-worker": "w"}, SPEC)
+    who = identify_proxy(
+        {"authorization": "Bearer worker-key", "x-org-id": "acme", "x-principal": "key-0123", "x-piloop-worker": "w"},
+        SPEC,
+    )
     assert who.kind == "worker"
 
 
@@ -138,12 +165,15 @@ def test_a_key_in_env_wins_and_another_key_cannot_open_the_values(tmp_path: Path
     assert Secrets(r, keys, tmp_path, env={"PILOOP_SECRET_KEY": k1}).values(["A"]) == {"A": "v"}
 
 
-@pytest.mark.parametrize("env,mode,says", [
-    ({"PILOOP_SECRET_KEY": "not base64!"}, None, "env PILOOP_SECRET_KEY: not base64"),
-    ({"PILOOP_SECRET_KEY": base64.b64encode(b"short").decode()}, None, "the key is 5 bytes; it must be 32"),
-    ({}, 0o640, "mode 0640 lets others read the secret key"),
-    ({}, 0o604, "chmod 600"),
-])
+@pytest.mark.parametrize(
+    "env,mode,says",
+    [
+        ({"PILOOP_SECRET_KEY": "not base64!"}, None, "env PILOOP_SECRET_KEY: not base64"),
+        ({"PILOOP_SECRET_KEY": base64.b64encode(b"short").decode()}, None, "the key is 5 bytes; it must be 32"),
+        ({}, 0o640, "mode 0640 lets others read the secret key"),
+        ({}, 0o604, "chmod 600"),
+    ],
+)
 def test_bad_keys_are_refused_at_start(tmp_path: Path, env, mode, says):
     if mode is not None:
         (tmp_path / KEY_FILE).write_text(base64.b64encode(os.urandom(32)).decode())
@@ -153,10 +183,17 @@ def test_bad_keys_are_refused_at_start(tmp_path: Path, env, mode, says):
     assert says in e.value.message
 
 
-@pytest.mark.parametrize("name,value,says", [
-    ("", "v", "secret name ''"), ("1A", "v", "secret name '1A'"), ("A-B", "v", "secret name"),
-    ("A", "", "the value is empty"), ("A", "a\0b", "NUL"), ("A", "x" * 70_000, "over 65536 bytes"),
-])
+@pytest.mark.parametrize(
+    "name,value,says",
+    [
+        ("", "v", "secret name ''"),
+        ("1A", "v", "secret name '1A'"),
+        ("A-B", "v", "secret name"),
+        ("A", "", "the value is empty"),
+        ("A", "a\0b", "NUL"),
+        ("A", "x" * 70_000, "over 65536 bytes"),
+    ],
+)
 def test_bad_names_and_values_are_refused(tmp_path: Path, name, value, says):
     with pytest.raises(BadRequest) as e:
         Secrets(FakeRedis(), Keys("t"), tmp_path, env={}).set(name, value, "human:me")

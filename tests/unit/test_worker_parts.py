@@ -201,8 +201,9 @@ def test_run_dirs_whose_worker_dir_is_gone_are_swept_unless_a_shim_holds_a_job(t
     for n in ("gone", "held", "old"):
         shutil.rmtree(homes[n])
     assert jobdir.sweep_run_dirs(runs["me"]) == [runs["gone"]]
-    assert sorted(p.name for p in runs["me"].parent.iterdir()) == sorted(runs[n].name for n in ("me", "kept", "held",
-                                                                                                 "old"))
+    assert sorted(p.name for p in runs["me"].parent.iterdir()) == sorted(
+        runs[n].name for n in ("me", "kept", "held", "old")
+    )
     os.close(held)  # the shim ended
     assert jobdir.sweep_run_dirs(runs["me"]) == [runs["held"]]
     # a worker holding no job removes its run dir when it stops; one with a job's control files left keeps it
@@ -213,8 +214,9 @@ def test_run_dirs_whose_worker_dir_is_gone_are_swept_unless_a_shim_holds_a_job(t
 
 
 def _report(job: str = "j1") -> ReportRequest:
-    return ReportRequest(protocol=PROTOCOL, report_id=report_id_for(job, "5"), job=job, token="5", outcome="succeeded",
-                         exit_code=0)
+    return ReportRequest(
+        protocol=PROTOCOL, report_id=report_id_for(job, "5"), job=job, token="5", outcome="succeeded", exit_code=0
+    )
 
 
 def test_spool_write_pending_remove(tmp_path: Path) -> None:
@@ -250,19 +252,22 @@ def test_report_id_is_one_per_lease() -> None:
     assert report_id_for("j1", "5") != report_id_for("j1", "6")
 
 
-@pytest.mark.parametrize("rec,want", [
-    ({"exit_code": 0}, ("succeeded", "")),
-    ({"exit_code": 2}, ("failed", "exit code 2")),
-    ({"signal": 9}, ("failed", "killed by signal 9")),
-    ({"signal": 9, "oom": True}, ("failed", "out of memory")),
-    ({"signal": 15, "stopped": "timeout"}, ("failed", "timeout")),
-    ({"signal": 15, "stopped": "fenced"}, ("fenced", "the worker could not renew the lease before its deadline")),
-    ({"signal": 15, "stopped": "cancelled"}, ("cancelled", "cancelled")),
-    ({"signal": 15, "stopped": "lost"}, ("lost", "the server says the lease is lost")),
-    ({"signal": 15, "stopped": "lease_lost"}, ("lost", "the server says the lease is lost")),
-    ({"exit_code": 127, "reason": "cannot start 'nope'"}, ("failed", "cannot start 'nope'")),
-    ({"lost": True, "reason": "the job's shim died"}, ("lost", "the job's shim died")),
-])
+@pytest.mark.parametrize(
+    "rec,want",
+    [
+        ({"exit_code": 0}, ("succeeded", "")),
+        ({"exit_code": 2}, ("failed", "exit code 2")),
+        ({"signal": 9}, ("failed", "killed by signal 9")),
+        ({"signal": 9, "oom": True}, ("failed", "out of memory")),
+        ({"signal": 15, "stopped": "timeout"}, ("failed", "timeout")),
+        ({"signal": 15, "stopped": "fenced"}, ("fenced", "the worker could not renew the lease before its deadline")),
+        ({"signal": 15, "stopped": "cancelled"}, ("cancelled", "cancelled")),
+        ({"signal": 15, "stopped": "lost"}, ("lost", "the server says the lease is lost")),
+        ({"signal": 15, "stopped": "lease_lost"}, ("lost", "the server says the lease is lost")),
+        ({"exit_code": 127, "reason": "cannot start 'nope'"}, ("failed", "cannot start 'nope'")),
+        ({"lost": True, "reason": "the job's shim died"}, ("lost", "the job's shim died")),
+    ],
+)
 def test_outcomes(rec: dict, want: tuple[str, str]) -> None:
     assert outcome_of(rec) == want
 
@@ -292,8 +297,17 @@ def test_log_shipper_sends_new_bytes_once_and_survives_a_restart(tmp_path: Path)
 def _run(tmp_path: Path, **kw):
     from piloop_worker.main import run_worker
 
-    args = dict(server="http://127.0.0.1:9", socket=None, pool="gpu", token="plt_x", token_file=None, name=None,
-                image="", dir=None, home=tmp_path)
+    args = dict(
+        server="http://127.0.0.1:9",
+        socket=None,
+        pool="gpu",
+        token="plt_x",
+        token_file=None,
+        name=None,
+        image="",
+        dir=None,
+        home=tmp_path,
+    )
     args.update(kw)
     return run_worker(**args)
 
@@ -309,11 +323,14 @@ def test_a_worker_refuses_to_hold_state_credentials(tmp_path: Path, monkeypatch,
     assert "has [plugins.state] url: a worker holds no state credentials" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("kw,config,says", [
-    ({"token": None}, "", "no token: set PILOOP_HTTPS_TOKEN or --token-file"),
-    ({"server": None}, "", "give --server URL"),
-    ({}, "[plugins.executor]\nrenew_seconds = 'often'\n", "config: "),
-])
+@pytest.mark.parametrize(
+    "kw,config,says",
+    [
+        ({"token": None}, "", "no token: set PILOOP_HTTPS_TOKEN or --token-file"),
+        ({"server": None}, "", "give --server URL"),
+        ({}, "[plugins.executor]\nrenew_seconds = 'often'\n", "config: "),
+    ],
+)
 def test_user_mistakes_are_one_line_and_exit_2(tmp_path: Path, capsys, monkeypatch, kw, config, says) -> None:
     monkeypatch.delenv("PILOOP_REDIS_URL", raising=False)
     (tmp_path / "config.toml").write_text(config)
@@ -326,8 +343,14 @@ def test_fence_deadline_is_two_heartbeats_before_expiry_and_leaves_room_for_the_
     from piloop_common.protocol import Timing
     from piloop_worker.agent import fence_deadline
 
-    t = Timing(renew_seconds=0.5, grace_seconds=2, toleration_seconds=6, request_timeout_seconds=1,
-               kill_grace_seconds=0.5, memory_pressure_max=50)
+    t = Timing(
+        renew_seconds=0.5,
+        grace_seconds=2,
+        toleration_seconds=6,
+        request_timeout_seconds=1,
+        kill_grace_seconds=0.5,
+        memory_pressure_max=50,
+    )
     assert fence_deadline(100.0, t) == 105.0
     slow_kill = t.model_copy(update={"kill_grace_seconds": 3.0})
     assert fence_deadline(100.0, slow_kill) + 3.0 < 106.0  # SIGKILL still lands before the lease expires
@@ -341,10 +364,24 @@ def test_the_shim_host_imports_nothing_a_task_does_not_need() -> None:
     import sys
 
     code = "import sys, piloop_worker.shimhost; print(' '.join(sorted(sys.modules)))"
-    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    loaded = set(
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    )
     assert "piloop_worker.shim" in loaded and "piloop_worker.tasks" in loaded
-    heavy = {"piloop_worker.main", "piloop_worker.agent", "pydantic", "httpx", "logging", "dataclasses", "inspect",
-             "hashlib", "shutil", "bz2", "lzma", "traceback"}
+    heavy = {
+        "piloop_worker.main",
+        "piloop_worker.agent",
+        "pydantic",
+        "httpx",
+        "logging",
+        "dataclasses",
+        "inspect",
+        "hashlib",
+        "shutil",
+        "bz2",
+        "lzma",
+        "traceback",
+    }
     assert heavy & loaded == set()
 
 
@@ -385,8 +422,14 @@ def _busy_worker(tmp_path: Path, held: int) -> tuple[Worker, list[Held]]:
     """A worker's loop state without its processes: `held` jobs that have ended, each with its report spooled."""
     w = object.__new__(Worker)  # no shim host, no cgroups, no server: only what sending reports touches
     w.stopping, w.refused, w.lock, w.held, w.grants = threading.Event(), None, threading.RLock(), {}, {}
-    w.timing = Timing(renew_seconds=10, grace_seconds=30, toleration_seconds=60, request_timeout_seconds=5,
-                      kill_grace_seconds=5, memory_pressure_max=10)
+    w.timing = Timing(
+        renew_seconds=10,
+        grace_seconds=30,
+        toleration_seconds=60,
+        request_timeout_seconds=5,
+        kill_grace_seconds=5,
+        memory_pressure_max=10,
+    )
     w.host_sample = lambda: HostSample(cpus=2, load1=0.1, memory_available_gb=8, disk_free_gb=10)
     w.room_mb = lambda: 4096
     w.api, w.spool, w.relay, w.spare, w.name = _Api(), Spool(tmp_path / "spool"), None, None, "w1"
@@ -408,7 +451,7 @@ def test_the_reports_of_a_round_carry_a_claim_for_every_slot_they_free(tmp_path:
     the usual few), so no slot they free waits for a claim of its own."""
     w, ready = _busy_worker(tmp_path, ended)
     w._send_all(ready)
-    (path, body), = w.api.calls
+    ((path, body),) = w.api.calls
     assert path == "/v1/worker/reports" and [r.job for r in body.reports] == [h.job for h in ready]
     assert body.claim is not None and body.claim.want["evaluation"] == asked and body.claim.wait_seconds == 0
     assert not w.held and w.spool.pending() == []  # each answered: its job let go, its spooled report gone

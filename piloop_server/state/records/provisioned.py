@@ -56,10 +56,17 @@ class Provisioned:
     @classmethod
     def from_redis(cls, name: str, h: dict[Any, Any]) -> Provisioned:
         d = {_s(a): _s(b) for a, b in h.items()}
-        return cls(name=name, pool=d.get("pool", ""), state=d.get("state", ""), since=_int(d.get("since")),
-                   idle_since=_int(d.get("idle_since")), why=d.get("why", ""),
-                   handle=json.loads(d["handle"]) if d.get("handle") else None, lost=bool(d.get("lost")),
-                   stop_tried=_int(d.get("stop_tried")))
+        return cls(
+            name=name,
+            pool=d.get("pool", ""),
+            state=d.get("state", ""),
+            since=_int(d.get("since")),
+            idle_since=_int(d.get("idle_since")),
+            why=d.get("why", ""),
+            handle=json.loads(d["handle"]) if d.get("handle") else None,
+            lost=bool(d.get("lost")),
+            stop_tried=_int(d.get("stop_tried")),
+        )
 
 
 @dataclass(frozen=True)
@@ -89,5 +96,10 @@ class PoolBackoff:
     @classmethod
     def from_redis(cls, h: dict[Any, Any]) -> PoolBackoff:
         d = {_s(a): _s(b) for a, b in h.items()}
-        return cls(delay=float(d.get("delay") or 0), until=_int(d.get("until")), refusals=_int(d.get("refusals")),
-                   why=d.get("why", ""), halted=d.get("halted", ""))
+        return cls(
+            delay=float(d.get("delay") or 0),
+            until=_int(d.get("until")),
+            refusals=_int(d.get("refusals")),
+            why=d.get("why", ""),
+            halted=d.get("halted", ""),
+        )

@@ -52,8 +52,9 @@ class Worker:
     leases: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
-    def from_hash(cls, h: dict[Any, Any], alive: bool = False, leases: dict[str, list[str]] | None = None
-                  ) -> Worker | None:
+    def from_hash(
+        cls, h: dict[Any, Any], alive: bool = False, leases: dict[str, list[str]] | None = None
+    ) -> Worker | None:
         """The record of an HGETALL reply; None for an empty one (no such worker)."""
         if not h:
             return None
