@@ -11,12 +11,10 @@ import redis
 from piloop_server.state.connection import Client
 from piloop_server.state.keys import Keys
 from piloop_server.state.records.campaign import Campaign
+from piloop_server.state.records.codec import fields
+from piloop_server.state.records.codec import text as _s
 
 FOLD_TRIES = 20  # runs of one campaign may end together: each fold is tried again over the latest manifest
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
 
 
 class CampaignsState:
@@ -39,7 +37,7 @@ class CampaignsState:
         return Campaign.from_hash(self.r.hgetall(self.k.campaign(name)))
 
     def put(self, rec: Campaign) -> None:
-        self.r.hset(self.k.campaign(rec.name), mapping=rec.to_hash())
+        self.r.hset(self.k.campaign(rec.name), mapping=fields(rec.to_hash()))
 
     def set_state(self, name: str, state: str) -> None:
         self.r.hset(self.k.campaign(name), "state", state)
@@ -88,11 +86,13 @@ class CampaignsState:
         return float(newest[0][1]) if newest else 0.0
 
     def scores(self, name: str) -> dict[str, float]:
-        return {_s(r): float(s) for r, s in self.r.zrange(self.k.campaign_scores(name), 0, -1, withscores=True)}
+        rows: Any = self.r.zrange(self.k.campaign_scores(name), 0, -1, withscores=True)  # [(member, score)]
+        return {_s(r): float(s) for r, s in rows}
 
     def best(self, name: str, n: int) -> list[tuple[str, float]]:
         """Its `n` best-scored runs, best first."""
-        return [(_s(r), float(s)) for r, s in self.r.zrevrange(self.k.campaign_scores(name), 0, n - 1, withscores=True)]
+        rows: Any = self.r.zrevrange(self.k.campaign_scores(name), 0, n - 1, withscores=True)
+        return [(_s(r), float(s)) for r, s in rows]
 
     def score(self, name: str, run: str, score: float) -> None:
         self.r.zadd(self.k.campaign_scores(name), {run: score})

@@ -18,6 +18,7 @@ import redis
 from piloop_server.state import tokens as state_tokens
 from piloop_server.state.keys import Keys
 from piloop_server.state.leases import KINDS
+from piloop_server.state.records.codec import text as _s
 from piloop_server.state.scripts import EventCap, Scripts
 
 
@@ -52,10 +53,6 @@ class Decision:
     began: tuple[str, ...]
     ended: tuple[tuple[str, str], ...]  # (pool, reason): `recovered` or `timeout`
     forget: tuple[str, ...]  # workers silent past `forget_ms` with no lease
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 class Disruption:

@@ -49,7 +49,7 @@ def _answers(sock: Path) -> bool:
         return False
 
 
-def start(home: Path, timeout: float = 15.0) -> subprocess.Popen | None:
+def start(home: Path, timeout: float = 15.0) -> subprocess.Popen[bytes] | None:
     """Start the embedded Redis unless one already answers; None when it was already up."""
     d = home / "redis"
     d.mkdir(parents=True, exist_ok=True)
@@ -97,7 +97,7 @@ def start(home: Path, timeout: float = 15.0) -> subprocess.Popen | None:
     raise Unavailable(f"the embedded redis-server did not answer within {timeout:g}s; see {d / 'redis.log'}")
 
 
-def stop(home: Path, proc: subprocess.Popen | None) -> None:
+def stop(home: Path, proc: subprocess.Popen[bytes] | None) -> None:
     sock = socket_path(home)
     try:
         with redis.Redis(unix_socket_path=str(sock), socket_connect_timeout=1) as c:

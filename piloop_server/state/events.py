@@ -10,11 +10,9 @@ from typing import Any
 import redis
 
 from piloop_server.state.keys import Keys
+from piloop_server.state.records import codec
+from piloop_server.state.records.codec import text as _s
 from piloop_server.state.scripts import EventCap
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 class Events:
@@ -28,7 +26,7 @@ class Events:
         `cap.value_bytes`, about `cap.most` kept."""
         data = {"type": type_, "by": by, **{k: v if isinstance(v, str) else json.dumps(v) for k, v in fields.items()}}
         data = {k: self._cut(v) for k, v in data.items()}
-        return _s(self.r.xadd(self.k.events(), data, maxlen=self.cap.most, approximate=True))
+        return _s(self.r.xadd(self.k.events(), codec.fields(data), maxlen=self.cap.most, approximate=True))
 
     def _cut(self, v: str) -> str:
         raw = v.encode()
@@ -37,15 +35,18 @@ class Events:
         return raw[: self.cap.value_bytes].decode(errors="ignore") + "..."
 
     def read(self, after: str = "0", count: int = 100, block_ms: int | None = None) -> list[dict[str, str]]:
+        entries: Any
         if block_ms:
-            got = self.r.xread({self.k.events(): after}, count=count, block=block_ms)
+            got: Any = self.r.xread(  # RESP2: [[stream, entries]]; redis-py types RESP3's dict
+                {self.k.events(): after}, count=count, block=block_ms
+            )
             entries = got[0][1] if got else []
         else:
             entries = self.r.xrange(self.k.events(), min=f"({after}" if after != "0" else "-", count=count)
         return [{"id": _s(eid), **{_s(k): _s(v) for k, v in f.items()}} for eid, f in entries]
 
     def tail(self, count: int) -> list[dict[str, str]]:
-        entries = self.r.xrevrange(self.k.events(), count=count)
+        entries: Any = self.r.xrevrange(self.k.events(), count=count)
         return [{"id": _s(eid), **{_s(k): _s(v) for k, v in f.items()}} for eid, f in reversed(entries)]
 
     def escalate(self, what: str, message: str, **fields: Any) -> str:

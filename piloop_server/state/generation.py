@@ -16,6 +16,7 @@ from pathlib import Path
 import redis
 
 from piloop_server.state.keys import Keys
+from piloop_server.state.records.codec import text as _s
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ def ensure_generation(client: redis.Redis, keys: Keys, record: GenerationRecord,
     if not seen and not current:
         # a first start: nothing was ever there to lose
         client.set(keys.generation(), 1, nx=True)
-        gen = int(client.get(keys.generation()))
+        gen = int(client.get(keys.generation()) or 1)
         record.write(keys.namespace, gen)
         return GenerationCheck(gen, False)
     gen = max(seen, current) + 1
@@ -76,3 +77,15 @@ def current_generation(client: redis.Redis, keys: Keys) -> int | None:
     """The generation Redis holds now (None before the daemon's first start)."""
     raw = client.get(keys.generation())
     return int(raw) if raw is not None else None
+
+
+def keep_server_id(client: redis.Redis, keys: Keys, candidate: str) -> str:
+    """The server's id as Redis keeps it: `candidate` on a first start, the stored one ever after (it tags the
+    workers the server starts, so a restarted daemon knows its own)."""
+    client.hsetnx(keys.daemon(), "server_id", candidate)
+    return _s(client.hget(keys.daemon(), "server_id")) or candidate
+
+
+def stored_server_id(client: redis.Redis, keys: Keys) -> str:
+    """The id a running server keeps ("" before one has started)."""
+    return _s(client.hget(keys.daemon(), "server_id"))

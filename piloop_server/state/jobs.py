@@ -4,15 +4,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from piloop_server.state.connection import Client
 from piloop_server.state.keys import Keys
+from piloop_server.state.records.codec import text as _s
 from piloop_server.state.records.job import FIELDS, Job
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
 
 
 @dataclass(frozen=True)

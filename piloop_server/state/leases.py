@@ -12,6 +12,7 @@ import redis
 from piloop_common.errors import NotFound, PiloopError, TooLarge
 from piloop_common.protocol import JobSpec
 from piloop_server.state.keys import Keys
+from piloop_server.state.records.codec import text as _s
 from piloop_server.state.records.job import FIELDS as JF
 from piloop_server.state.records.job import HISTORY_KEEP
 from piloop_server.state.scripts import EventCap, Scripts
@@ -148,10 +149,6 @@ class Timings:
     @classmethod
     def from_executor(cls, ex: Any) -> Timings:
         return cls(int(ex.grace_seconds * 1000), int(ex.toleration_seconds * 1000), ex.max_lost)
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def _heartbeat_answers(beats: list[Beat], reply: list[Any]) -> list[tuple[int, dict[str, str]] | NotFound]:

@@ -4,21 +4,18 @@ reads of the workers and queues to decide (typed; the policy is in piloop_server
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 
 from piloop_server.state.keys import Keys
+from piloop_server.state.records.codec import fields
+from piloop_server.state.records.codec import text as _s
 from piloop_server.state.records.provisioned import PoolBackoff, Provisioned
 from piloop_server.state.scripts import Scripts
 
 KINDS = ("agent", "evaluation")
 # the fields of a worker's hash that the provisioner reads (written by register.lua and drain.lua)
 _W_POOL, _W_REGISTERED, _W_DRAINING = "pool", "registered", "draining"
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
 
 
 @dataclass(frozen=True)
@@ -76,8 +73,10 @@ class ProvisionedState:
         pipe = self.r.pipeline(transaction=True)
         pipe.hset(
             self.k.provisioned(rec.name),
-            mapping=Provisioned.encode(
-                pool=rec.pool, state=rec.state, since=rec.since, idle_since=rec.idle_since, why=rec.why
+            mapping=fields(
+                Provisioned.encode(
+                    pool=rec.pool, state=rec.state, since=rec.since, idle_since=rec.idle_since, why=rec.why
+                )
             ),
         )
         pipe.sadd(self.k.provisioned_names(), rec.name)
@@ -110,7 +109,7 @@ class ProvisionedState:
             if v is not None
         }
         if given:
-            self.r.hset(self.k.provisioned(name), mapping=Provisioned.encode(**given))
+            self.r.hset(self.k.provisioned(name), mapping=fields(Provisioned.encode(**given)))
 
     def remove(self, name: str) -> None:
         """Forget a started worker's record (and its name) in one transaction."""
@@ -125,7 +124,8 @@ class ProvisionedState:
 
     def set_backoff(self, pool: str, *, delay: float, until: int, refusals: int, why: str) -> None:
         self.r.hset(
-            self.k.provisioner(pool), mapping=PoolBackoff.encode(delay=delay, until=until, refusals=refusals, why=why)
+            self.k.provisioner(pool),
+            mapping=fields(PoolBackoff.encode(delay=delay, until=until, refusals=refusals, why=why)),
         )
 
     def reset_backoff(self, pool: str) -> None:
@@ -133,7 +133,7 @@ class ProvisionedState:
         self.r.delete(self.k.provisioner(pool))
 
     def halt(self, pool: str, why: str) -> None:
-        self.r.hset(self.k.provisioner(pool), mapping=PoolBackoff.encode(halted=why))
+        self.r.hset(self.k.provisioner(pool), mapping=fields(PoolBackoff.encode(halted=why)))
 
     def unhalt(self, pool: str) -> None:
         """A restarted server tries the platform's credentials again."""

@@ -10,14 +10,11 @@ import redis
 
 from piloop_common.errors import Forbidden
 from piloop_server.state.keys import Keys
+from piloop_server.state.records.codec import text as _s
 from piloop_server.state.scripts import Scripts
 
 RELAYED_EVALUATIONS = 100  # the most evaluations one agent may queue through its relay
 _FORBIDDEN = "PILOOP_FORBIDDEN "
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import redis
 
 from piloop_common.errors import Conflict
 from piloop_server.state.keys import Keys
+from piloop_server.state.records.codec import text as _s
 from piloop_server.state.records.secret import SecretRecord
 
 RESEAL_TRIES = 20  # a `secret set` between the read and the write makes the re-seal start again
@@ -34,7 +35,7 @@ class SecretsState:
         return [SecretRecord.from_redis(raw) if raw else None for raw in raws]
 
     def names(self) -> set[str]:
-        return {n.decode() for n in self.r.hkeys(self.k.secrets())}
+        return {_s(n) for n in self.r.hkeys(self.k.secrets())}
 
     def all(self) -> list[SecretRecord]:
         return sorted(

@@ -18,6 +18,7 @@ import redis
 
 from piloop_common.config import Settings
 from piloop_server.state.connection import Client, state_url
+from piloop_server.state.records.codec import text as _s
 
 log = logging.getLogger("piloop.tasks")
 
@@ -94,7 +95,7 @@ def _worker_alive(conn: Client, name: str) -> bool:
     h = conn.hgetall(Worker.redis_worker_namespace_prefix + name) if name else {}
     if not h or b"death" in h:
         return False
-    if h.get(b"hostname", b"").decode() != socket.gethostname():
+    if _s(h.get(b"hostname")) != socket.gethostname():
         return True
     with contextlib.suppress(ValueError):
         pid = int(h.get(b"pid", b"0"))

@@ -9,11 +9,8 @@ from __future__ import annotations
 import redis
 
 from piloop_server.state.keys import Keys
+from piloop_server.state.records.codec import text as _s
 from piloop_server.state.records.token import Token
-
-
-def _s(v: bytes | str) -> str:
-    return v.decode() if isinstance(v, bytes) else v
 
 
 def get(client: redis.Redis, keys: Keys, name: str) -> Token | None:

@@ -3,17 +3,12 @@ atomic with a lease are in the scripts: register, heartbeat, claim, drain)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from piloop_server.state.connection import Client
 from piloop_server.state.keys import Keys
+from piloop_server.state.records.codec import text as _s
 from piloop_server.state.records.worker import FIELDS, Worker
 
 KINDS = ("agent", "evaluation")
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
 
 
 class WorkersState:

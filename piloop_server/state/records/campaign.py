@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
+from piloop_server.state.records.codec import text as _s
 
 
 def _i(v: Any) -> int:

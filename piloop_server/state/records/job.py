@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
+from piloop_server.state.records.codec import text as _s
+
 # attribute -> the hash field it is stored under
 FIELDS: dict[str, str] = {
     "id": "id",
@@ -45,10 +47,6 @@ FIELDS: dict[str, str] = {
 
 HISTORY_KEEP = 8  # leases a job remembers (each ~100 bytes)
 LEASE_STATES = ("leased", "running")
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
 
 
 def _i(v: Any) -> int:

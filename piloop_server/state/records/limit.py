@@ -20,4 +20,5 @@ class Limit:
     @classmethod
     def from_redis(cls, raw: bytes | str) -> Limit:
         data: dict[str, Any] = json.loads(raw)
-        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+        known: dict[str, Any] = {f.name: data.get(f.name) for f in fields(cls)}
+        return cls(**known)

@@ -7,11 +7,9 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
+from piloop_server.state.records.codec import text as _s
+
 STATES = ("starting", "running", "draining", "stopping", "stopped")
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
 
 
 def _int(v: Any) -> int:

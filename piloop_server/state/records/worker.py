@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from piloop_server.state.records.codec import text as _s
+
 # attribute -> the hash field it is stored under
 FIELDS: dict[str, str] = {
     "name": "name",
@@ -22,10 +24,6 @@ FIELDS: dict[str, str] = {
     "draining": "draining",  # '1': it takes no more jobs
     "room_mb": "room_mb",  # the memory it said it has room for, at its last claim
 }
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
 
 
 def _i(v: Any) -> int:
