@@ -34,7 +34,7 @@ from piloop_server.daemon import run as run_pass
 from piloop_server.runtime import Runtime
 from piloop_server.state import embedded
 from piloop_server.state.connection import check_policy, connect
-from piloop_server.state.generation import GenerationRecord
+from piloop_server.state.generation import GenerationRecord, keep_server_id
 from piloop_server.tokens import check_stored_names
 
 log = logging.getLogger("piloop.serve")
@@ -160,8 +160,7 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
         rt = Runtime(settings=settings, home=home, redis=client, store=store, cas_id=store.identity())
         check_stored_names(client, rt.keys)  # a name from before the name rule could collide with a key
         # the server's id tags the workers it starts: kept in Redis, so a restarted daemon knows its own
-        client.hsetnx(rt.keys.daemon(), "server_id", rt.server_id)
-        rt.server_id = (client.hget(rt.keys.daemon(), "server_id") or rt.server_id.encode()).decode()
+        rt.server_id = keep_server_id(client, rt.keys, rt.server_id)
         record = GenerationRecord(home / "state" / "generation.json")
         the_pass = Pass(rt, record)
         the_pass.check_generation()

@@ -168,14 +168,13 @@ def _runtime(home: Path) -> Runtime:
     from piloop_common.config import load_settings
     from piloop_server.runtime import Runtime
     from piloop_server.state.connection import connect
+    from piloop_server.state.generation import stored_server_id
 
     settings = load_settings(home)
     client = connect(settings, home)
     store = open_store(settings.plugins.cas, home)
     rt = Runtime(settings=settings, home=home, redis=client, store=store, cas_id=store.identity())
-    sid = client.hget(rt.keys.daemon(), "server_id")  # the server wrote it before starting us
-    if sid:
-        rt.server_id = sid.decode()
+    rt.server_id = stored_server_id(client, rt.keys) or rt.server_id  # the server wrote it before starting us
     return rt
 
 
