@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_HOME ?= $(CURDIR)/.piloop-demo
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo lint test bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,14 @@ demo: venv
 # on them (a lease to expire, a fence); two halve the run on 2 CPUs. TEST_JOBS=0 runs them one after another.
 TEST_JOBS ?= 2
 
-test: venv
+# the linter, the formatter's check and the type checker (strict on piloop_common and piloop_server/state);
+# the tests that read the tree's boundaries are in tests/unit/test_tree.py
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy piloop_common piloop_server/state
+
+test: lint
 	$(BIN)/pytest -q $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS))
 
 # piloop beside rq and Celery on one Redis, one table (docs/performance.md); BENCH_ARGS=--quick for a one-minute run
