@@ -1,10 +1,13 @@
-"""Faults table: a late report, the same report twice, a report naming blobs the server's CAS lacks, and a
-report that waits in the spool while its worker is stopped or dead."""
+"""Faults table: a late report (an evaluation's, and an agent's with its commits), the same report twice, a report
+naming blobs the server's CAS lacks, and a report that waits in the spool while its worker is stopped or dead."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+from pathlib import Path
 
 from piloop_common.cas.local import LocalStore
 from tests.helpers.redis import wait_for
@@ -22,6 +25,7 @@ from tests.helpers.workers import (
     view,
     worker_api,
 )
+from tests.integration.test_campaigns import GIT_ENV, make_repo, show
 
 
 def test_a_late_report_is_refused_and_kept_as_a_stale_report_event_its_blobs_in_the_cas(server, workers, tmp_path):
@@ -116,3 +120,83 @@ def test_a_report_waits_in_the_spool_while_its_worker_is_stopped_and_goes_out_wh
     v = state(d, job)
     assert v["state"] == "succeeded" and v["result"]["exit_code"] == 0, v
     wait_for(lambda: not w.spool("w1"), 10, what="the spool to empty")
+
+
+def test_an_agents_late_report_is_refused_and_its_commits_and_log_stay_in_the_cas_by_address(server, workers, tmp_path):
+    d, flags = server, tmp_path / "flags"
+    flags.mkdir()
+    base = make_repo(tmp_path / "repo", big=10)
+    # the first agent waits for `go`, then commits and ends well: a run whose report (its commits) is built only
+    # once its worker wakes, after its lease is gone; later agents just wait to be stopped
+    agent = (
+        f"if [ ! -e {flags}/agent ]; then touch {flags}/agent; while [ ! -e {flags}/go ]; do sleep 0.05; done; "
+        'echo late > late.txt && git add late.txt && git commit -qm "late $PILOOP_JOB" && echo "agent says bye"; '
+        "else sleep 600; fi"
+    )
+    w = workers(d, token(d, "wa", "--pool", "gpu")).start()
+    p = d.cli(
+        "campaign",
+        "create",
+        "late",
+        "--repo",
+        str(tmp_path / "repo"),
+        "--agent-pool",
+        "gpu",
+        "--eval-pool",
+        "gpu",
+        "--agent-cmd",
+        agent,
+        "--eval-cmd",
+        "echo score=1",
+    )
+    assert p.returncode == 0, p.stderr
+    wait_for(lambda: (flags / "agent").exists(), 30, interval=0.05, what="the first agent to start")
+    (run,) = show(d, "late")["runs"]
+    job = run["job"]
+    held = state(d, job, "running")
+    w.pause()
+    (flags / "go").touch()  # it commits and exits 0 before its shim's deadline: nothing is fenced
+    wait_for(
+        lambda: [e for e in events(d, "lease.expired") if e["job"] == job],
+        TOLERATION + 10,
+        interval=0.2,
+        what="the agent's lease to expire",
+    )
+    assert view(d, job)["state"] == "worker_lost"
+    w.resume()  # now it collects the agent's commits into the CAS and reports them, late
+    (stale,) = wait_for(
+        lambda: [e for e in events(d, "lease.stale_report") if e["job"] == job],
+        30,
+        interval=0.2,
+        what="the agent's late report to be kept as stale",
+    )
+    assert stale["token"] == held["token"] and stale["by"] == "worker:wa" and stale["outcome"] == "succeeded"
+    wait_for(lambda: "answer=stale" in w.output(), 10, what="the worker to log the refusal")
+    # refused: the run stays lost, its commits never become its branch in the campaign's repo
+    assert view(d, job)["state"] == "worker_lost"
+    lost = {r["job"]: r for r in show(d, "late")["runs"]}[job]
+    assert lost["state"] == "worker_lost" and lost["score"] is None and lost["evaluation"] == "", lost
+    repo = d.home / "campaigns" / "late" / "repo.git"
+    assert not _git(repo, "for-each-ref", f"refs/heads/runs/{job}")
+    # kept by address: each address the event names is read back from the server's CAS with `piloop cas get`
+    addresses = json.loads(stale["result"])["addresses"]
+    blobs = {}
+    for i, a in enumerate(addresses):
+        out = tmp_path / f"blob{i}"
+        d.cli("cas", "get", a, "-o", str(out), check=True)
+        blobs[a] = out
+    bundles = [f for f in blobs.values() if f.read_bytes().startswith(b"# v2 git bundle")]
+    assert len(bundles) == 1, addresses
+    assert any(b"agent says bye" in f.read_bytes() for f in blobs.values()), addresses  # its log
+    # the bundle holds the agent's commit on top of the base: fetched into a clone, it is there with its file
+    clone = tmp_path / "clone"
+    _git(tmp_path, "clone", "-q", str(tmp_path / "repo"), str(clone))
+    _git(clone, "fetch", "-q", str(bundles[0]), "HEAD:refs/heads/late")
+    assert _git(clone, "log", "-1", "--format=%s", "late") == f"late {job}"
+    assert _git(clone, "rev-parse", "late~1") == base
+    assert _git(clone, "show", "late:late.txt") == "late"
+
+
+def _git(cwd: Path, *args: str) -> str:
+    env = {**os.environ, **GIT_ENV}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()

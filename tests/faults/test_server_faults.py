@@ -3,8 +3,10 @@ all stopped at once), and `piloop serve` restarts with jobs running on its `serv
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from tests.helpers.workers import (
     overlapping,
     pgid_alive,
     state,
+    submit,
     token,
 )
 
@@ -132,3 +135,64 @@ def test_piloop_serve_restarts_its_worker_reattaches_and_each_job_finishes_once(
         assert [e["job"] for e in events(d, "lease.granted")].count(j) == 1  # never requeued
     log = (d.home / "logs" / "worker-serve.log").read_text()
     assert log.count("event=job.reattached") == 2 and "status=ok" in log
+
+
+UNREACHABLE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*event=worker\.unreachable ", re.M)
+
+
+def _unreachable_at(w) -> list[float]:
+    """When the worker logged `event=worker.unreachable`, from its log's own timestamps (seconds)."""
+    fmt = "%Y-%m-%d %H:%M:%S,%f"
+    return [datetime.datetime.strptime(t, fmt).timestamp() for t in UNREACHABLE.findall(w.output())]
+
+
+def test_the_server_does_not_answer_for_over_a_minute_each_call_is_tried_again_and_logged_once_a_minute(
+    server, workers, tmp_path
+):
+    d, go = server, tmp_path / "go"
+    w = workers(d, token(d, "wa")).start()
+    job = submit(d, "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; echo done")
+    state(d, job, "running")
+    d.pause()
+    go.touch()  # the job ends while nobody answers: its report has to wait
+    wait_for(lambda: _unreachable_at(w), 5, what="worker.unreachable at the first failure")
+    wait_for(lambda: w.spool("wa"), 10, what="the unsent report kept to be tried again")
+    seen = {"most": 0}
+
+    def second_line() -> bool:
+        seen["most"] = max(seen["most"], len(_unreachable_at(w)))
+        return seen["most"] >= 2
+
+    # heartbeats, claims and the report fail many times a second meanwhile; the log says so once a minute
+    wait_for(second_line, 60 + 15, interval=0.2, what="the second worker.unreachable line")
+    first, second = _unreachable_at(w)
+    assert 60 <= second - first < 60 + 10, second - first
+    d.resume()
+    v = state(d, job, "succeeded", timeout=30)  # the report, tried again, lands
+    assert v["worker"] == "wa" and v["result"]["exit_code"] == 0, v
+    wait_for(lambda: not w.spool("wa"), 10, what="the spool to empty")
+    back = wait_for(
+        lambda: re.search(r"event=worker\.reachable worker=wa .*after_seconds=([\d.]+)", w.output()),
+        10,
+        what="worker.reachable",
+    )
+    assert float(back.group(1)) >= 60
+    later = submit(d, "true")  # and it claims again
+    assert state(d, later, "succeeded")["worker"] == "wa"
+    assert len(_unreachable_at(w)) == 2
+
+
+def test_a_worker_started_while_the_server_does_not_answer_tries_to_register_again_until_it_does(server, workers):
+    d = server
+    tok = token(d, "wb")
+    d.stop()  # connections are refused: each try fails at once
+    w = workers(d, tok).start()
+    wait_for(lambda: _unreachable_at(w), 15, what="worker.unreachable at the first failed register")
+    spool = w.home / "spool" / "wb"
+    assert w.alive and not spool.exists()  # it waits, unregistered: a worker opens its spool once registered
+    d.start(listen=d.listen)
+    wait_for(lambda: "event=worker.reachable worker=wb" in w.output(), 30, what="the register, tried again, to land")
+    assert spool.is_dir()
+    job = submit(d, "true")
+    assert state(d, job, "succeeded")["worker"] == "wb"
+    assert len(_unreachable_at(w)) == 1  # under a minute: the first failure's line only

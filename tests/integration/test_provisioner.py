@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from piloop_server.provisioner.manager import BACKOFF_BASE_SECONDS, BACKOFF_CAP_FACTOR
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
 
@@ -170,6 +171,80 @@ def test_three_refusals_in_a_row_are_one_escalation(started):
     assert [e["id"] for e in listed if e["what"] == "provisioner.refused"] == [esc[0]["id"]]
     d.cli("inbox", "ack", esc[0]["id"], check=True)
     assert "provisioner.refused" not in d.cli("status", check=True).stdout
+
+
+def _ms(e: dict) -> int:
+    """An event's time: its stream id's milliseconds, on Redis's clock like every provisioner deadline."""
+    return int(e["id"].split("-")[0])
+
+
+def _backoffs(d: Daemon) -> list[tuple[float, int | None]]:
+    """Each backoff of the pool, oldest first: its seconds, and the ms until the pool started another (None: not
+    yet)."""
+    evs = sorted(_events(d, "provisioner.backoff") + _events(d, "provisioner.starting"), key=_ms)
+    out: list[tuple[float, int | None]] = []
+    for i, e in enumerate(evs):
+        if e["type"] == "provisioner.backoff":
+            nxt = next((n for n in evs[i + 1 :] if n["type"] == "provisioner.starting"), None)
+            out.append((float(e["seconds"]), _ms(nxt) - _ms(e) if nxt else None))
+    return out
+
+
+def _assert_waited(got: list[tuple[float, int | None]], base: float) -> None:
+    """base, doubling to 20 × base (30 s to 10 minutes at the default base), each waited out before the next start."""
+    want = [base * 2**i for i in range(5)] + [base * BACKOFF_CAP_FACTOR] * 2
+    assert [s for s, _ in got[: len(want)]] == pytest.approx(want), got
+    for seconds, after_ms in got[: len(want) - 1]:
+        assert after_ms is not None and after_ms >= seconds * 1000 - 5, got  # never another start sooner
+
+
+def test_the_start_backoff_defaults_to_30_s_doubling_to_10_minutes(started):
+    assert (BACKOFF_BASE_SECONDS, BACKOFF_BASE_SECONDS * BACKOFF_CAP_FACTOR) == (30, 600)
+    d = started("max = 1\nregister_seconds = 1\n", "hang = true\n", env={BACKOFF: ""})  # unset: the default base
+    _submit(d, "true")
+    (b,) = wait_for(lambda: _events(d, "provisioner.backoff"), 30, interval=0.1, what="the first backoff")
+    assert float(b["seconds"]) == 30 and "did not register within 1s" in b["reason"]
+    p = _prov(d)
+    assert p["backoff_seconds"] == 30 and 20 < p["backoff_left_seconds"] <= 30, p
+    assert len(_events(d, "provisioner.starting")) == 1  # the next start waits out those 30 s
+
+
+def test_a_worker_that_never_registers_is_stopped_and_each_wait_doubles_to_the_cap_before_the_next(started):
+    base = 0.25
+    d = started("max = 1\nregister_seconds = 1\n", "hang = true\n", backoff=base)
+    tag = _server_id(d)
+    _submit(d, "true")
+    got = wait_for(lambda: len(b := _backoffs(d)) >= 7 and b, 90, interval=0.2, what="seven failed starts")
+    _assert_waited(got, base)
+    # each was stopped for not registering, as its own platform call
+    stopping = _events(d, "provisioner.stopping")
+    assert len(stopping) >= 7 and all(e["reason"] == "not registered within 1s" for e in stopping), stopping
+    names = [e["worker"] for e in _events(d, "provisioner.starting")]
+    assert len(set(names)) == len(names)  # a new worker each time
+    wait_for(
+        lambda: set(names[:7]) <= {e["worker"] for e in _events(d, "provisioner.stopped")},
+        15,
+        interval=0.2,
+        what="the first seven stopped",
+    )
+    # and their hung processes are gone: at most the newest of this server's is left
+    wait_for(lambda: len(_tagged(tag)) <= 1, 15, interval=0.2, what="the hung workers' processes to end")
+    assert {p.environ().get("PILOOP_PROVISIONED_NAME") for p in _tagged(tag)} <= {names[-1]}
+
+
+def test_a_refused_start_backs_off_the_same_way_and_the_third_in_a_row_is_one_inbox_item(started):
+    base = 0.1
+    d = started("max = 1\n", "refuse = true\n", backoff=base)
+    _submit(d, "true")
+    got = wait_for(lambda: len(b := _backoffs(d)) >= 7 and b, 60, interval=0.1, what="seven refused starts")
+    _assert_waited(got, base)
+    backoffs = sorted(_events(d, "provisioner.backoff"), key=_ms)
+    assert all("refuses every start" in e["reason"] for e in backoffs)
+    (esc,) = [e for e in _events(d, "escalation") if e.get("what") == "provisioner.refused"]
+    assert _ms(backoffs[2]) <= _ms(esc) < _ms(backoffs[3])  # at the third refusal, not before, never again
+    with d.api() as api:
+        inbox = [e for e in api.call("GET", "/v1/inbox") if e["what"] == "provisioner.refused"]
+    assert len(inbox) == 1 and "refused 3 starts in a row for pool gpu" in inbox[0]["message"], inbox
 
 
 def test_an_unknown_process_tagged_as_ours_is_stopped_and_another_servers_is_not(started, tmp_path):
