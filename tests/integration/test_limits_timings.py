@@ -1,0 +1,90 @@
+"""One source of timings: renew, grace, toleration, the kill grace and the rest are config.toml's alone.
+
+`piloop limits set` of a timing is refused with the line that says what to do, and a timing limit that a Redis
+already holds (written before the rule) is ignored by the pass, with one `limit.ignored` event. The job that the
+old behaviour ran twice at once (a worker gone silent, its lease expired on a shortened toleration while its shim
+still ran it) runs once at a time: the fence, not the limit, decides.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from piloop_server.limits import TIMING_KEYS
+from piloop_server.state import limits as stored_limits
+from piloop_server.state.keys import Keys
+from piloop_server.state.records.limit import Limit
+from tests.helpers.keyspace import DAEMON_CHURN, keyspace, settled
+from tests.helpers.redis import wait_for
+from tests.helpers.workers import (
+    FENCE_AFTER,
+    KILL_GRACE,
+    TOLERATION,
+    events,
+    marker_job,
+    marker_runs,
+    overlapping,
+    state,
+    token,
+)
+
+
+def _running(marker, job: str, n: int, timeout: float = 30) -> dict:
+    return wait_for(
+        lambda: (r := marker_runs(marker).get(job)) and len(r) >= n and r[n - 1],
+        timeout,
+        interval=0.05,
+        what=f"run {n} of {job}",
+    )
+
+
+def test_every_timing_key_is_refused_by_limits_set_and_nothing_is_stored(server, redis_client, namespace):
+    d = server
+    keys = Keys(namespace)
+    before = settled(redis_client, keys)
+    listed = json.loads(d.cli("limits", "list", "--json").stdout or "[]")
+    for name in sorted(TIMING_KEYS):
+        got = d.cli("limits", "set", f"executor.{name}=1", "--reason", "make it faster")
+        err = got.stderr.strip()
+        assert got.returncode != 0, (name, got.stdout)
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert f"executor.{name}" in err and f"edit {name} in config.toml" in err and "restart" in err, err
+    assert json.loads(d.cli("limits", "list", "--json").stdout or "[]") == listed
+    assert keyspace(redis_client, keys, DAEMON_CHURN) == before
+
+
+def test_a_stored_timing_limit_is_ignored_and_a_silent_workers_job_never_runs_twice_at_once(
+    server, workers, redis_client, namespace, tmp_path
+):
+    d, marker, keys = server, tmp_path / "marker", Keys(namespace)
+    # what Redis could hold from before the rule: a toleration far under the fence (6 s, fenced at 5 s)
+    stored_limits.put(redis_client, keys, "executor.toleration_seconds", Limit(1.0, "old", "admin", 0))
+    ignored = wait_for(
+        lambda: [e for e in events(d, "limit.ignored") if e["key"] == "executor.toleration_seconds"],
+        10,
+        interval=0.1,
+        what="the pass to ignore the stored timing",
+    )
+    assert len(ignored) == 1
+    a = workers(d, token(d, "wa")).start()
+    job = marker_job(d, marker, seconds=2, first_forever=True)
+    first = _running(marker, job, 1)
+    state(d, job, "running")
+    a.pause()  # silent: its shim still runs the job and fences it at its own deadline
+    paused = time.monotonic()
+    b = workers(d, token(d, "wb")).start()
+    second = _running(marker, job, 2, timeout=TOLERATION + 20)
+    requeued_after = time.monotonic() - paused
+    runs = marker_runs(marker)[job]
+    assert [r["where"] for r in runs[:2]] == ["wa", "wb"], runs
+    assert not overlapping(runs), runs
+    # the first run's last tick came before the second's start, and the lease outlived config.toml's fence
+    assert runs[0]["last"] < second["start"], (first, second)
+    assert requeued_after >= FENCE_AFTER + KILL_GRACE - 1, requeued_after
+    (exp,) = [e for e in events(d, "lease.expired") if e["job"] == job]
+    assert exp["token"] == first["token"]
+    # the ignored limit is still reported once, not every pass
+    assert len([e for e in events(d, "limit.ignored") if e["key"] == "executor.toleration_seconds"]) == 1
+    a.resume()
+    b.kill()
