@@ -27,9 +27,12 @@ class Message(BaseModel):
 
 
 # What a worker names reaches Redis keys: an id or token that could spell another key is refused at the door.
-JobId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="A job's id.")]
+# never a key's `:` (`job:<id>:progress` is a job's notes), a hash tag's braces, a glob's `*` or a path's `/`
+JOB_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+JobId = Annotated[str, Field(pattern=JOB_ID, description="A job's id.")]
 ReportId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="A report's id.")]
-LeaseToken = Annotated[str, Field(pattern=r"^[0-9][0-9a-f.]{0,127}$", description="A lease's fencing token.")]
+LEASE_TOKEN = r"^[0-9][0-9a-f.]{0,127}$"
+LeaseToken = Annotated[str, Field(pattern=LEASE_TOKEN, description="A lease's fencing token.")]
 Address = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$", description="A CAS address.")]
 HELD_MOST = 1024  # the jobs one heartbeat may name
 LOG_CHUNKS_PER_CALL = 256  # a log append's chunks (the worker sends a few every few seconds)
@@ -95,6 +98,13 @@ class RegisterResponse(Message):
 
 class HeartbeatResponse(Message):
     jobs: dict[str, str] = Field(default_factory=dict, description="job -> ok | cancel | lost")
+    timing: Timing | None = Field(
+        None,
+        description=(
+            "The timings this renewal was made under: the worker fences by them from this answer on, so a server "
+            "restarted with other timings is never one the worker disagrees with (None: an older server)."
+        ),
+    )
 
 
 class ClaimRequest(Message):
@@ -212,6 +222,7 @@ class Assignment(Message):
 class ClaimResponse(Message):
     leases: list[Assignment] = Field(default_factory=list)
     reason: str = Field("", description="Why no (more) lease was given: slots, load, memory, nothing, ...")
+    timing: Timing | None = Field(None, description="The timings the leases were granted under (with leases only).")
 
 
 class ReleaseRequest(Message):

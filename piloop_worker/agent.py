@@ -695,6 +695,8 @@ class Worker:
 
     def _claimed(self, resp: ClaimResponse, req: ClaimRequest, sent: float, room: int) -> None:
         """Start what a claim leased, and say when to claim next."""
+        if resp.timing is not None:
+            self.timing = resp.timing  # the leases' own: each job's first deadline must not outlast its lease
         assert self.timing is not None
         for a in resp.leases:
             self.start_job(a, sent, room)

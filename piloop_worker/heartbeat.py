@@ -140,6 +140,8 @@ class Heartbeat(threading.Thread):
                 "POST", "/v1/worker/heartbeat", hello, model=HeartbeatResponse, timeout=w.timing.request_timeout_seconds
             )
             statuses = resp.jobs
+            if resp.timing is not None:
+                w.timing = resp.timing  # the renewal's own: the fence below must not outlast the lease it renewed
         except Refused as e:
             w.refuse(e.message)
             return False

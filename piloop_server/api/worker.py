@@ -114,7 +114,7 @@ def heartbeat(body: WorkerHello, rt: RuntimeDep, caller: WorkerDep) -> Response:
 def _beat(body: WorkerHello, rt: Runtime, caller: Caller) -> HeartbeatResponse:
     _check(rt, caller, body)
     _, statuses = rt.leases.heartbeat(caller.name, _sample(body), [Lease(j.job, j.token) for j in body.jobs])
-    return HeartbeatResponse(jobs=statuses)
+    return HeartbeatResponse(jobs=statuses, timing=_timing(rt, body.pool))
 
 
 @router.post("/claim", response_model=ClaimResponse)
@@ -187,7 +187,8 @@ def _claim(body: ClaimRequest, rt: Runtime, caller: Caller) -> ClaimResponse:
         reason = "" if leases else pools.combine_reasons(per_kind)
     if reason != rec.reason:  # a worker claiming again and again mostly has the same: no write
         rt.workers.set_reason(name, reason)
-    return ClaimResponse(leases=_assignments(rt, leases), reason=reason)
+    timing = _timing(rt, pool_name) if leases else None
+    return ClaimResponse(leases=_assignments(rt, leases), reason=reason, timing=timing)
 
 
 def _assignments(rt: Runtime, leases: list[Lease]) -> list[Assignment]:

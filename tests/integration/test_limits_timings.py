@@ -17,15 +17,19 @@ from piloop_server.state.keys import Keys
 from piloop_server.state.records.limit import Limit
 from tests.helpers.keyspace import DAEMON_CHURN, keyspace, settled
 from tests.helpers.redis import wait_for
+from tests.helpers.serve import FAST_EXECUTOR
 from tests.helpers.workers import (
     FENCE_AFTER,
     KILL_GRACE,
     TOLERATION,
     events,
+    job_dirs,
+    kill_tree_of,
     marker_job,
     marker_runs,
     overlapping,
     state,
+    tcp_server,
     token,
 )
 
@@ -88,3 +92,41 @@ def test_a_stored_timing_limit_is_ignored_and_a_silent_workers_job_never_runs_tw
     assert len([e for e in events(d, "limit.ignored") if e["key"] == "executor.toleration_seconds"]) == 1
     a.resume()
     b.kill()
+
+
+def test_a_server_restarted_with_a_shorter_toleration_is_fenced_by_at_the_next_heartbeat(
+    redis_server, namespace, workers, tmp_path
+):
+    """config.toml's toleration cut from 12 s to 6 s across a restart: the worker, registered under 12 s, fences by
+    6 s from the first heartbeat the restarted server renews (its answer names the timings), so the job that the
+    engine now expires at 6 s is dead by then, and its second run never overlaps the first."""
+    marker = tmp_path / "marker"
+    d = tcp_server(redis_server.url, namespace, config=FAST_EXECUTOR.replace("toleration_seconds = 6", LONG))
+    try:
+        a = workers(d, token(d, "wa")).start()
+        job = marker_job(d, marker, seconds=2, first_forever=True)
+        first = _running(marker, job, 1)
+        state(d, job, "running")
+        (jd,) = job_dirs(a.home / "work" / "wa")
+        ahead = lambda: float(jd.deadline_file.read_text()) - time.monotonic()  # noqa: E731
+        wait_for(lambda: ahead() > TOLERATION, 10, interval=0.05, what="a deadline under the 12 s toleration")
+        d.stop()
+        conf = d.home / "config.toml"
+        conf.write_text(conf.read_text().replace(LONG, "toleration_seconds = 6"))
+        d.start(listen=d.listen)
+        # the first renewal by the restarted server brings the deadline within 6 − 1 s of its send
+        wait_for(lambda: ahead() <= FENCE_AFTER, 10, interval=0.05, what="the worker to fence by the new toleration")
+        a.pause()
+        b = workers(d, token(d, "wb")).start()
+        second = _running(marker, job, 2, timeout=TOLERATION + 20)
+        runs = marker_runs(marker)[job]
+        assert [r["where"] for r in runs[:2]] == ["wa", "wb"] and not overlapping(runs), runs
+        assert runs[0]["last"] < second["start"], (first, second)
+        a.resume()
+        b.kill()
+    finally:
+        d.cleanup()
+        kill_tree_of(str(d.home))
+
+
+LONG = "toleration_seconds = 12"
