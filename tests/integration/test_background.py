@@ -14,6 +14,7 @@ import pytest
 
 from piloop_server import tasks
 from piloop_server.state.keys import Keys
+from piloop_server.state.taskqueue import TaskQueues
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
 
@@ -51,8 +52,14 @@ def server(redis_server):
 
 @pytest.fixture
 def rt(server, redis_client):
-    # submit needs only the client and the keys: this process's rq has its default prefix, not the server's
-    return types.SimpleNamespace(redis=redis_client, keys=Keys(server.ns))
+    return _submitter(redis_client, server.ns)
+
+
+def _submitter(redis_client, ns: str) -> types.SimpleNamespace:
+    """What submit needs of a runtime: the task queues under the server's namespace (this process's rq has its
+    default prefix, not the server's)."""
+    keys = Keys(ns)
+    return types.SimpleNamespace(keys=keys, taskqueues=TaskQueues(redis_client, keys.rq_prefix()))
 
 
 def _events(d: Daemon, type_: str, name: str) -> list[dict]:
@@ -145,7 +152,7 @@ def test_killing_serve_leaves_no_background_process(redis_server, redis_client):
         wait_for(lambda: "provisioner.gpu" in _background(d), 10, interval=0.05, what="the gpu queue's worker")
         assert "default" not in _background(d)
         name = uuid.uuid4().hex[:8]
-        tasks.submit(types.SimpleNamespace(redis=redis_client, keys=Keys(d.ns)), f"{MOD}:mark", name, key=name)
+        tasks.submit(_submitter(redis_client, d.ns), f"{MOD}:mark", name, key=name)
         wait_for(lambda: _events(d, "test.done", name), 10, interval=0.05, what="a task on the default queue")
         procs = list(_background(d).values())
         assert len(procs) == 2
