@@ -15,7 +15,19 @@ import pytest
 from piloop_common.cas.local import LocalStore
 from piloop_worker.jobdir import read_json
 from tests.helpers.redis import wait_for
-from tests.helpers.workers import FENCE_AFTER, job_dirs, pgid_alive, state, submit, token, view
+from tests.helpers.workers import (
+    FENCE_AFTER,
+    TOLERATION,
+    events,
+    job_dirs,
+    marker_job,
+    marker_runs,
+    pgid_alive,
+    state,
+    submit,
+    token,
+    view,
+)
 
 # The `server` (a TCP `piloop serve` with a `gpu` pool) and `workers` fixtures are in tests/conftest.py.
 
@@ -148,6 +160,28 @@ def test_a_cancelled_job_is_stopped_and_reported(server, workers, tmp_path):
     d.cli("job", "cancel", job, check=True)
     state(d, job, "cancelled")
     wait_for(lambda: not pgid_alive(int(marker.read_text())), 5, what="the job's processes to end")
+
+
+def test_a_job_cancelled_while_its_worker_is_silent_ends_cancelled_and_never_runs_again(server, workers, tmp_path):
+    """Cancel wins over expiry: the worker SIGSTOPped before it could hear the cancel, its lease expires, and the
+    job ends `cancelled`, not queued again, though another worker of the pool waits for work."""
+    d, marker = server, tmp_path / "marker"
+    a = workers(d, token(d, "wa")).start()
+    job = marker_job(d, marker, first_forever=True)
+    first = wait_for(lambda: (r := marker_runs(marker).get(job)) and r[0], 20, interval=0.05, what="the job to start")
+    state(d, job, "running")
+    workers(d, token(d, "wb")).start()
+    a.pause()
+    d.cli("job", "cancel", job, check=True)
+    wait_for(lambda: view(d, job)["state"] != "running", TOLERATION + 10, interval=0.1, what="the lease to expire")
+    v = view(d, job)
+    assert v["state"] == "cancelled" and "went silent" in v["reason"], v
+    wait_for(lambda: not pgid_alive(first["pgid"]), 5, interval=0.1, what="its shim to fence the silent run")
+    a.resume()  # its late report changes nothing
+    wait_for(lambda: [e for e in events(d, "lease.stale_report") if e["job"] == job], 20, what="the late report")
+    assert view(d, job)["state"] == "cancelled"
+    assert len(marker_runs(marker)[job]) == 1  # never run again, on wb or anywhere
+    assert [e["job"] for e in events(d, "lease.granted")].count(job) == 1
 
 
 @pytest.mark.parametrize("case", ["revoked", "pool", "cas"])
