@@ -11,11 +11,11 @@ from piloop_server.state.keys import Keys
 from piloop_server.state.records.codec import fields
 from piloop_server.state.records.codec import text as _s
 from piloop_server.state.records.provisioned import PoolBackoff, Provisioned
+from piloop_server.state.records.worker import FIELDS as WF
 from piloop_server.state.scripts import Scripts
 
 KINDS = ("agent", "evaluation")
 # the fields of a worker's hash that the provisioner reads (written by register.lua and drain.lua)
-_W_POOL, _W_REGISTERED, _W_DRAINING = "pool", "registered", "draining"
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ class ProvisionedState:
             return {}
         pipe = self.r.pipeline(transaction=False)
         for n in names:
-            pipe.hmget(k.worker(n), _W_POOL, _W_REGISTERED, _W_DRAINING)
+            pipe.hmget(k.worker(n), WF["pool"], WF["registered"], WF["draining"])
             pipe.exists(k.worker_alive(n))
             for kind in KINDS:
                 pipe.scard(k.worker_leases(n, kind))

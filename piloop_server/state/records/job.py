@@ -43,6 +43,7 @@ FIELDS: dict[str, str] = {
     "reason": "reason",
     "log_dropped": "log_dropped",  # log chunks past the cap, not kept
     "campaign_error": "campaign_error",
+    "relayed": "relayed",  # an agent's: the evaluations it queued through its relay (relay_submit.lua caps them)
 }
 
 HISTORY_KEEP = 8  # leases a job remembers (each ~100 bytes)
@@ -85,6 +86,7 @@ class Job:
     reason: str = ""
     log_dropped: int = 0
     campaign_error: str = ""
+    relayed: int = 0
 
     @classmethod
     def from_hash(cls, h: dict[Any, Any]) -> Job | None:

@@ -26,7 +26,7 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
   end
   return redis.error_reply('PILOOP_CONFLICT job ' .. ARGV[4] .. ' exists')
 end
-local n = tonumber(redis.call('HGET', KEYS[2], 'relayed') or '0')
+local n = tonumber(redis.call('HGET', KEYS[2], JF.relayed) or '0')
 if n >= tonumber(ARGV[9]) then
   return redis.error_reply('PILOOP_FORBIDDEN job ' .. ARGV[1] .. ' has queued ' .. n .. ' evaluations, the most ' ..
     'one agent may queue (' .. ARGV[9] .. ')')
@@ -34,5 +34,5 @@ end
 local now = clock_ms()
 new_job(KEYS[4], KEYS[5], KEYS[6], KEYS[3], now, {id = ARGV[4], kind = 'evaluation', pool = ARGV[5],
   campaign = ARGV[6], image = '', spec = ARGV[7], by = ARGV[8], parent = ARGV[1]})
-redis.call('HINCRBY', KEYS[2], 'relayed', 1)
+redis.call('HINCRBY', KEYS[2], JF.relayed, 1)
 return {ARGV[4], 1}
