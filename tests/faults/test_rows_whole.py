@@ -7,7 +7,10 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -17,9 +20,21 @@ from piloop_common.client import ApiClient
 from piloop_common.errors import PiloopError
 from tests.helpers.freezer import Freezer, group, tree
 from tests.helpers.redis import redis_process, wait_for
-from tests.helpers.serve import Daemon, short_home
-from tests.helpers.workers import GRACE, events, job_dirs, marker_job, marker_runs, state
+from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
+from tests.helpers.workers import (
+    GRACE,
+    events,
+    job_dirs,
+    job_pgids,
+    marker_job,
+    marker_runs,
+    pgid_alive,
+    state,
+    submit,
+    view,
+)
 
+SLOW_TOLERATION = 20.0
 FENCE = 5.0  # toleration 6 − 2 × renew 0.5: a job is fenced this long after its worker's last acknowledged send
 
 
@@ -109,3 +124,72 @@ def test_the_machine_sleeps_a_frozen_daemon_redis_and_job_past_grace_expire_noth
         finally:
             freezer.close()  # before the cleanup stops them: a frozen process takes no signal
             d.cleanup()
+
+
+# An agent that says `before` through its worker's relay, waits for $GO, then says `after` the same way: the second
+# call goes through whichever worker holds its lease by then. Its start and end go to $MARKER with its group.
+RELAYING_AGENT = f"""
+echo "start $PILOOP_JOB $(ps -o pgid= $$ | tr -d ' ')" >> "$MARKER"
+{sys.executable} -m piloop_common.cli progress before || exit 3
+while [ ! -e "$GO" ]; do sleep 0.05; done
+{sys.executable} -m piloop_common.cli progress after || exit 4
+echo "end $PILOOP_JOB" >> "$MARKER"
+"""
+
+
+def _stop_serve(d: Daemon) -> str:
+    """`piloop stop`, as an operator runs it; the test's Popen is the daemon's parent and reaps it."""
+    stopper = subprocess.Popen(
+        [sys.executable, "-m", "piloop_common.cli", "stop"],
+        env=cli_env(d.home, d.env),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert d.proc is not None
+    d.proc.wait(40)
+    return stopper.communicate(timeout=20)[0]
+
+
+@pytest.fixture
+def slow_fence(redis_server, namespace) -> Iterator[Daemon]:
+    """`piloop serve` whose jobs are fenced 19 s after their worker's last acknowledged send, not 5 s: a restart of
+    the daemon on a loaded machine takes about 5 s, and the row holds only for a restart within the fence."""
+    config = FAST_EXECUTOR.replace("toleration_seconds = 6", f"toleration_seconds = {SLOW_TOLERATION:g}")
+    assert config != FAST_EXECUTOR
+    d = Daemon(short_home(), config=config, redis_url=redis_server.url, namespace=namespace).start()
+    yield d
+    d.cleanup()
+
+
+def test_piloop_serve_restarts_under_an_agent_its_worker_reattaches_relays_again_and_it_finishes_once(
+    slow_fence, tmp_path
+):
+    d, marker, go = slow_fence, tmp_path / "marker", tmp_path / "go"
+    opts = ("--campaign", "c1", "--env", f"MARKER={marker}", "--env", f"GO={go}")
+    job = submit(d, "sh", "-c", RELAYING_AGENT, pool="serve", kind="agent", opts=opts)
+    wait_for(lambda: [n["note"] for n in view(d, job)["progress"]] == ["before"], 30, interval=0.1, what="before")
+    ((dirname, pgid),) = job_pgids(d.home).items()
+    assert dirname.startswith(job) and pgid_alive(pgid)
+    stopped = time.monotonic()
+    out = _stop_serve(d)
+    assert "its worker's jobs run on under their shims" in out, out
+    assert pgid_alive(pgid)  # detached, not stopped: it waits for $GO, so it cannot have ended by itself
+    d.start(listen=d.listen)
+    log = d.home / "logs" / "worker-serve.log"
+    wait_for(
+        lambda: re.search(rf"event=job\.reattached job={job} token=\S+ status=ok", log.read_text()),
+        30,
+        interval=0.1,
+        what="the restarted worker to re-attach the agent",
+    )
+    assert time.monotonic() - stopped < SLOW_TOLERATION - 1  # within the fence: the row's case
+    go.touch()
+    v = state(d, job, timeout=30)
+    assert v["state"] == "succeeded", v
+    # its `piloop` call after the restart went through the new worker's relay, under the same lease
+    assert [n["note"] for n in v["progress"]] == ["before", "after"], v
+    assert marker.read_text().splitlines() == [f"start {job} {pgid}", f"end {job}"]  # one run, never restarted
+    mine = [e["type"] for e in events(d) if e.get("job") == job]
+    assert mine.count("lease.granted") == 1 and "lease.expired" not in mine and "job.requeued" not in mine, mine
+    assert mine.count("job.succeeded") == 1, mine
+    assert log.read_text().count(f"event=job.reattached job={job} ") == 1
