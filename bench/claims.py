@@ -33,7 +33,8 @@ from piloop_common.client import ApiClient
 from piloop_common.errors import Unavailable
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Leases, Timings
+from piloop_server.state.leases import Leases
+from piloop_server.state.records.lease import Timings
 from piloop_server.tokens import TokenStore
 from tests.helpers.redis import RedisProcess, free_port
 from tests.helpers.serve import Daemon, short_home

@@ -19,8 +19,9 @@ from piloop_server.state.events import Events
 from piloop_server.state.generation import GenerationCheck, GenerationRecord, current_generation, ensure_generation
 from piloop_server.state.jobs import JobsState
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Caps, Leases, Timings
+from piloop_server.state.leases import Leases
 from piloop_server.state.provisioned import ProvisionedState
+from piloop_server.state.records.lease import Caps, Timings
 from piloop_server.state.relay import RelayState
 from piloop_server.state.taskqueue import TaskQueues
 from piloop_server.state.workers import WorkersState

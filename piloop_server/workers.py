@@ -8,7 +8,7 @@ from piloop_common.protocol import HostSample, WorkerView
 from piloop_server import pools
 from piloop_server.provisioner.manager import records as provisioned_records
 from piloop_server.runtime import Runtime
-from piloop_server.state.leases import KINDS
+from piloop_server.state.records.lease import KINDS
 
 
 def now_ms(rt: Runtime) -> int:

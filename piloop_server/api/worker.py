@@ -36,7 +36,7 @@ from piloop_server.api import wakeup
 from piloop_server.api.deps import RuntimeDep, WorkerDep
 from piloop_server.auth import Caller
 from piloop_server.runtime import Runtime
-from piloop_server.state.leases import KINDS, Lease, Report
+from piloop_server.state.records.lease import KINDS, Lease, Report
 
 router = APIRouter(prefix="/v1/worker", tags=["worker"])
 EMPTY = b"{}"

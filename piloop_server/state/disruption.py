@@ -17,8 +17,8 @@ import redis
 
 from piloop_server.state import tokens as state_tokens
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import KINDS
 from piloop_server.state.records.codec import text as _s
+from piloop_server.state.records.lease import KINDS
 from piloop_server.state.scripts import EventCap, Scripts
 
 

@@ -4,151 +4,33 @@ from __future__ import annotations
 
 import json
 import secrets
-from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
 from piloop_common.errors import NotFound, PiloopError, TooLarge
-from piloop_common.protocol import JobSpec
 from piloop_server.state.keys import Keys
 from piloop_server.state.records.codec import text as _s
 from piloop_server.state.records.job import FIELDS as JF
 from piloop_server.state.records.job import HISTORY_KEEP
-from piloop_server.state.scripts import EventCap, Scripts
+from piloop_server.state.records.lease import (
+    KINDS,
+    Beat,
+    Caps,
+    Claim,
+    Expiry,
+    Lease,
+    Report,
+    RetryPolicy,
+    Timings,
+    stale_summary,
+)
+from piloop_server.state.scripts import Scripts
 
-KINDS = ("agent", "evaluation")
 REPORT_TTL_SECONDS = 7 * 24 * 3600
 CLAIM_SCAN_DEPTH = 200
 EXPIRE_BATCH = 500
 TOKEN_RANDOM_BYTES = 16  # 128 bits a token beside its fencing order
-BACKOFF_LONGEST_SECONDS = 3600
-STALE_ADDRESSES = 16  # the CAS addresses a stale report's event names (its outputs first, then its log's ends)
-
-
-def fence(token: str) -> int:
-    """A token's fencing order (generation, then counter): it only grows."""
-    return int(token.partition(".")[0])
-
-
-@dataclass(frozen=True)
-class Caps:
-    """What one caller may make Redis hold ([plugins.state]): see docs/security.md."""
-
-    events: EventCap = field(default_factory=EventCap)
-    log_chunks: int = 20_000
-    report_bytes: int = 256 * 1024
-    progress_keep: int = 200  # the newest notes of a job that the server keeps
-
-    @classmethod
-    def from_state(cls, st: Any) -> Caps:
-        return cls(
-            EventCap(st.events_max, st.event_value_bytes), st.log_chunks_max, st.report_max_bytes, st.progress_keep
-        )
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """What report.lua does with a failed attempt, from the job's spec (its defaults are JobSpec's) and its pool."""
-
-    max_attempts: int
-    backoff_ms: int
-    factor: float
-    longest_ms: int
-    growth: float
-    memory_cap_mb: int  # 0: the worker's room
-
-    @classmethod
-    def of(cls, spec_json: str | bytes | None, pool_cap_mb: int | None) -> RetryPolicy:
-        try:
-            spec = JobSpec.model_validate_json(spec_json or b"{}")
-        except ValueError:
-            spec = JobSpec(argv=["?"])  # a spec that no longer parses retries as the defaults say
-        return cls(
-            spec.max_attempts,
-            int(spec.backoff_seconds * 1000),
-            spec.backoff_factor,
-            BACKOFF_LONGEST_SECONDS * 1000,
-            spec.memory_growth,
-            spec.memory_max_mb or pool_cap_mb or 0,
-        )
-
-    def args(self) -> list[Any]:
-        return [self.max_attempts, self.backoff_ms, self.factor, self.longest_ms, self.growth, self.memory_cap_mb]
-
-
-def stale_summary(result: dict[str, Any]) -> str:
-    """What a stale report is kept as: its size and the CAS addresses it names, never its body."""
-    named = [
-        a
-        for a in (
-            *(result.get("outputs") or {}).values(),
-            result.get("metrics"),
-            result.get("bundle"),
-            result.get("workspace"),
-        )
-        if isinstance(a, str) and a
-    ]
-    log = [a for a in result.get("log") or [] if isinstance(a, str)]
-    ends = log[:2] + log[-2:] if len(log) > 4 else log
-    return json.dumps(
-        {"bytes": len(json.dumps(result)), "log_chunks": len(log), "addresses": (named + ends)[:STALE_ADDRESSES]}
-    )
-
-
-@dataclass(frozen=True)
-class Lease:
-    job: str
-    token: str
-
-
-@dataclass(frozen=True)
-class Beat:
-    """One worker's heartbeat: its host sample and the leases it holds."""
-
-    worker: str
-    sample: dict[str, Any]
-    held: list[Lease]
-
-
-@dataclass
-class Claim:
-    leases: list[Lease] = field(default_factory=list)
-    reason: str = ""  # why nothing (more) was leased: slots, nothing, image, draining, ...
-
-
-@dataclass(frozen=True)
-class Report:
-    """One report's part in `Leases.report_many`."""
-
-    report_id: str
-    job: str
-    token: str
-    worker: str
-    outcome: str
-    result: dict[str, Any]
-    reason: str = ""
-    oom: bool = False
-
-
-@dataclass(frozen=True)
-class Expiry:
-    rearmed: bool
-    count: int
-    lost: list[str]
-
-
-@dataclass(frozen=True)
-class Timings:
-    """Durations in milliseconds, as the scripts take them."""
-
-    grace_ms: int
-    toleration_ms: int
-    max_lost: int = 3
-
-    @classmethod
-    def from_executor(cls, ex: Any) -> Timings:
-        return cls(int(ex.grace_seconds * 1000), int(ex.toleration_seconds * 1000), ex.max_lost)
 
 
 def _heartbeat_answers(beats: list[Beat], reply: list[Any]) -> list[tuple[int, dict[str, str]] | NotFound]:

@@ -8,7 +8,8 @@ import pytest
 
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Lease, Leases, Timings
+from piloop_server.state.leases import Leases
+from piloop_server.state.records.lease import Lease, Timings
 from tests.helpers.redis import wait_for
 
 GRACE_MS, TOLERATION_MS = 400, 1200

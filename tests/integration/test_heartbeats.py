@@ -7,7 +7,8 @@ import pytest
 from piloop_common.errors import NotFound
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Beat, Lease, Leases, Timings
+from piloop_server.state.leases import Leases
+from piloop_server.state.records.lease import Beat, Lease, Timings
 
 
 @pytest.fixture

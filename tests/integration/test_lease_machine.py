@@ -25,7 +25,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from piloop_common.errors import Conflict, LeaseLost
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import KINDS, Lease, Leases, Timings, fence
+from piloop_server.state.leases import Leases
+from piloop_server.state.records.lease import KINDS, Lease, Timings, fence
 
 WORKERS = ("w1", "w2", "w3")
 SLOTS = {"agent": 2, "evaluation": 1}

@@ -9,7 +9,8 @@ import pytest
 from piloop_common.errors import LeaseLost, NotFound
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Lease, Leases, Report, Timings, fence
+from piloop_server.state.leases import Leases
+from piloop_server.state.records.lease import Lease, Report, Timings, fence
 from tests.helpers.redis import wait_for
 
 

@@ -13,7 +13,7 @@ import redis
 
 from piloop_common.client import ApiClient
 from piloop_common.errors import Refused
-from piloop_server.state.leases import fence
+from piloop_server.state.records.lease import fence
 from tests.helpers.redis import RedisProcess, free_port, wait_for
 from tests.helpers.serve import Daemon, piloop, short_home
 from tests.helpers.simworker import SimWorker, sample
