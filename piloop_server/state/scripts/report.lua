@@ -7,7 +7,7 @@
 -- cancelled | fenced (the worker stopped it at its deadline, or lost it) | lost (its blobs are missing)
 -- ARGV[5] result (JSON: exit, usage, log, outputs)  ARGV[6] answer TTL (s)  ARGV[7] max_lost
 -- ARGV[8] reason  ARGV[9] grace (ms)  ARGV[10] toleration (ms)  ARGV[11] 1 when the run ran out of memory
--- ARGV[12..17] the job's retry policy, from its spec and its pool (state/leases.py RetryPolicy): max_attempts,
+-- ARGV[12..17] the job's retry policy, from its spec and its pool (state/records/lease.py RetryPolicy): max_attempts,
 -- backoff (ms), backoff factor, the longest backoff (ms), memory growth, the cap on a raised grant (MiB; 0: the
 -- worker's room)
 -- ARGV[18] what a stale report is kept as (JSON: its size and the CAS addresses it names, never its body)
