@@ -432,7 +432,8 @@ def list_pool(rt: Runtime, pool: str, _: str = "") -> None:
         for h in handles:
             if h.name not in recs:
                 prov.stop(h)
-                rt.events.add("provisioner.unknown_stopped", BY, worker=h.name, pool=h.pool, id=h.id)
+                # `handle`, not `id`: an event's `id` is its place in the stream, which readers page by
+                rt.events.add("provisioner.unknown_stopped", BY, worker=h.name, pool=h.pool, handle=h.id)
                 log.warning(
                     "event=provisioner.unknown_stopped worker=%s id=%s (tagged as ours, no record)", h.name, h.id
                 )
