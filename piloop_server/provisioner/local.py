@@ -73,12 +73,15 @@ class LocalProvider:
         pid = int(handle.id.split(":")[0])
         proc = _same(handle.id)
         if proc is not None:
+            leads = False
             with contextlib.suppress(OSError):
                 # its own session: the worker and its shim host (jobs' shims have sessions of their own)
-                os.killpg(pid, signal.SIGTERM) if os.getpgid(pid) == pid else proc.terminate()
+                leads = os.getpgid(pid) == pid
+                os.killpg(pid, signal.SIGTERM) if leads else proc.terminate()
             if not _ended(handle.id, STOP_GRACE_SECONDS):
+                # the whole group: a stopped (SIGSTOPped, silent) worker's shim host never takes the SIGTERM either
                 with contextlib.suppress(OSError, psutil.Error):
-                    proc.kill()
+                    os.killpg(pid, signal.SIGKILL) if leads and _same(handle.id) is not None else proc.kill()
                 _ended(handle.id, STOP_GRACE_SECONDS)
         if _same(handle.id) is None and handle.name and handle.pool == self.pool:
             shutil.rmtree(self._home(handle.name), ignore_errors=True)
