@@ -8,18 +8,22 @@ import itertools
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 
+import psutil
 import pytest
 
 from piloop_common.client import ApiClient
 from piloop_common.errors import PiloopError
+from piloop_server.provisioner.base import NAME_ENV, TAG_ENV
 from tests.helpers.freezer import Freezer, group, tree
-from tests.helpers.redis import redis_process, wait_for
+from tests.helpers.redis import free_port, redis_process, wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
 from tests.helpers.workers import (
     GRACE,
@@ -28,6 +32,7 @@ from tests.helpers.workers import (
     job_pgids,
     marker_job,
     marker_runs,
+    overlapping,
     pgid_alive,
     state,
     submit,
@@ -193,3 +198,93 @@ def test_piloop_serve_restarts_under_an_agent_its_worker_reattaches_relays_again
     assert mine.count("lease.granted") == 1 and "lease.expired" not in mine and "job.requeued" not in mine, mine
     assert mine.count("job.succeeded") == 1, mine
     assert log.read_text().count(f"event=job.reattached job={job} ") == 1
+
+
+def _provisioned(redis_url: str, namespace: str) -> Daemon:
+    """`piloop serve` on TCP whose pool `gpu` (one evaluation a worker) is started by the `local` provider: `piloop
+    worker` processes on this machine, under this user, tagged with the server's id."""
+    config = (
+        FAST_EXECUTOR + "\n[plugins.executor.pools.gpu]\nagents = 0\nevaluations = 1\nmax_load = 1000\n"
+        "min_memory_gb = 0\n\n[plugins.executor.pools.gpu.provisioner]\nmax = 1\nidle_seconds = 600\n\n"
+        '[plugins.executor.pools.gpu.provisioner.compute]\nprovider = "local"\n'
+    )
+    d = Daemon(short_home(), config=config, redis_url=redis_url, namespace=namespace)
+    port = free_port()
+    d.start(listen=f"127.0.0.1:{port}")
+    d.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    return d
+
+
+@pytest.fixture
+def provisioned(redis_server) -> Iterator[Callable[[], Daemon]]:
+    """Make provisioned servers, each in a namespace of its own on the session Redis (so each has its own id)."""
+    made: list[Daemon] = []
+
+    def make() -> Daemon:
+        made.append(_provisioned(redis_server.url, "t" + uuid.uuid4().hex[:10]))
+        return made[-1]
+
+    yield make
+    for d in made:
+        d.cleanup()  # its started workers' homes are under its own: the cleanup's pkill of it takes them too
+
+
+def _server_id(d: Daemon) -> str:
+    with d.api() as api:
+        return api.call("GET", "/v1/health")["server_id"]
+
+
+def _started_worker(tag: str, name: str) -> psutil.Process:
+    """The started worker `name` of the server tagged `tag`: the top of the tree that carries its name (its shim
+    host and jobs inherit the environment)."""
+    for p in psutil.process_iter():
+        try:
+            env = p.environ()
+            if env.get(TAG_ENV) != tag or env.get(NAME_ENV) != name or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.Error:
+            continue
+        try:
+            parent = psutil.Process(p.ppid()).environ().get(NAME_ENV)
+        except psutil.Error:  # init, whose environment may be closed to us
+            parent = None
+        if parent != name:
+            return p
+    raise AssertionError(f"no process for worker {name} of server {tag}")
+
+
+def _of_server(d: Daemon, type_: str, worker: str | None = None) -> list[dict]:
+    return [e for e in events(d, type_) if worker is None or e.get("worker") == worker]
+
+
+def test_a_started_worker_that_goes_silent_is_stopped_and_its_job_comes_back_on_another(provisioned, tmp_path):
+    d, marker = provisioned(), tmp_path / "marker"
+    tag = _server_id(d)
+    job = marker_job(d, marker, first_forever=True)  # the first run runs until it is stopped
+    first = wait_for(lambda: (r := marker_runs(marker).get(job)) and r[0], 60, interval=0.1, what="the first run")
+    state(d, job, "running")
+    name = first["where"]
+    worker = _started_worker(tag, name)
+    assert os.getpgid(worker.pid) == worker.pid  # a session of its own: the worker and its shim host
+    ours = group(worker.pid)
+    assert len(ours) >= 2, ours
+    os.killpg(worker.pid, signal.SIGSTOP)  # it goes silent: alive on the platform, no heartbeat
+    (stopping,) = wait_for(
+        lambda: _of_server(d, "provisioner.stopping", name), GRACE + 10, interval=0.1, what="the server to stop it"
+    )
+    assert stopping["reason"] == "it went silent", stopping  # not lost: the platform still lists it
+    wait_for(lambda: _of_server(d, "provisioner.stopped", name), 30, interval=0.1, what="provisioner.stopped")
+    # stopped: the worker and its shim host, though SIGSTOPped (a stopped process takes no SIGTERM)
+    wait_for(lambda: not group(worker.pid), 10, interval=0.1, what=f"the processes of {name} to be gone")
+    assert not pgid_alive(first["pgid"])  # its job was fenced by its own shim
+    # by its stop, not left for the listing to find as a process it has no record of
+    assert not _of_server(d, "provisioner.unknown_stopped", name)
+    v = state(d, job, "succeeded", timeout=60)
+    second = v["worker"]
+    assert second != name and v["attempts"] == 1, v
+    started = [e["worker"] for e in _of_server(d, "provisioner.starting")]
+    assert started == [name, second], started  # the pool started another, since the job still waited
+    runs = marker_runs(marker)[job]
+    assert [r["where"] for r in runs] == [name, second] and not overlapping(runs), runs
+    (expired,) = [e for e in events(d, "lease.expired") if e["job"] == job]
+    assert expired["token"] == first["token"], expired
