@@ -288,3 +288,51 @@ def test_a_started_worker_that_goes_silent_is_stopped_and_its_job_comes_back_on_
     assert [r["where"] for r in runs] == [name, second] and not overlapping(runs), runs
     (expired,) = [e for e in events(d, "lease.expired") if e["job"] == job]
     assert expired["token"] == first["token"], expired
+
+
+def _handle_id(pid: int) -> str:
+    """The id the `local` provider gives a process: its pid and start time."""
+    return f"{pid}:{psutil.Process(pid).create_time():.2f}"
+
+
+def test_two_servers_on_one_account_never_stop_each_others_workers_and_each_runs_its_own_jobs(provisioned, tmp_path):
+    marker, go = tmp_path / "marker", tmp_path / "go"
+    servers = [provisioned(), provisioned()]  # one machine, one user: the `local` provider's one account
+    tags = [_server_id(d) for d in servers]
+    assert tags[0] != tags[1]
+    # each job says which server's worker runs it, then runs until the test lets it end
+    script = f'echo "$PILOOP_PROVISIONER_TAG $PILOOP_JOB" >> {marker}; while [ ! -e {go} ]; do sleep 0.05; done'
+    jobs = [submit(d, "sh", "-c", script) for d in servers]
+    views = [state(d, j, "running", timeout=60) for d, j in zip(servers, jobs, strict=True)]
+    ours = [_started_worker(tag, v["worker"]) for tag, v in zip(tags, views, strict=True)]
+    # a process tagged by each server that neither has a record of, started once both servers' workers run: the
+    # listing that stops it ran while the other server's worker was there to be seen
+    code = "import time\nwhile True: time.sleep(60)"
+    canaries, handles = [], []
+    for d, tag in zip(servers, tags, strict=True):
+        env = {**os.environ, TAG_ENV: tag, NAME_ENV: "gpu-999", "PILOOP_PROVISIONED_POOL": "gpu"}
+        canaries.append(subprocess.Popen([sys.executable, "-c", code, str(d.home)], env=env, start_new_session=True))
+        handles.append(_handle_id(canaries[-1].pid))
+    try:
+        for d, c in zip(servers, canaries, strict=True):
+            wait_for(lambda c=c: c.poll() is not None, 30, interval=0.1, what=f"the canary tagged {_server_id(d)}")
+            wait_for(lambda d=d: _of_server(d, "provisioner.unknown_stopped"), 10, what="provisioner.unknown_stopped")
+        for d, h in zip(servers, handles, strict=True):
+            # each stopped its own canary, and nothing else: not the other's worker, not the other's canary
+            assert [e["handle"] for e in _of_server(d, "provisioner.unknown_stopped")] == [h]
+            assert not _of_server(d, "provisioner.stopping")
+        for p in ours:
+            assert p.is_running() and p.status() != psutil.STATUS_ZOMBIE, p
+    finally:
+        for c in canaries:
+            if c.poll() is None:
+                c.kill()
+            c.wait(5)
+    go.touch()
+    for d, j, v, p in zip(servers, jobs, views, ours, strict=True):
+        done = state(d, j, "succeeded", timeout=30)
+        assert done["worker"] == v["worker"] and done["attempts"] == 1, done
+        assert [e["worker"] for e in _of_server(d, "provisioner.starting")] == [v["worker"]]
+        assert p.is_running()  # its worker, idle now, runs on: idle_seconds is 600
+    # each job ran on a worker its own server started (both pools name theirs gpu-1: the tag tells them apart)
+    assert sorted(marker.read_text().splitlines()) == sorted(f"{t} {j}" for t, j in zip(tags, jobs, strict=True))
