@@ -27,6 +27,7 @@ from tests.helpers.redis import free_port, redis_process, wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
 from tests.helpers.workers import (
     GRACE,
+    TOLERATION,
     events,
     job_dirs,
     job_pgids,
@@ -36,6 +37,7 @@ from tests.helpers.workers import (
     pgid_alive,
     state,
     submit,
+    token,
     view,
 )
 
@@ -336,3 +338,57 @@ def test_two_servers_on_one_account_never_stop_each_others_workers_and_each_runs
         assert p.is_running()  # its worker, idle now, runs on: idle_seconds is 600
     # each job ran on a worker its own server started (both pools name theirs gpu-1: the tag tells them apart)
     assert sorted(marker.read_text().splitlines()) == sorted(f"{t} {j}" for t, j in zip(tags, jobs, strict=True))
+
+
+def _reachable(d: Daemon) -> dict[str, bool]:
+    with d.api() as api:
+        return {w["name"]: w["reachable"] for w in api.call("GET", "/v1/workers") if w["pool"] == "gpu"}
+
+
+def _ms(e: dict) -> int:
+    return int(e["id"].split("-")[0])  # a stream id is the Redis time (ms) the event was added
+
+
+def test_a_worker_dies_during_a_run_while_most_of_its_pool_is_held_its_run_ends_worker_lost_once_the_hold_ends(
+    server, workers, tmp_path
+):
+    d, marker = server, tmp_path / "marker"
+    g1 = workers(d, token(d, "g1")).start()
+    job = marker_job(d, marker, kind="agent", seconds=1000)
+    run = wait_for(lambda: (r := marker_runs(marker).get(job)) and r[0], 20, interval=0.05, what="the agent to start")
+    assert state(d, job, "running")["worker"] == "g1"
+    g2, g3 = (workers(d, token(d, n)).start() for n in ("g2", "g3"))
+    wait_for(lambda: _reachable(d) == dict.fromkeys(("g1", "g2", "g3"), True), 30, interval=0.1, what="3 workers")
+    g1.kill()  # it really dies, with its shim host; the agent's shim lives on and fences it
+    g2.pause()  # and one more goes silent at once: 2 of 3, which looks like the network, so the pool is held
+    silent = time.monotonic()
+    try:
+        (disrupted,) = wait_for(
+            lambda: [e for e in events(d, "escalation") if e.get("what") == "pool.disrupted"],
+            GRACE + 10,
+            interval=0.1,
+            what="the hold",
+        )
+        assert "2 of 3 workers of pool gpu went silent at once" in disrupted["message"], disrupted
+        # fenced by its own shim, though its worker is dead and the pool held: before its lease's time
+        wait_for(lambda: not pgid_alive(run["pgid"]), FENCE + 3, interval=0.05, what="the agent to be fenced")
+        assert time.monotonic() - silent < TOLERATION
+        # past the time its lease would have expired (toleration after g1's last renewal, and a pass): held
+        wait_for(lambda: time.monotonic() > silent + TOLERATION + 1.5, TOLERATION + 3)
+        assert view(d, job)["state"] == "running"
+        assert not [e for e in events(d, "lease.expired") if e["job"] == job]
+    finally:
+        g2.resume()  # the silent one is back: only the dead one is silent, 1 of 3, and the hold ends
+    (ended,) = wait_for(lambda: events(d, "pool.disruption_ended"), 15, interval=0.1, what="the hold to end")
+    assert ended["reason"] == "recovered", ended
+    v = state(d, job, timeout=TOLERATION + 10)
+    assert v["state"] == "worker_lost" and v["attempts"] == 0 and "went silent" in v["reason"], v
+    (expired,) = [e for e in events(d, "lease.expired") if e["job"] == job]
+    assert expired["then"] == "worker_lost" and expired["token"] == run["token"], expired
+    assert _ms(expired) >= _ms(ended)  # once the hold ended, not before
+    mine = [e["type"] for e in events(d) if e.get("job") == job]
+    assert mine == ["job.queued", "lease.granted", "lease.expired"], mine  # granted once, ended once
+    # one run, never run again (g2 and g3 were free all along); it ended when fenced, not by itself
+    runs = marker_runs(marker)[job]
+    assert len(runs) == 1 and runs[0]["where"] == "g1" and not runs[0]["ended"], runs
+    assert g3.alive and g2.alive
