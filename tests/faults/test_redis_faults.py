@@ -8,7 +8,7 @@ import time
 import pytest
 
 from piloop_common.client import ApiClient
-from piloop_common.errors import Unavailable
+from piloop_common.errors import NotFound, Unavailable
 from tests.helpers.redis import RedisProcess, wait_for
 from tests.helpers.simworker import SimWorker
 from tests.helpers.workers import GRACE, events, marker_job, marker_runs, overlapping, state, tcp_server, token
@@ -101,5 +101,10 @@ def test_redis_unreachable_for_a_while_the_daemon_and_workers_wait_and_recover(
     _no_leases_left(own_redis, namespace)
     assert "event=daemon.redis_back" in d.daemon_log()
     assert "event=worker.reachable" in (d.home / "logs" / "worker-serve.log").read_text()  # retried, never gave up
-    # the server's Redis client connects again by itself
+    # the server's Redis client connects again by itself. wbeat has been silent since the fault, without a lease:
+    # past the disruption hold's length (2 × toleration) the pass forgets it, and it is told to register again
+    try:
+        beat.heartbeat()
+    except NotFound:
+        beat.register()
     assert beat.heartbeat() == beat.heartbeat() == {}
