@@ -87,7 +87,7 @@ def test_the_machine_sleeps_a_gap_longer_than_grace_is_the_daemons_absence_nothi
     assert [s["pgid"] for s in shims] == [run["pgid"]]
     # everything on the machine stops at once: the daemon and its worker and shim host (one process group), the
     # job's shim and the job (Redis is elsewhere and runs on, its lease TTLs counting down)
-    everything = ([d.proc.pid], [s["pid"] for s in shims], [run["pgid"]])
+    everything = ([d.proc.pid], [s["shim"] for s in shims], [run["pgid"]])
     _freeze(everything[1], [everything[0][0], everything[2][0]], signal.SIGSTOP)
     asleep = time.monotonic()
     # longer than the grace period; shorter than the fence (toleration − 2 × renew = 5 s): SIGSTOP, unlike a real
