@@ -15,6 +15,11 @@ from piloop_server.state.records.codec import text as _s
 from piloop_server.state.scripts import EventCap
 
 
+def _entry(eid: Any, f: dict[Any, Any]) -> dict[str, str]:
+    """One stream entry as the API shows it: its fields, and its stream id, which no field overrides."""
+    return {**{_s(k): _s(v) for k, v in f.items()}, "id": _s(eid)}
+
+
 class Events:
     def __init__(self, client: redis.Redis, keys: Keys, cap: EventCap | None = None) -> None:
         self.r = client
@@ -23,7 +28,9 @@ class Events:
 
     def add(self, type_: str, by: str, **fields: Any) -> str:
         """Append one event under the same bound as the scripts' (include/events.lua): each value cut past
-        `cap.value_bytes`, about `cap.most` kept."""
+        `cap.value_bytes`, about `cap.most` kept. `id` is the stream's own: no event field takes its name."""
+        if "id" in fields:
+            raise ValueError(f"event {type_}: a field named id would hide the event's stream id; name it apart")
         data = {"type": type_, "by": by, **{k: v if isinstance(v, str) else json.dumps(v) for k, v in fields.items()}}
         data = {k: self._cut(v) for k, v in data.items()}
         return _s(self.r.xadd(self.k.events(), codec.fields(data), maxlen=self.cap.most, approximate=True))
@@ -43,11 +50,11 @@ class Events:
             entries = got[0][1] if got else []
         else:
             entries = self.r.xrange(self.k.events(), min=f"({after}" if after != "0" else "-", count=count)
-        return [{"id": _s(eid), **{_s(k): _s(v) for k, v in f.items()}} for eid, f in entries]
+        return [_entry(eid, f) for eid, f in entries]
 
     def tail(self, count: int) -> list[dict[str, str]]:
         entries: Any = self.r.xrevrange(self.k.events(), count=count)
-        return [{"id": _s(eid), **{_s(k): _s(v) for k, v in f.items()}} for eid, f in reversed(entries)]
+        return [_entry(eid, f) for eid, f in reversed(entries)]
 
     def escalate(self, what: str, message: str, **fields: Any) -> str:
         """An escalation: something an operator must look at, kept in the inbox until acknowledged."""
