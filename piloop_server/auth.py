@@ -12,13 +12,17 @@ from starlette.concurrency import run_in_threadpool
 
 from piloop_common.errors import BadRequest, Forbidden, Refused, Unauthorized
 from piloop_common.names import check_name
-from piloop_server.network.proxy import identify_proxy
+from piloop_common.protocol import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
+from piloop_server.network.proxy import WORKER_HEADER, identify_proxy
 from piloop_server.state.records.token import Token
 
 if TYPE_CHECKING:
     from piloop_server.runtime import Runtime
 
 SOCKET_SCOPE = "piloop.socket"
+# the headers that say who calls and for which lease: each once, or the caller's answer would hang on which copy
+# a proxy in front read and which one the server reads
+CLAIM_HEADERS = ("authorization", WORKER_HEADER, RELAY_JOB_HEADER, RELAY_TOKEN_HEADER)
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,20 @@ def known(rt: Runtime, scope: Mapping[str, Any], headers: Mapping[str, str]) -> 
     return _identify(rt, scope, headers, read=False)
 
 
+def _once(rt: Runtime, headers: Mapping[str, str]) -> None:
+    """BadRequest when a claim header (the proxy network's claims too) comes more than once."""
+    getlist = getattr(headers, "getlist", None)
+    if getlist is None:  # a plain mapping holds each name once
+        return
+    net = rt.settings.plugins.network
+    names = (*CLAIM_HEADERS, *(h.lower() for h in net.claims.values())) if net.provider == "proxy" else CLAIM_HEADERS
+    for name in names:
+        if (n := len(getlist(name))) > 1:
+            raise BadRequest(f"the header {name} comes {n} times: a request names its caller and its lease once")
+
+
 def _identify(rt: Runtime, scope: Mapping[str, Any], headers: Mapping[str, str], *, read: bool) -> Caller | None:
+    _once(rt, headers)
     if scope.get(SOCKET_SCOPE):
         # the socket is 0600: whoever reaches it is the daemon's user
         worker = headers.get("x-piloop-worker")
