@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from piloop_common import __version__
 from piloop_common.errors import PiloopError
@@ -46,6 +47,17 @@ def create_app(rt: Runtime, daemon_info: dict[str, Any] | None = None) -> FastAP
             loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
             parts.append(f"{loc or 'body'}: {err.get('msg')}")
         return JSONResponse({"error": "bad_request", "message": "; ".join(parts)}, status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def no_route(request: Request, exc: HTTPException) -> JSONResponse:
+        # a path no route matches (`/v1/jobs/../x` once decoded), or a method it does not take: said as piloop says it
+        code = "not_found" if exc.status_code == 404 else "bad_request"
+        why = "no route" if exc.status_code == 404 else f"{exc.detail}:"
+        return JSONResponse(
+            {"error": code, "message": f"{why} {request.method} {request.url.path[:200]}"},
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
 
     async def redis_down(request: Request, exc: Exception) -> JSONResponse:
         return error_answer(exc)

@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import json
+import re
 import secrets as _secrets
 
 from piloop_common import envnames
 from piloop_common.errors import BadRequest, NotFound
-from piloop_common.protocol import TERMINAL_STATES, JobView, SubmitRequest
+from piloop_common.protocol import JOB_ID, TERMINAL_STATES, JobView, SubmitRequest
 from piloop_common.sizes import format_memory
 from piloop_server.runtime import Runtime
 
 
 def new_id() -> str:
     return "j" + _secrets.token_hex(6)
+
+
+def check_id(job_id: str) -> str:
+    """`job_id` when it may name a job, else BadRequest naming it (before any key is read)."""
+    if not re.fullmatch(JOB_ID, job_id):
+        shown = repr(job_id) if len(job_id) <= 70 else f"{job_id[:60]!r}… ({len(job_id)} characters)"
+        raise BadRequest(f"job id {shown} is refused: an id is letters, digits, _ . and -, like j0123456789ab")
+    return job_id
 
 
 def submit(rt: Runtime, req: SubmitRequest, by: str) -> str:
@@ -47,7 +56,7 @@ def submit(rt: Runtime, req: SubmitRequest, by: str) -> str:
 
 
 def view(rt: Runtime, job_id: str) -> JobView:
-    got = rt.jobs.with_log(job_id)
+    got = rt.jobs.with_log(check_id(job_id))
     if got is None:
         raise NotFound(f"no job {job_id} (see `piloop job list`)")
     j = got.job

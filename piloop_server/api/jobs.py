@@ -35,4 +35,4 @@ def show(job_id: str, rt: RuntimeDep, caller: ActorDep) -> JobView:
 
 @router.post("/{job_id}/cancel")
 def cancel(job_id: str, rt: RuntimeDep, caller: ActorDep) -> dict:
-    return {"state": rt.leases.cancel(job_id, caller.signed)}
+    return {"state": rt.leases.cancel(jobs.check_id(job_id), caller.signed)}

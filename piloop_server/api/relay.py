@@ -11,12 +11,14 @@ server queues that campaign's evaluation of it, built from the campaign record t
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 
 from piloop_common.errors import BadRequest, Conflict, Forbidden, NotFound
 from piloop_common.protocol import (
+    LEASE_TOKEN,
     RELAY_JOB_HEADER,
     RELAY_TOKEN_HEADER,
     JobView,
@@ -42,7 +44,9 @@ def _caller(request: Request, worker: WorkerDep) -> Caller:
     job, token = request.headers.get(RELAY_JOB_HEADER), request.headers.get(RELAY_TOKEN_HEADER)
     if not job or not token:
         raise BadRequest(f"a relayed call names its job and lease: {RELAY_JOB_HEADER}, {RELAY_TOKEN_HEADER}")
-    return Caller(job, token, worker.name)
+    if not re.fullmatch(LEASE_TOKEN, token):
+        raise BadRequest(f"{RELAY_TOKEN_HEADER}: {token[:80]!r} is not a lease token")
+    return Caller(jobs.check_id(job), token, worker.name)
 
 
 StateDep = Annotated[RelayState, Depends(relay_state)]
