@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 
 from piloop_common import __version__
-from piloop_common.errors import NotFound
+from piloop_common.errors import BadRequest, NotFound
 from piloop_common.protocol import LimitRequest, LimitView, TokenCreate, TokenCreated, TokenView, WorkerView
 from piloop_server import campaigns, workers
 from piloop_server.api.deps import ActorDep, RuntimeDep
@@ -71,8 +73,6 @@ def limits_unset(key: str, rt: RuntimeDep, caller: ActorDep) -> dict:
 @router.post("/tokens", response_model=TokenCreated)
 def token_create(body: TokenCreate, rt: RuntimeDep, caller: ActorDep) -> TokenCreated:
     if body.pool is not None and body.pool not in rt.executor.pools:
-        from piloop_common.errors import BadRequest
-
         raise BadRequest(f"--pool {body.pool}: no such pool (pools: {', '.join(sorted(rt.executor.pools))})")
     token = rt.tokens.create(
         body.name, by=caller.signed, pool=body.pool, expires_seconds=body.expires_seconds, rename=body.rename
@@ -112,13 +112,30 @@ def token_revoke(name: str, rt: RuntimeDep, caller: ActorDep) -> dict:
     return {"name": name}
 
 
+EVENT_ID = re.compile(r"(\d{1,20})(?:-(\d{1,20}))?")
+MOST_EVENTS = 10_000
+
+
+def _cursor(after: str) -> str:
+    """`after` when Redis takes it as a stream id (`<ms>` or `<ms>-<seq>`, each under 2^64), else BadRequest."""
+    m = EVENT_ID.fullmatch(after)
+    if m is None or any(int(part) >= 2**64 for part in m.groups() if part is not None):
+        raise BadRequest(f"after: {after[:40]!r} is not an event id (give 0, or the id of the last event read)")
+    return after
+
+
 @router.get("/events")
 def events(
-    rt: RuntimeDep, caller: ActorDep, after: str = "0", count: int = 100, block_ms: int = 0, last: int = 0
+    rt: RuntimeDep,
+    caller: ActorDep,
+    after: str = "0",
+    count: Annotated[int, Query(ge=1, le=MOST_EVENTS)] = 100,
+    block_ms: Annotated[int, Query(ge=0, le=30_000)] = 0,
+    last: Annotated[int, Query(ge=0, le=MOST_EVENTS)] = 0,
 ) -> list[dict]:
     if last:
-        return rt.events.tail(min(last, 10_000))
-    return rt.events.read(after, min(max(count, 1), 10_000), min(block_ms, 30_000) or None)
+        return rt.events.tail(last)
+    return rt.events.read(_cursor(after), count, block_ms or None)
 
 
 @router.get("/inbox")
