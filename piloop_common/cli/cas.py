@@ -113,14 +113,21 @@ def _store(ctx: click.Context) -> Iterator[Store]:
         store.close()
 
 
+class _ConfigMistake(click.ClickException):
+    """A config or flag mistake: one line and exit 2, as the root group says a ConfigError (a UsageError would
+    print the usage too)."""
+
+    exit_code = 2
+
+
 @contextmanager
 def _errors() -> Iterator[None]:
-    """piloop's errors as one line on stderr and exit 1, never a traceback."""
+    """piloop's errors as one line on stderr and exit 1 (2 for config), never a traceback."""
     from piloop_common.errors import ConfigError, PiloopError
 
     try:
         yield
     except ConfigError as e:
-        raise click.UsageError(e.message) from e
+        raise _ConfigMistake(e.message) from e
     except PiloopError as e:
         raise click.ClickException(e.message) from e
