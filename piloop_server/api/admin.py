@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 from piloop_common import __version__
 from piloop_common.errors import BadRequest, NotFound
 from piloop_common.protocol import LimitRequest, LimitView, TokenCreate, TokenCreated, TokenView, WorkerView
-from piloop_server import campaigns, workers
+from piloop_server import campaign_admin, workers
 from piloop_server.api.deps import ActorDep, RuntimeDep
 from piloop_server.provisioner.manager import summary as provisioned_pools
 
@@ -44,7 +44,7 @@ def status(request: Request, rt: RuntimeDep, caller: ActorDep) -> dict:
         "pools": workers.pool_summary(rt, ws),
         "limits": [v.model_dump() for v in rt.limits.views()],
         "provisioners": provisioned_pools(rt),
-        "campaigns": campaigns.summary(rt),
+        "campaigns": campaign_admin.summary(rt),
         "escalations": rt.events.inbox()[-10:],
     }
 

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 
 from piloop_common.errors import BadRequest, Refused
 from piloop_common.protocol import PROTOCOL, BundleRequest, BundleResponse, CampaignCreate, CampaignView
-from piloop_server import campaign_repo, campaigns
+from piloop_server import campaign_admin, campaign_repo
 from piloop_server.api import wakeup
 from piloop_server.api.deps import ActorDep, RuntimeDep, WorkerDep
 from piloop_server.api.relay import relay_state
@@ -18,34 +18,34 @@ worker_router = APIRouter(prefix="/v1/worker", tags=["worker"])
 
 @router.post("", response_model=CampaignView)
 def create(body: CampaignCreate, rt: RuntimeDep, caller: ActorDep, request: Request) -> CampaignView:
-    out = campaigns.create(rt, body, caller.signed)
+    out = campaign_admin.create(rt, body, caller.signed)
     wakeup.notify(request.app)
     return out
 
 
 @router.get("", response_model=list[CampaignView])
 def listing(rt: RuntimeDep, caller: ActorDep) -> list[CampaignView]:
-    return [campaigns.view(rt, n, runs=False) for n in campaigns.names(rt)]
+    return [campaign_admin.view(rt, n, runs=False) for n in campaign_admin.names(rt)]
 
 
 @router.get("/{name}", response_model=CampaignView)
 def show(name: str, rt: RuntimeDep, caller: ActorDep) -> CampaignView:
-    return campaigns.view(rt, name)
+    return campaign_admin.view(rt, name)
 
 
 @router.post("/{name}/pause", response_model=CampaignView)
 def pause(name: str, rt: RuntimeDep, caller: ActorDep) -> CampaignView:
-    return campaigns.set_state(rt, name, "paused", caller.signed)
+    return campaign_admin.set_state(rt, name, "paused", caller.signed)
 
 
 @router.post("/{name}/resume", response_model=CampaignView)
 def resume(name: str, rt: RuntimeDep, caller: ActorDep) -> CampaignView:
-    return campaigns.set_state(rt, name, "active", caller.signed)
+    return campaign_admin.set_state(rt, name, "active", caller.signed)
 
 
 @router.delete("/{name}")
 def remove(name: str, rt: RuntimeDep, caller: ActorDep, force: bool = False) -> dict:
-    return {"cancelled": campaigns.remove(rt, name, caller.signed, force)}
+    return {"cancelled": campaign_admin.remove(rt, name, caller.signed, force)}
 
 
 @worker_router.post("/bundle", response_model=BundleResponse)

@@ -14,7 +14,7 @@ from piloop_common import gitrepo
 from piloop_common.cas import open_store
 from piloop_common.config import load_settings
 from piloop_common.protocol import CampaignCreate, CampaignJob, JobSpec, RepoSpec
-from piloop_server import campaign_repo, campaigns
+from piloop_server import campaign_admin, campaign_repo, campaigns
 from piloop_server.runtime import Runtime
 from tests.integration.test_campaigns import GIT_ENV, make_repo
 
@@ -51,7 +51,7 @@ def _finished_run(rt: Runtime, name: str, job: str, *, bundle: str | None, head:
 
 def test_taking_a_run_in_twice_is_one_branch_and_one_evaluation(rt, tmp_path):
     base = make_repo(tmp_path / "repo", big=10)
-    campaigns.create(
+    campaign_admin.create(
         rt,
         CampaignCreate(
             name="c",
@@ -90,7 +90,7 @@ def test_taking_a_run_in_twice_is_one_branch_and_one_evaluation(rt, tmp_path):
 
 def test_a_run_whose_bundle_left_the_cas_is_reported_once_and_not_retried(rt, tmp_path):
     base = make_repo(tmp_path / "repo", big=10)
-    campaigns.create(
+    campaign_admin.create(
         rt,
         CampaignCreate(name="c", repo=str(tmp_path / "repo"), agent_cmd="true", eval_cmd="true", agents=0),
         by="test",
@@ -101,7 +101,7 @@ def test_a_run_whose_bundle_left_the_cas_is_reported_once_and_not_retried(rt, tm
     assert not rt.redis.sismember(rt.keys.campaign_pending(), "jbbbbbbbbbbbb")  # not handed on again
     (esc,) = [e for e in rt.events.inbox() if e.get("what") == "campaign.run_not_taken"]
     assert "jbbbbbbbbbbbb" in esc["message"]
-    (run,) = campaigns.view(rt, "c").runs
+    (run,) = campaign_admin.view(rt, "c").runs
     assert run.reason and run.evaluation == "" and run.score is None
     assert rt.redis.zcard(rt.keys.queue("serve", "evaluation")) == 0
 
