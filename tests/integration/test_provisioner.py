@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from piloop_server.provisioner.manager import BACKOFF_BASE_SECONDS, BACKOFF_CAP_FACTOR
+from piloop_server.provisioner.platform import BACKOFF_BASE_SECONDS, BACKOFF_CAP_FACTOR
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
 

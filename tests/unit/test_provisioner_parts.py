@@ -8,7 +8,7 @@ import types
 import pytest
 
 from piloop_common.config import ProvisionerConfig
-from piloop_server.provisioner import StartRefused, manager
+from piloop_server.provisioner import StartRefused, platform
 from piloop_server.provisioner.local import _plugins
 
 
@@ -41,7 +41,7 @@ def _rt(network: str, secrets: dict[str, str]):
 
 @pytest.mark.parametrize("network, credential", [("proxy", "wk-1"), ("token", None)])
 def test_a_started_worker_gets_the_proxy_credential_only_behind_the_proxy(network, credential):
-    env = manager._env(_rt(network, {"PILOOP_WORKER_CREDENTIAL": "wk-1", "OTHER": "x"}), "gpu", "gpu-3")
+    env = platform._env(_rt(network, {"PILOOP_WORKER_CREDENTIAL": "wk-1", "OTHER": "x"}), "gpu", "gpu-3")
     assert env.pop("PILOOP_WORKER_CREDENTIAL", None) == credential
     # told it is on the proxy network, through the env source of `[plugins.network] provider`
     assert env.pop("PILOOP_NETWORK__PROVIDER", None) == ("proxy" if credential else None)
@@ -63,5 +63,5 @@ def test_the_computes_plugins_keep_the_servers_cas_unless_they_name_one():
 
 def test_a_start_on_the_proxy_network_without_the_credential_is_refused_naming_the_secret():
     with pytest.raises(StartRefused) as e:
-        manager._env(_rt("proxy", {"OTHER": "x"}), "gpu", "gpu-3")
+        platform._env(_rt("proxy", {"OTHER": "x"}), "gpu", "gpu-3")
     assert "PILOOP_WORKER_CREDENTIAL" in e.value.message and "piloop secret set" in e.value.message
