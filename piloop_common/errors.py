@@ -65,6 +65,12 @@ class LeaseLost(Conflict):
     code = "lease_lost"
 
 
+class DirInUse(Conflict):
+    """Another live worker holds this worker's directory (one worker per directory): the worker exits with code 4."""
+
+    code = "dir_in_use"
+
+
 class Refused(PiloopError):
     """The server refuses this worker (protocol, pool, token, CAS): the worker exits with code 3."""
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 import ctypes
 
 PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_CHILD_SUBREAPER = 1, 15, 36
+# the pid a child must die with, passed by its parent (`piloop serve` to its own worker): a child whose parent is
+# already another process by the time it sets its parent-death signal was orphaned before it could
+PARENT_ENV = "PILOOP_PARENT_PID"
 _libc: ctypes.CDLL | None = None
 
 
@@ -21,3 +24,9 @@ def prctl(option: int, arg: int | bytes) -> bool:
 
 def set_name(name: str) -> None:
     prctl(PR_SET_NAME, name.encode()[:15])
+
+
+def set_parent_death_signal(sig: int) -> bool:
+    """Have the kernel send `sig` when the thread that started this process ends, however it ends; whether it took.
+    Check `os.getppid()` afterwards: a parent that died before this call sends nothing."""
+    return prctl(PR_SET_PDEATHSIG, sig)

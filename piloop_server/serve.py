@@ -26,7 +26,7 @@ from piloop_common.client import SERVER_KEEPALIVE_SECONDS, SOCKET_NAME
 from piloop_common.config import Settings
 from piloop_common.errors import Unavailable
 from piloop_common.listen import check_listen, uvicorn_tls
-from piloop_common.prctl import set_name
+from piloop_common.prctl import PARENT_ENV, set_name
 from piloop_server.api import wakeup
 from piloop_server.app import create_app, via_socket
 from piloop_server.daemon import Pass
@@ -106,10 +106,18 @@ class WorkerChild:
             "--name",
             "serve",
         ]
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log)
+        # the worker goes when this process does (its parent-death signal, checked against this pid): a daemon
+        # SIGKILLed leaves no worker behind to share the dir with the next daemon's. The kernel ties that signal
+        # to the thread that started the child, so a child restarted by `watch` goes when that thread ends too:
+        # at the daemon's stop, as `stop` would have it anyway
+        env = {**os.environ, PARENT_ENV: str(os.getpid())}
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=env)
         log.info("event=worker.started name=serve pid=%d", self.proc.pid)
 
     def watch(self, stop: threading.Event) -> None:
+        """Start the worker again when it exits, after a backoff doubling up to 60 s. One that found its dir held
+        (the worker of a daemon that died, still detaching) has waited up to a minute for it already (its exit code
+        4 and one line in worker-serve.log say so when it gave up), so a restart never races the old worker."""
         backoff = 1.0
         while not stop.wait(1.0):
             if self.proc is not None and self.proc.poll() is not None and not self.stopping:

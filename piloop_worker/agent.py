@@ -51,6 +51,7 @@ from piloop_common.protocol import (
 )
 from piloop_worker import pressure
 from piloop_worker.cgroups import Cgroups, JobCgroup
+from piloop_worker.dirlock import hold_dir
 from piloop_worker.heartbeat import Heartbeat, Reachability, orphaned
 from piloop_worker.jobdir import (
     JobDir,
@@ -289,6 +290,7 @@ class Worker:
         resp = self._call_until_answered(lambda: self.register_with(self.api, found))
         self.reach.ok(self.name)
         if self.workdir is None:
+            self.dir_lock = hold_dir(self.home / "work" / self.name)  # before anything looks in it (DirInUse)
             self.workdir = self.home / "work" / self.name
             self.rundir = run_dir_for(self.workdir)
             self.sampler.disk_path = self.workdir

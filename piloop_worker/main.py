@@ -1,4 +1,5 @@
-"""`run_worker`: what `piloop worker` runs. Exit codes: 0 stopped (detached), 2 a user mistake, 3 refused."""
+"""`run_worker`: what `piloop worker` runs. Exit codes: 0 stopped (detached), 2 a user mistake, 3 refused, 4 its
+directory is in use by another worker (one worker per directory)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 
 from piloop_common.errors import ConfigError, PiloopError
 
-EXIT_OK, EXIT_USAGE, EXIT_REFUSED = 0, 2, 3
+EXIT_OK, EXIT_USAGE, EXIT_REFUSED, EXIT_IN_USE = 0, 2, 3, 4
+# how long `piloop serve`'s own worker waits for the directory: the worker of a daemon that died detaches meanwhile
+SERVE_DIR_WAIT = 60.0
 CREDENTIAL_ENV = "PILOOP_WORKER_CREDENTIAL"
 log = logging.getLogger("piloop.worker")
 
@@ -33,6 +36,9 @@ def run_worker(
     home: Path,
 ) -> int:
     """Run a worker until SIGTERM/SIGINT (detach: 0) or a refusal (3); a user mistake is 2, in one line."""
+    daemon = _die_with_daemon() if socket is not None else None
+    if daemon == 0:
+        return EXIT_OK  # `piloop serve` died before this worker could say it goes with it
     # the shim host first, while this process has no thread: it forks every job's shim
     if not server and not socket:
         return _fail("give --server URL (or the daemon's --socket)")
@@ -64,9 +70,22 @@ def run_worker(
                 f"{home / 'config.toml'} has [plugins.state] url: a worker holds no state credentials; "
                 "remove it on this machine"
             )
+    from piloop_common.errors import DirInUse
     from piloop_common.prctl import set_name
+    from piloop_worker.dirlock import hold_dir
     from piloop_worker.shimhost import ShimHost
 
+    # the directory first, before anything looks in it; a worker named by its token locks it once it knows its name
+    known = (name or "serve") if socket is not None else name
+    workdir = dir or (home / "work" / known if known else None)
+    dir_lock = None
+    if workdir is not None:
+        try:
+            dir_lock = hold_dir(workdir, wait=SERVE_DIR_WAIT if daemon else 0.0, on_wait=_say_waiting)
+        except DirInUse as e:
+            return _fail(e.message, EXIT_IN_USE)
+        except OSError as e:
+            return _fail(f"{workdir}: cannot take the worker's lock there: {e.strerror}")
     set_name("piloop-worker")  # before the fork: the shim host renames itself
     host = ShimHost().start()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -91,11 +110,35 @@ def run_worker(
         )
     finally:
         host.close()
+        if dir_lock is not None:
+            dir_lock.release()  # after the worker has done with its dir
+
+
+def _die_with_daemon() -> int | None:
+    """For `piloop serve`'s own worker (its pid in `PARENT_ENV`): SIGTERM when the daemon dies, so the worker
+    detaches as on `piloop stop`, its jobs left under their shims for the next daemon's worker. The daemon's pid, 0
+    where it is gone already, None for any other worker."""
+    from piloop_common.prctl import PARENT_ENV, set_parent_death_signal
+
+    given = os.environ.pop(PARENT_ENV, "")  # not handed on to the shims and jobs
+    if not given.isdigit():
+        return None
+    set_parent_death_signal(signal.SIGTERM)
+    return int(given) if os.getppid() == int(given) else 0
+
+
+def _say_waiting(workdir: Path, pid: int) -> None:
+    print(
+        f"piloop worker: {workdir} is in use by worker pid {pid or '?'}: waiting up to {SERVE_DIR_WAIT:g}s for it",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _run(settings, host, *, server, socket, pool, token, name, image, dir, home, proxy=False) -> int:
     from piloop_common.cas import open_store
     from piloop_common.client import ApiClient
+    from piloop_common.errors import DirInUse
     from piloop_worker.agent import ShutdownRequested, Worker, WorkerRefused
 
     try:
@@ -145,6 +188,8 @@ def _run(settings, host, *, server, socket, pool, token, name, image, dir, home,
             log.info("event=worker.detaching worker=%s jobs=%d", w.name, len(w.held))
             w.detach(budget=(w.timing.request_timeout_seconds * 2) if w.timing else 0.0)
             return EXIT_OK
+        except DirInUse as e:
+            return _fail(e.message, EXIT_IN_USE)
         except WorkerRefused as e:
             w.stop_all("refused", wait=(w.timing.kill_grace_seconds + 2) if w.timing else 2.0)
             return _fail(f"refused by the server: {e.reason}", EXIT_REFUSED)
