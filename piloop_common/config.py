@@ -241,6 +241,29 @@ class StateConfig(_Model):
         return self.url is None
 
 
+# --- retention ---------------------------------------------------------------------------
+
+
+DAY = 24 * 3600
+
+
+class RetentionConfig(_Model):
+    finished_seconds: float = Field(
+        7 * DAY,
+        ge=0,
+        description="A job that succeeded or was cancelled is removed from Redis this long after it ended "
+        "(0: kept forever). A campaign's jobs are kept while the campaign exists.",
+    )
+    failed_seconds: float = Field(
+        30 * DAY,
+        ge=0,
+        description="The same for a job that failed, was lost or lost its worker (0: kept forever).",
+    )
+    events_seconds: float = Field(
+        7 * DAY, ge=0, description="Events older than this leave the stream (0: only `events_max` bounds it)."
+    )
+
+
 class Plugins(_Model):
     executor: ExecutorConfig = Field(
         default_factory=ExecutorConfig, description="How jobs run: workers, their pools and the timings of silence."
@@ -256,6 +279,9 @@ class Plugins(_Model):
     state: StateConfig = Field(
         default_factory=StateConfig,
         description="Redis: its URL (absent: the embedded one) and the caps on what callers may write.",
+    )
+    retention: RetentionConfig = Field(
+        default_factory=RetentionConfig, description="How long finished jobs and events stay in Redis."
     )
 
 

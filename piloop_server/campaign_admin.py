@@ -241,6 +241,7 @@ def remove(rt: Runtime, name: str, by: str, force: bool) -> list[str]:
                 rt.leases.cancel(j, by)
                 cancelled.append(j)
     rt.campaigns.forget(name)
+    rt.retention.release_campaign(name)  # its ended jobs that retention kept for it go the next pass
     shutil.rmtree(repo_dir(rt, name).parent, ignore_errors=True)
     rt.events.add("campaign.removed", by, campaign=name, cancelled=",".join(cancelled))
     return cancelled

@@ -16,6 +16,7 @@ from piloop_server.runtime import Runtime
 from piloop_server.state.disruption import Policy
 from piloop_server.state.errors import UNREACHABLE
 from piloop_server.state.generation import GenerationRecord
+from piloop_server.state.retention import PRUNE_BATCH, Horizons
 
 log = logging.getLogger("piloop.daemon")
 BY = "service:daemon"
@@ -28,6 +29,9 @@ DISRUPTION_SHARE = 0.5
 # the machines really are gone (every in-between state has a deadline). A silent worker that holds
 # no lease is forgotten after as long: by then no hold can be waiting for it.
 DISRUPTION_HOLD_TOLERATIONS = 2
+# Retention: at most this many prune batches (of PRUNE_BATCH) a pass, and the events' age trim every this often.
+PRUNE_BATCHES = 4
+EVENTS_TRIM_SECONDS = 60.0
 
 
 def disruption_policy(ex: ExecutorConfig) -> Policy:
@@ -52,6 +56,7 @@ class Pass:
         self.record = record
         self.bad_limits: set[str] = set()
         self.count = 0
+        self.events_trimmed_at = 0.0  # monotonic: events are trimmed by age once a minute
         self.provisioner: Any = None  # piloop_server.provisioner.Provisioner, when serve gives one
         # called when a pass queued jobs or freed slots: serve wakes the claims waiting at its API (long polls), which
         # would otherwise find those jobs only when their wait ends (up to a renew period)
@@ -98,9 +103,29 @@ class Pass:
             self.provisioner.run_once()
         # campaigns last: agents go into the slots this pass's expiries freed; git work is handed to rq
         moved += campaigns.tend(rt)
+        self.retain()
         if moved:
             self.wake()
         self.count += 1
+
+    def retain(self) -> None:
+        """Remove what retention no longer keeps: ended jobs past their horizon, a few batches a pass (a backlog
+        after a long stop drains over passes), and events past their age once a minute."""
+        rt = self.rt
+        ret = rt.settings.plugins.retention
+        horizons = Horizons.of(ret)
+        removed = kept = 0
+        for _ in range(PRUNE_BATCHES):
+            got = rt.retention.prune(horizons)
+            removed, kept = removed + got.removed, kept + got.for_campaign
+            if got.removed + got.for_campaign + got.moved < PRUNE_BATCH:
+                break
+        if removed:
+            log.info("event=retention.pruned jobs=%d kept_for_campaigns=%d", removed, kept)
+        now = time.monotonic()
+        if ret.events_seconds > 0 and now - self.events_trimmed_at >= EVENTS_TRIM_SECONDS:
+            self.events_trimmed_at = now
+            rt.retention.trim_events(int(ret.events_seconds * 1000))
 
 
 def run(p: Pass, stop: threading.Event) -> None:

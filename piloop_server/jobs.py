@@ -58,7 +58,10 @@ def submit(rt: Runtime, req: SubmitRequest, by: str) -> str:
 def view(rt: Runtime, job_id: str) -> JobView:
     got = rt.jobs.with_log(check_id(job_id))
     if got is None:
-        raise NotFound(f"no job {job_id} (see `piloop job list`)")
+        raise NotFound(
+            f"no job {job_id}: it never was, or it ended longer ago than [plugins.retention] finished_seconds "
+            "(failed_seconds for a failed one) and was removed (see `piloop job list`)"
+        )
     j = got.job
     result = j.result_dict()
     return JobView(

@@ -23,6 +23,7 @@ from piloop_server.state.leases import Leases
 from piloop_server.state.provisioned import ProvisionedState
 from piloop_server.state.records.lease import Caps, Timings
 from piloop_server.state.relay import RelayState
+from piloop_server.state.retention import Retention
 from piloop_server.state.taskqueue import TaskQueues
 from piloop_server.state.workers import WorkersState
 from piloop_server.tokens import CACHE_SECONDS, TokenStore
@@ -49,6 +50,7 @@ class Runtime:
     campaigns: CampaignsState = field(init=False)
     relay: RelayState = field(init=False)
     taskqueues: TaskQueues = field(init=False)
+    retention: Retention = field(init=False)
     user: str = field(default_factory=getpass.getuser)
     server_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     executor: ExecutorConfig = field(init=False)
@@ -69,6 +71,7 @@ class Runtime:
         self.workers = WorkersState(self.redis, self.keys)
         self.campaigns = CampaignsState(self.redis, self.keys)
         self.taskqueues = TaskQueues(self.redis, self.keys.rq_prefix())
+        self.retention = Retention(self.redis, self.keys)
         self.relay = RelayState(self.redis, self.keys, self.caps.progress_keep)  # one per runtime: its SHAs load once
         self.refresh_limits()
 

@@ -211,11 +211,15 @@ def resume(obj, name) -> None:
 @click.option("--force", is_flag=True, help="Cancel its agents that have not ended.")
 @click.pass_obj
 def rm(obj, name, force) -> None:
-    """Forget a campaign: its jobs stay listed and its blobs stay in the CAS."""
+    """Forget a campaign (also `delete`): its jobs stay listed until retention removes them ([plugins.retention]),
+    its blobs stay in the CAS."""
     with obj.api() as api:
         got = api.call("DELETE", f"/v1/campaigns/{name}", params={"force": "true"} if force else None)
     n = len(got["cancelled"])
     click.echo(f"campaign {name}: removed" + (f", {n} agent(s) cancelled" if n else ""))
+
+
+campaign.add_command(rm, "delete")
 
 
 @campaign.command("wait")

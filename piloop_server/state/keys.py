@@ -46,6 +46,18 @@ class Keys:
         """Sorted set of every job id by creation time (listing)."""
         return self._k("jobs")
 
+    def ended(self) -> str:
+        """Sorted set of ended job ids by when they ended (ms): what retention prunes, oldest first."""
+        return self._k("ended")
+
+    def ended_kept(self) -> str:
+        """Sorted set of ended jobs whose states are kept longer (by when they ended): pruned by the longer horizon."""
+        return self._k("ended", "kept")
+
+    def campaign_kept(self, name: str) -> str:
+        """Set of a campaign's ended jobs past their horizon, kept while the campaign exists."""
+        return self._k("campaign", name, "kept")
+
     def queue(self, pool: str, kind: str) -> str:
         return self._k("queue", pool, kind)
 

@@ -209,6 +209,7 @@ class Leases:
                 k.active(pool, kind),
                 k.campaign_live(),
                 k.events(),
+                k.ended(),
             ],
             [job_id, token, worker, reason],
         )
@@ -274,6 +275,7 @@ class Leases:
                         k.campaign_pending(),
                         k.worker(rep.worker),
                         k.delayed(),
+                        k.ended(),
                     ],
                     [
                         rep.job,
@@ -320,7 +322,7 @@ class Leases:
         k = self.k
         reply = self.scripts.run(
             "expire",
-            [k.deadlines(), k.daemon(), k.events(), k.campaign_live(), k.workers()],
+            [k.deadlines(), k.daemon(), k.events(), k.campaign_live(), k.workers(), k.ended()],
             [k.prefix(), self.t.grace_ms, self.t.toleration_ms, self.t.max_lost, EXPIRE_BATCH, " ".join(held_pools)],
         )
         if _s(reply[0]) == "rearmed":
@@ -348,7 +350,7 @@ class Leases:
         return _s(
             self.scripts.run(
                 "cancel",
-                [k.job(job_id), k.queue(pool, kind), k.events(), k.delayed()],
+                [k.job(job_id), k.queue(pool, kind), k.events(), k.delayed(), k.ended()],
                 [job_id, by, "queued" if only_queued else ""],
             )
         )

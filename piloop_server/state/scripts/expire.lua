@@ -1,5 +1,5 @@
 -- expire: the daemon's pass over lease deadlines.
--- KEYS[1] deadlines  KEYS[2] daemon hash  KEYS[3] events  KEYS[4] campaign live  KEYS[5] workers
+-- KEYS[1] deadlines  KEYS[2] daemon hash  KEYS[3] events  KEYS[4] campaign live  KEYS[5] workers  KEYS[6] ended
 -- ARGV[1] key prefix  ARGV[2] grace (ms)  ARGV[3] toleration (ms)  ARGV[4] max_lost
 -- ARGV[5] batch size  ARGV[6] held pools (space-separated; their leases wait)
 -- An expired lease of a job whose cancel was asked for ends the job `cancelled`: cancel wins, it never runs again.
@@ -7,7 +7,7 @@
 -- Reply: {'rearmed', n} when the daemon itself was absent longer than the grace period (every
 -- lease and worker is re-armed, nothing expires), else {'expired', n, lost job ids...}.
 -- @include clock
--- @include job_fields
+-- @include finish
 -- @include events
 local now = clock_ms()
 local prefix = ARGV[1]
@@ -56,18 +56,15 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0
     local state
     if f[8] == '1' then
       state = 'cancelled'
-      redis.call('HSET', job, JF.state, state, JF.reason, 'cancelled; its worker ' .. worker .. ' went silent',
-        JF.ended, now, JF.updated, now)
+      finish(job, KEYS[6], id, state, 'cancelled; its worker ' .. worker .. ' went silent', now)
     elseif kind == 'agent' then
       state = 'worker_lost'
-      redis.call('HSET', job, JF.state, state, JF.reason, 'its worker ' .. worker .. ' went silent',
-        JF.ended, now, JF.updated, now)
+      finish(job, KEYS[6], id, state, 'its worker ' .. worker .. ' went silent', now)
     else
       local lost = tonumber(f[7] or '0') + 1
       if lost >= tonumber(ARGV[4]) then
         state = 'lost'
-        redis.call('HSET', job, JF.state, state, JF.lost, lost,
-          JF.reason, 'lost ' .. lost .. ' times in a row', JF.ended, now, JF.updated, now)
+        finish(job, KEYS[6], id, state, 'lost ' .. lost .. ' times in a row', now, JF.lost, lost)
         out[#out + 1] = id
       else
         state = 'queued'

@@ -2,7 +2,7 @@
 -- KEYS[1] report answer  KEYS[2] lease  KEYS[3] job hash  KEYS[4] worker leases (kind)
 -- KEYS[5] deadlines  KEYS[6] active (pool, kind)  KEYS[7] campaign live  KEYS[8] events
 -- KEYS[9] queue (pool, kind)  KEYS[10] daemon hash  KEYS[11] campaign jobs to integrate
--- KEYS[12] worker hash  KEYS[13] delayed (failed jobs waiting out their backoff)
+-- KEYS[12] worker hash  KEYS[13] delayed (failed jobs waiting out their backoff)  KEYS[14] ended
 -- ARGV[1] job id  ARGV[2] token  ARGV[3] worker  ARGV[4] outcome: succeeded | failed |
 -- cancelled | fenced (the worker stopped it at its deadline, or lost it) | lost (its blobs are missing)
 -- ARGV[5] result (JSON: exit, usage, log, outputs)  ARGV[6] answer TTL (s)  ARGV[7] max_lost
@@ -21,6 +21,7 @@
 -- held the lease under that token answers stale too, but is not kept (lease_check leaves `lease.foreign_token`).
 -- @include clock
 -- @include lease_check
+-- @include finish
 local prev = redis.call('GET', KEYS[1])
 if prev then return prev end
 local now = clock_ms()
@@ -107,8 +108,7 @@ else
     redis.call('ZADD', KEYS[9], f[3], id)
     redis.call('HSET', KEYS[3], JF.state, 'queued', JF.worker, '', JF.token, '', JF.updated, now)
   else
-    redis.call('HSET', KEYS[3], JF.state, state, JF.result, ARGV[5], JF.reason, reason, JF.ended, now,
-      JF.updated, now)
+    finish(KEYS[3], KEYS[14], id, state, reason, now, JF.result, ARGV[5])
     if state == 'succeeded' or state == 'failed' or state == 'cancelled' then
       redis.call('HINCRBY', KEYS[3], JF.attempts, 1)
       redis.call('HSET', KEYS[3], JF.lost, 0)

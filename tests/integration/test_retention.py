@@ -1,0 +1,144 @@
+"""Retention, for real: a `piloop serve` whose jobs end under a retention of seconds, and the keys counted in Redis.
+
+A succeeded or cancelled job leaves Redis `finished_seconds` after it ended, a failed one `failed_seconds` after;
+a campaign's ended jobs stay while the campaign exists and go once it is removed; events go past their age.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from piloop_server.state.campaigns import CampaignsState
+from piloop_server.state.keys import Keys
+from piloop_server.state.leases import Leases
+from piloop_server.state.records.campaign import Campaign
+from piloop_server.state.records.lease import Timings
+from piloop_server.state.retention import Horizons, Retention
+from tests.helpers.redis import wait_for
+from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
+from tests.helpers.workers import state, submit
+
+FINISHED, FAILED = 3, 8
+RETENTION = f"\n[plugins.retention]\nfinished_seconds = {FINISHED}\nfailed_seconds = {FAILED}\n"
+
+
+@pytest.fixture
+def retaining(redis_server, namespace):
+    d = Daemon(short_home(), config=FAST_EXECUTOR + RETENTION, redis_url=redis_server.url, namespace=namespace)
+    d.start()
+    yield d
+    d.cleanup()
+
+
+def _job_keys(r, keys: Keys, job: str) -> list[bytes]:
+    """Every key of the job itself, and the indexes that name it."""
+    own = sorted(r.scan_iter(match=keys.job(job).replace("{", "\\{").replace("}", "\\}") + "*"))
+    named = [k.encode() for k in (keys.jobs(), keys.ended(), keys.ended_kept()) if r.zscore(k, job) is not None]
+    return own + named
+
+
+def test_ended_jobs_leave_redis_past_their_horizon_and_job_show_says_why(retaining, redis_client, namespace):
+    d, keys = retaining, Keys(namespace)
+    ok = [submit(d, "sh", "-c", "echo done", pool="serve") for _ in range(3)]
+    bad = submit(d, "false", pool="serve", opts=("--max-attempts", "1"))
+    for j in ok:
+        assert state(d, j)["state"] == "succeeded"
+    assert state(d, bad)["state"] == "failed"
+    ended_at = time.monotonic()
+    for j in [*ok, bad]:
+        held = _job_keys(redis_client, keys, j)
+        assert keys.job(j).encode() in held and keys.ended().encode() in held, held
+    # the succeeded ones go after `finished_seconds`; the failed one is still whole then
+    wait_for(
+        lambda: all(not _job_keys(redis_client, keys, j) for j in ok), FINISHED + 10, interval=0.2, what="the prune"
+    )
+    assert time.monotonic() - ended_at >= FINISHED - 1  # not before their time
+    if time.monotonic() - ended_at < FAILED - 1:
+        assert keys.job(bad).encode() in _job_keys(redis_client, keys, bad)
+    wait_for(lambda: not _job_keys(redis_client, keys, bad), FAILED + 10, interval=0.2, what="the failed job's prune")
+    assert time.monotonic() - ended_at >= FAILED - 1
+    # nothing of them is left: no key of a job, no index naming one (the report answers expire on their own TTL)
+    assert not redis_client.zcard(keys.ended()) and not redis_client.zcard(keys.ended_kept())
+    for raw in redis_client.scan_iter(match=keys.report("*").replace("{", "\\{").replace("}", "\\}")):
+        assert 0 < redis_client.ttl(raw) <= 7 * 24 * 3600
+    got = d.cli("job", "show", ok[0])
+    assert got.returncode != 0 and len(got.stderr.strip().splitlines()) == 1, got.stderr
+    assert f"no job {ok[0]}" in got.stderr and "[plugins.retention] finished_seconds" in got.stderr, got.stderr
+    assert "Traceback" not in got.stderr
+
+
+def test_a_campaigns_ended_jobs_stay_while_it_exists_and_go_once_it_is_removed(redis_client, namespace):
+    keys = Keys(namespace)
+    leases = Leases(redis_client, keys, Timings(2000, 6000))
+    retention = Retention(redis_client, keys)
+    campaigns = CampaignsState(redis_client, keys)
+    campaigns.reserve("c1")
+    campaigns.put(
+        Campaign(
+            name="c1",
+            state="active",
+            repo="r",
+            base="b" * 40,
+            branch="main",
+            bundle="",
+            bundle_bytes=0,
+            agent_cmd="a",
+            eval_cmd="e",
+            agents=1,
+            agent_pool="p",
+            eval_pool="p",
+            workspace="",
+            workspace_files=0,
+            agent_spec="{}",
+            eval_spec="{}",
+            created=0,
+            by="admin",
+        )
+    )
+    for job, campaign in (("jc1aaaaaaaaaa", "c1"), ("jc1bbbbbbbbbb", "c1"), ("jplainaaaaaaa", "")):
+        leases.enqueue(job, "evaluation", "p", {"argv": ["true"]}, by="admin", campaign=campaign)
+        assert leases.cancel(job, "admin") == "cancelled"
+    # a log and notes of its own, as a job that ran would have
+    redis_client.rpush(keys.job_log("jplainaaaaaaa"), "sha256:" + "0" * 64)
+    redis_client.rpush(keys.job_progress("jplainaaaaaaa"), "{}")
+    horizons = Horizons(finished_ms=1, failed_ms=None)
+    wait_for(lambda: retention.prune(horizons).removed == 1 or None, 5, what="the plain job's prune")
+    assert not redis_client.exists(
+        keys.job("jplainaaaaaaa"), keys.job_log("jplainaaaaaaa"), keys.job_progress("jplainaaaaaaa")
+    )
+    assert redis_client.zscore(keys.jobs(), "jplainaaaaaaa") is None
+    # the campaign's two are past their horizon, kept for it, and read no more by the prune
+    assert redis_client.exists(keys.job("jc1aaaaaaaaaa"), keys.job("jc1bbbbbbbbbb")) == 2
+    assert redis_client.scard(keys.campaign_kept("c1")) == 2 and not redis_client.zcard(keys.ended())
+    assert retention.prune(horizons).removed == 0
+    campaigns.forget("c1")
+    assert retention.release_campaign("c1") == 2
+    assert retention.prune(horizons).removed == 2
+    assert not redis_client.exists(keys.job("jc1aaaaaaaaaa"), keys.job("jc1bbbbbbbbbb"), keys.campaign_kept("c1"))
+
+
+@pytest.mark.parametrize(
+    "finished, failed, split",
+    [
+        (7, 30, (7, ("succeeded", "cancelled"), 30)),
+        (30, 7, (7, ("failed", "lost", "worker_lost"), 30)),
+        (7, 7, (7, ("succeeded", "cancelled", "failed", "lost", "worker_lost"), -1)),
+        (0, 7, (7, ("failed", "lost", "worker_lost"), -1)),
+        (7, 0, (7, ("succeeded", "cancelled"), -1)),
+        (0, 0, None),
+    ],
+)
+def test_the_horizons_split_into_a_shorter_and_a_longer(finished, failed, split):
+    h = Horizons(finished_ms=finished or None, failed_ms=failed or None)
+    assert h.split() == split
+
+
+def test_events_older_than_their_age_are_trimmed(redis_client, namespace):
+    keys = Keys(namespace)
+    retention = Retention(redis_client, keys)
+    redis_client.xadd(keys.events(), {"type": "old"}, id="1000-0")  # 1970: older than any age
+    redis_client.xadd(keys.events(), {"type": "new"})
+    retention.trim_events(60_000)
+    assert [f[b"type"] for _, f in redis_client.xrange(keys.events())] == [b"new"]
