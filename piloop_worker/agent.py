@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -24,7 +25,16 @@ import psutil
 from piloop_common import __version__, envnames
 from piloop_common.cas import Store
 from piloop_common.client import ApiClient
-from piloop_common.errors import BadRequest, LeaseLost, NotFound, PiloopError, Refused, StoreError, from_payload
+from piloop_common.errors import (
+    BadRequest,
+    LeaseLost,
+    NotFound,
+    PiloopError,
+    Refused,
+    StoreError,
+    Unavailable,
+    from_payload,
+)
 from piloop_common.gitrepo import GitError
 from piloop_common.hostinfo import Sampler, memory_pressure
 from piloop_common.protocol import (
@@ -92,6 +102,27 @@ class WorkerRefused(BaseException):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class ServerUntrusted(BaseException):
+    """The server's certificate is not trusted at start: a setup mistake no retry fixes, so the worker exits 5."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+# where `piloop` is: the worker's own interpreter's bin dir (a venv's), whatever PATH started the worker
+BIN_DIR = os.path.dirname(sys.executable)
+
+
+def job_path(spec_env: dict[str, str]) -> str:
+    """A job's PATH: the worker's bin dir first, so the job's `piloop` is the worker's, then the spec's PATH, else
+    the worker's own."""
+    rest = spec_env.get("PATH", os.environ.get("PATH", os.defpath))
+    if rest == BIN_DIR or rest.startswith(BIN_DIR + os.pathsep):
+        return rest
+    return f"{BIN_DIR}{os.pathsep}{rest}" if rest else BIN_DIR
 
 
 def report_id_for(job: str, token: str) -> str:
@@ -279,6 +310,8 @@ class Worker:
             except (PiloopError, OSError) as e:
                 if isinstance(e, BadRequest):
                     raise
+                if isinstance(e, Unavailable) and e.details.get("tls") == "untrusted":
+                    raise ServerUntrusted(e.message) from e  # only at start: once running, it is an outage
                 self.reach.failed(e, self.name or "-")
                 if orphaned(self):  # a server gone before this worker registered: no heartbeat thread to see it
                     self.stopping.set()
@@ -341,7 +374,7 @@ class Worker:
         for h in found:
             st = statuses.get(h.job, "lost")
             if st == "ok" and not h.jd.exit_json.exists():
-                self._relay_for(h.job, h.token, Path((h.jd.record() or {}).get("relay") or socket_path(h.jd.run)))
+                self._relay_for(h.job, h.token, Path((h.jd.record() or {}).get("relay") or socket_path(h.jd.run)), h.jd)
             log.info("event=job.reattached job=%s token=%s status=%s", h.job, h.token, st)
         self.heartbeat = Heartbeat(self, self.api_factory())
         self.heartbeat.start()
@@ -754,7 +787,7 @@ class Worker:
         h = Held(a.job, a.token, a.kind, jd, LogShipper(jd))
         with self.lock:
             self.held[a.job] = h
-        self._relay_for(a.job, a.token, relay_at)
+        self._relay_for(a.job, a.token, relay_at, jd)
         log.info("event=job.started job=%s token=%s kind=%s worker=%s", a.job, a.token, a.kind, self.name)
         stage = "inputs"
         try:
@@ -809,6 +842,7 @@ class Worker:
             "PILOOP_RELAY": str(relay_at),
             "PILOOP_HOME": str(self.home),
             **camp_env,
+            "PATH": job_path(a.spec.env),
         }
         h.requested_at = time.monotonic()
         self.host.run_job(
@@ -882,12 +916,20 @@ class Worker:
                 )
         return outcome, reason, out
 
-    def _relay_for(self, job: str, token: str, path: Path) -> None:
+    def _relay_for(self, job: str, token: str, path: Path, jd: JobDir) -> None:
         assert self.relay is not None
         try:
             self.relay.add(job, token, path)
-        except OSError as e:  # the job runs; its own `piloop` calls fail, saying the relay is not there
-            log.warning("event=relay.unavailable job=%s path=%s error=%s", job, path, e)
+        except OSError as e:
+            # the job runs; its own `piloop` calls fail, saying the relay does not answer, and its log says why
+            why = e.strerror or str(e)
+            log.warning("event=relay.unavailable job=%s path=%s error=%s", job, path, why)
+            line = f"piloop: this job's relay is not available: {path}: {why}; piloop commands will fail\n"
+            try:
+                with open(jd.output_log, "ab") as f:
+                    f.write(line.encode(errors="replace"))
+            except OSError as e2:
+                log.warning("event=relay.unsaid job=%s error=%s", job, e2)
 
     # -- ends --------------------------------------------------------------------------------
     def detach(self, budget: float) -> None:

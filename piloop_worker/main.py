@@ -1,5 +1,6 @@
 """`run_worker`: what `piloop worker` runs. Exit codes: 0 stopped (detached), 2 a user mistake, 3 refused, 4 its
-directory is in use by another worker (one worker per directory)."""
+directory is in use by another worker (one worker per directory), 5 the server's certificate is not trusted (the CA
+that signed it goes in `SSL_CERT_FILE`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from piloop_common.errors import ConfigError, PiloopError
 
-EXIT_OK, EXIT_USAGE, EXIT_REFUSED, EXIT_IN_USE = 0, 2, 3, 4
+EXIT_OK, EXIT_USAGE, EXIT_REFUSED, EXIT_IN_USE, EXIT_UNTRUSTED = 0, 2, 3, 4, 5
 # how long `piloop serve`'s own worker waits for the directory: the worker of a daemon that died detaches meanwhile
 SERVE_DIR_WAIT = 60.0
 CREDENTIAL_ENV = "PILOOP_WORKER_CREDENTIAL"
@@ -139,15 +140,8 @@ def _run(settings, host, *, server, socket, pool, token, name, image, dir, home,
     from piloop_common.cas import open_store
     from piloop_common.client import ApiClient
     from piloop_common.errors import DirInUse
-    from piloop_worker.agent import ShutdownRequested, Worker, WorkerRefused
+    from piloop_worker.agent import ServerUntrusted, ShutdownRequested, Worker, WorkerRefused
 
-    try:
-        store = open_store(settings.plugins.cas, home)
-        store.identity()
-    except ConfigError as e:
-        return _fail(f"config: {e.message}")
-    except PiloopError as e:
-        return _fail(f"the CAS cannot be opened: {e.message}", 1)
     # over TCP a token names the worker; `--name` asks for another, which the server allows only where the token
     # says so (`piloop token create --rename`), else it refuses the worker (exit 3)
     worker_header = (name or "serve") if socket is not None else name
@@ -158,9 +152,18 @@ def _run(settings, host, *, server, socket, pool, token, name, image, dir, home,
         return ApiClient(url=server, socket=socket, token=token, worker=worker_header)
 
     if server:
-        trust = _check_trust(api_factory)
-        if trust:
-            return _fail(trust)
+        # the server first: a CAS over HTTP takes the same token and may sit behind the same certificate, and
+        # its failure would hide the server's own word (a revoked token is a refusal, not a CAS error)
+        answer = _ask_server(api_factory)
+        if answer is not None:
+            return _fail(*answer)
+    try:
+        store = open_store(settings.plugins.cas, home)
+        store.identity()
+    except ConfigError as e:
+        return _fail(f"config: {e.message}")
+    except PiloopError as e:
+        return _fail(f"the CAS cannot be opened: {e.message}", 1)
 
     where = server or f"unix:{socket}"
     w = Worker(
@@ -193,24 +196,30 @@ def _run(settings, host, *, server, socket, pool, token, name, image, dir, home,
         except WorkerRefused as e:
             w.stop_all("refused", wait=(w.timing.kill_grace_seconds + 2) if w.timing else 2.0)
             return _fail(f"refused by the server: {e.reason}", EXIT_REFUSED)
+        except ServerUntrusted as e:  # before registering: nothing of this worker runs yet
+            return _fail(e.message, EXIT_UNTRUSTED)
     finally:
         w.close()
     return EXIT_OK
 
 
-def _check_trust(api_factory) -> str:
-    """One call before starting: a server whose certificate this machine does not trust is a setup mistake that
-    retrying never fixes, so the worker exits saying so (2). Any other failure is left to the worker's retries."""
-    from piloop_common.errors import Unavailable
+def _ask_server(api_factory) -> tuple[str, int] | None:
+    """One call before anything else opens: the register route with an empty hello. The server knows its caller
+    before it reads a body, so a refused worker hears why (3) and an accepted one hears that the hello is empty (a
+    bad request: nothing is recorded). A certificate this machine does not trust is a setup mistake that retrying
+    never fixes (5). Anything else (the server down, a timeout) is left to the worker's retries; None to go on."""
+    from piloop_common.errors import Refused, Unavailable
 
     api = api_factory()
     try:
-        api.call("GET", "/v1/health", timeout=10)
+        api.call("POST", "/v1/worker/register", {}, timeout=10)
+    except Refused as e:
+        return f"refused by the server: {e.message}", EXIT_REFUSED
     except Unavailable as e:
         if e.details.get("tls") == "untrusted":
-            return e.message
+            return e.message, EXIT_UNTRUSTED
     except PiloopError:
         pass
     finally:
         api.close()
-    return ""
+    return None

@@ -39,7 +39,10 @@ def socket_path(job_root: Path) -> Path:
     p = job_root / SOCKET_NAME
     if len(os.fsencode(p)) <= MAX_UNIX_PATH:
         return p
-    return Path(tempfile.mkdtemp(prefix="piloop-relay-")) / SOCKET_NAME
+    try:
+        return Path(tempfile.mkdtemp(prefix="piloop-relay-")) / SOCKET_NAME
+    except OSError:
+        return p  # binding it fails, and the job's log says its relay is not available
 
 
 class _Lease:

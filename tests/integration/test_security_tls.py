@@ -11,6 +11,7 @@ import sys
 import httpx
 import pytest
 
+from piloop_worker.main import EXIT_UNTRUSTED
 from tests.helpers.certs import make_pki
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
@@ -57,7 +58,7 @@ def test_a_worker_trusting_the_ca_runs_a_job_and_one_that_does_not_exits_saying_
     bad, bad_home = _worker(d, token, {})
     good, good_home = _worker(d, token, {"SSL_CERT_FILE": str(d.pki.ca)})
     try:
-        assert bad.wait(30) == 2
+        assert bad.wait(30) == EXIT_UNTRUSTED
         out = (bad_home / "worker.log").read_text()
         assert "certificate is not trusted" in out and "SSL_CERT_FILE" in out, out
         assert "Traceback" not in out and out.strip().count("\n") == 0, out

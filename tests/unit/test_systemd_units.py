@@ -12,7 +12,7 @@ import pytest
 
 from piloop_common.cli import root
 from piloop_common.config import ExecutorConfig
-from piloop_worker.main import EXIT_REFUSED, EXIT_USAGE
+from piloop_worker.main import EXIT_REFUSED, EXIT_UNTRUSTED, EXIT_USAGE
 
 REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "contrib" / "systemd"
@@ -82,7 +82,7 @@ def test_a_stop_signals_the_main_process_only_so_the_shims_and_their_jobs_live_o
 def test_the_worker_is_not_restarted_after_a_refusal_or_a_mistake_and_has_time_to_detach():
     u = unit(WORKER)
     prevent = one(u, "RestartPreventExitStatus").split()
-    assert str(EXIT_REFUSED) in prevent and str(EXIT_USAGE) in prevent, prevent
+    assert {str(EXIT_REFUSED), str(EXIT_USAGE), str(EXIT_UNTRUSTED)} <= set(prevent), prevent
     # the detach sends ready reports for up to 2 × request_timeout_seconds (the default 10)
     budget = 2 * ExecutorConfig().request_timeout_seconds
     assert float(one(u, "TimeoutStopSec")) > budget
