@@ -202,6 +202,12 @@ class NetworkConfig(_Model):
         description="The largest blob `piloop cas serve` takes in one put, in MiB; "
         "a bigger one is refused (413, naming this key) and nothing is stored.",
     )
+    cas_operators: list[str] = Field(
+        default_factory=list,
+        description="Names of the tokens that may list and delete blobs on `piloop cas serve` (the garbage "
+        "collector's: the daemon's `[plugins.cas] token` when its CAS is `http`); any other token only reads and "
+        "writes.",
+    )
 
 
 # --- state -------------------------------------------------------------------------------
@@ -255,12 +261,19 @@ class RetentionConfig(_Model):
         "(0: kept forever). A campaign's jobs are kept while the campaign exists.",
     )
     failed_seconds: float = Field(
-        30 * DAY,
-        ge=0,
-        description="The same for a job that failed, was lost or lost its worker (0: kept forever).",
+        30 * DAY, ge=0, description="The same for a job that failed, was lost or lost its worker (0: kept forever)."
     )
     events_seconds: float = Field(
         7 * DAY, ge=0, description="Events older than this leave the stream (0: only `events_max` bounds it)."
+    )
+    cas_grace_seconds: float = Field(
+        2 * DAY,
+        ge=0,
+        description="The CAS garbage collector removes an unreferenced blob only once it was last put longer ago "
+        "than this: a blob uploaded for a job not yet submitted is never taken.",
+    )
+    cas_gc_seconds: float = Field(
+        DAY, ge=0, description="How often the pass queues a CAS garbage collection (`piloop cas gc`; 0: never)."
     )
 
 
@@ -281,7 +294,8 @@ class Plugins(_Model):
         description="Redis: its URL (absent: the embedded one) and the caps on what callers may write.",
     )
     retention: RetentionConfig = Field(
-        default_factory=RetentionConfig, description="How long finished jobs and events stay in Redis."
+        default_factory=RetentionConfig,
+        description="How long finished jobs and events stay in Redis, and unreferenced blobs in the CAS.",
     )
 
 

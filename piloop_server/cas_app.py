@@ -1,7 +1,8 @@
 """`create_cas_app`: the standalone CAS server that `piloop cas serve` runs.
 
 Who may call it: any live piloop token (`plt_…`) of any kind — a worker's of any pool, a person's of any role —
-reads every blob and writes new ones; nothing else does. A put is capped (`[plugins.network] cas_max_put_mb`):
+reads every blob and writes new ones; nothing else does. Listing and deleting blobs (the garbage collector's side)
+take a token named in `[plugins.network] cas_operators`; any other is refused 403. A put is capped (`[plugins.network] cas_max_put_mb`):
 a bigger body is refused 413 by its `Content-Length` before a byte is read, or as it comes when it has none,
 and nothing is stored. Other bodies (`POST /v1/cas/has`) are capped at `[plugins.network] max_body_mb`.
 """
@@ -15,8 +16,8 @@ from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse
 
 from piloop_common.cas.base import Store
-from piloop_common.errors import PiloopError, Unauthorized
-from piloop_server.api.cas import cas_router
+from piloop_common.errors import Forbidden, PiloopError, Unauthorized
+from piloop_server.api.cas import cas_router, sweep_router
 
 MIB = 1024 * 1024
 DEFAULT_MAX_PUT_MB = 4096
@@ -82,20 +83,34 @@ def create_cas_app(
     *,
     max_put_mb: int = DEFAULT_MAX_PUT_MB,
     max_body_mb: int = DEFAULT_MAX_BODY_MB,
+    operator: Callable[[str], bool] = lambda token: False,
 ) -> FastAPI:
-    """Serve `store` at `/v1/cas`; `verify(token)` says whether a bearer token is accepted; a put over `max_put_mb`
-    MiB, or another body over `max_body_mb`, is refused 413."""
+    """Serve `store` at `/v1/cas`; `verify(token)` says whether a bearer token is accepted, `operator(token)` whether
+    it may also list and delete blobs; a put over `max_put_mb` MiB, or another body over `max_body_mb`, is refused
+    413."""
 
-    def bearer(authorization: Annotated[str | None, Header()] = None) -> None:
+    def _token(authorization: str | None) -> str:
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("a bearer token is required: send `Authorization: Bearer <token>`")
         if not verify(token.strip()):
             raise Unauthorized("the token is not valid (unknown, revoked or expired)")
+        return token.strip()
+
+    def bearer(authorization: Annotated[str | None, Header()] = None) -> None:
+        _token(authorization)
+
+    def operator_bearer(authorization: Annotated[str | None, Header()] = None) -> None:
+        if not operator(_token(authorization)):
+            raise Forbidden(
+                "listing and deleting blobs is for operators: the token's name must be in "
+                "[plugins.network] cas_operators of this `piloop cas serve`"
+            )
 
     app = FastAPI(title="piloop CAS", docs_url=None, redoc_url=None)
     app.state.store = store
     app.include_router(cas_router(lambda: store, bearer))
+    app.include_router(sweep_router(lambda: store, operator_bearer))
     app.add_middleware(BodyCap, max_put=max_put_mb * MIB, max_body=max_body_mb * MIB)
 
     @app.exception_handler(PiloopError)

@@ -11,7 +11,7 @@ from typing import Any
 
 from piloop_common.config import ExecutorConfig
 from piloop_common.errors import PiloopError
-from piloop_server import campaigns
+from piloop_server import campaigns, cas_gc
 from piloop_server.runtime import Runtime
 from piloop_server.state.disruption import Policy
 from piloop_server.state.errors import UNREACHABLE
@@ -58,6 +58,7 @@ class Pass:
         self.count = 0
         self.events_trimmed_at = 0.0  # monotonic: events are trimmed by age once a minute
         self.provisioner: Any = None  # piloop_server.provisioner.Provisioner, when serve gives one
+        self.cas_gc = cas_gc.Schedule()
         # called when a pass queued jobs or freed slots: serve wakes the claims waiting at its API (long polls), which
         # would otherwise find those jobs only when their wait ends (up to a renew period)
         self.wake: Callable[[], None] = lambda: None
@@ -104,6 +105,7 @@ class Pass:
         # campaigns last: agents go into the slots this pass's expiries freed; git work is handed to rq
         moved += campaigns.tend(rt)
         self.retain()
+        self.cas_gc.tick(rt)  # queues the CAS garbage collection (an rq task) once every cas_gc_seconds
         if moved:
             self.wake()
         self.count += 1

@@ -156,15 +156,20 @@ def check_stored_names(client: Client, keys: Keys) -> None:
 
 def open_verifier(settings: Any, home: Path) -> Callable[[str], bool]:
     """For `piloop cas serve`: accepts a bearer token when it is a live piloop token."""
+    name_of = open_namer(settings, home)
+    return lambda token: name_of(token) is not None
+
+
+def open_namer(settings: Any, home: Path) -> Callable[[str], str | None]:
+    """For `piloop cas serve`: the name of a live piloop token, None for anything else."""
     from piloop_server.state.connection import connect
 
     store = TokenStore(connect(settings, home, start_embedded=False), Keys(settings.namespace))
 
-    def verify(token: str) -> bool:
+    def name_of(token: str) -> str | None:
         try:
-            store.check(token)
-            return True
+            return store.check(token).name
         except Refused:
-            return False
+            return None
 
-    return verify
+    return name_of

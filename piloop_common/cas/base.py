@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 from piloop_common.cas.address import address_of, hash_file, parse_address
 from piloop_common.cas.spool import spool
-from piloop_common.errors import Corrupt
+from piloop_common.errors import Corrupt, StoreError
 from piloop_common.files import temp_beside
 
 
@@ -29,6 +29,15 @@ class Blob:
 
     size: int
     chunks: Iterator[bytes]
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A stored blob as a listing gives it: its address, size, and when it was last written (epoch seconds)."""
+
+    address: str
+    size: int
+    modified: float
 
 
 class Store(ABC):
@@ -68,6 +77,16 @@ class Store(ABC):
 
     def close(self) -> None:
         """Release clients and pools."""
+
+    # -- the garbage collector's side (piloop_server/cas_gc.py): providers that can be swept override these
+
+    def _list(self, after: str | None) -> Iterator[Listed]:
+        """Every blob, by address in order, from the first one after `after`."""
+        raise StoreError(f"the {type(self).__name__} at {self.where} cannot list its blobs")
+
+    def _delete(self, addresses: list[str], before: float) -> list[str]:
+        """Remove these blobs (not one rewritten since `before`, where the backend tells it cheaply)."""
+        raise StoreError(f"the {type(self).__name__} at {self.where} cannot delete blobs")
 
     # -- the interface ----------------------------------------------------------------------
 
@@ -159,6 +178,16 @@ class Store(ABC):
 
     def size(self, address: str) -> int:
         return self._size(parse_address(address))
+
+    def blobs(self, after: str | None = None) -> Iterator[Listed]:
+        """Every blob the store holds, by address in order, from the first one after `after`."""
+        return self._list(parse_address(after) if after is not None else None)
+
+    def delete_blobs(self, addresses: Iterable[str], before: float) -> list[str]:
+        """Remove these blobs; the addresses removed (one already gone counts). `before` (epoch seconds): a blob
+        written or put again since then is kept, where the backend can tell at the moment it deletes (`local`)."""
+        parsed = list(dict.fromkeys(parse_address(a) for a in addresses))
+        return self._delete(parsed, before) if parsed else []
 
     def __enter__(self) -> Store:
         return self

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from piloop_common.cas.address import CHUNK
-from piloop_common.cas.base import Blob, Store
+from piloop_common.cas.base import Blob, Listed, Store
 from piloop_common.cas.local import LocalStore
 from piloop_common.errors import Corrupt
 
@@ -77,6 +77,13 @@ class CachedStore(Store):
     def _has_many(self, addresses: list[str]) -> set[str]:
         # The remote is the truth: a blob it lost is missing, whatever the cache still holds.
         return self.remote._has_many(addresses)
+
+    def _list(self, after: str | None) -> Iterator[Listed]:
+        return self.remote._list(after)
+
+    def _delete(self, addresses: list[str], before: float) -> list[str]:
+        # The garbage collector sweeps the remote; the cache keeps its own LRU and evicts by it.
+        return self.remote._delete(addresses, before)
 
     def _size(self, address: str) -> int:
         path = self.cache.path_of(address)

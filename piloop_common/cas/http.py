@@ -17,12 +17,13 @@ from typing import Any
 import httpx
 
 from piloop_common.cas.address import CHUNK
-from piloop_common.cas.base import Blob, Store
+from piloop_common.cas.base import Blob, Listed, Store
 from piloop_common.errors import BlobMissing, PiloopError, StoreError, Unauthorized, Unavailable, from_payload
 
 ATTEMPTS = 4
 BACKOFF_SECONDS = 0.25  # doubled after each failed attempt: 0.25, 0.5, 1.0
 HAS_BATCH = 10_000
+LIST_PAGE = 1000  # blobs a listing page and a delete call carry (as S3's)
 
 
 class HttpStore(Store):
@@ -68,6 +69,23 @@ class HttpStore(Store):
 
     def _exists(self, address: str) -> bool:
         return bool(self._has_many([address]))
+
+    def _list(self, after: str | None) -> Iterator[Listed]:
+        while True:
+            params: dict[str, Any] = {"limit": LIST_PAGE, **({"after": after} if after else {})}
+            page = self._send("GET", "/v1/cas/list", params=params).json()
+            for b in page["blobs"]:
+                yield Listed(str(b["address"]), int(b["size"]), float(b["modified"]))
+                after = str(b["address"])
+            if not page["more"] or not page["blobs"]:
+                return
+
+    def _delete(self, addresses: list[str], before: float) -> list[str]:
+        removed: list[str] = []
+        for i in range(0, len(addresses), LIST_PAGE):
+            body = {"addresses": addresses[i : i + LIST_PAGE], "before": before}
+            removed += self._send("POST", "/v1/cas/delete", json=body).json()["removed"]
+        return removed
 
     def identity(self) -> str:
         if self._id is None:

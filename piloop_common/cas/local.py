@@ -1,8 +1,15 @@
-"""The `local` provider: a directory, blobs under `blobs/ab/cd/<hex>`, written by atomic rename."""
+"""The `local` provider: a directory, blobs under `blobs/ab/cd/<hex>`, written by atomic rename.
+
+A put of a blob already there touches its mtime: the garbage collector's grace counts from the last put, and its
+delete moves a blob aside before it removes it, so a put either touched it first (and it is put back) or finds it
+gone (and writes it again).
+"""
 
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -11,10 +18,11 @@ from pathlib import Path
 
 from piloop_common.cas import identity
 from piloop_common.cas.address import CHUNK, hash_bytes, hex_of
-from piloop_common.cas.base import Blob, Store
+from piloop_common.cas.base import Blob, Listed, Store
 from piloop_common.errors import BlobMissing, StoreError
 
 SMALL = 1 << 20  # a file up to this size is read whole and hashed before anything is written
+_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class LocalStore(Store):
@@ -32,7 +40,7 @@ class LocalStore(Store):
 
     def _store(self, address: str, path: Path, owned: bool) -> None:
         final = self.path_of(address)
-        if final.is_file():
+        if _refresh(final):
             return
         try:
             final.parent.mkdir(parents=True, exist_ok=True)
@@ -68,9 +76,9 @@ class LocalStore(Store):
             return self.put_stream(f)
 
     def put_bytes(self, data: bytes) -> str:
-        # hashed first: a blob the store has costs one stat, not a temp file written and removed again
+        # hashed first: a blob the store has costs one utime (its grace restarts), not a temp file written and removed
         address = hash_bytes(data)
-        if self.path_of(address).is_file():
+        if _refresh(self.path_of(address)):
             return address
         try:
             fd, name = tempfile.mkstemp(prefix=".spool-", dir=self._spool())
@@ -104,8 +112,48 @@ class LocalStore(Store):
         except FileNotFoundError:
             raise BlobMissing(f"blob {address} is not in {self.where}", address=address) from None
 
+    def _list(self, after: str | None) -> Iterator[Listed]:
+        start = hex_of(after) if after else ""
+        for a in _names(self._blobs, dirs=True):
+            if a < start[:2]:
+                continue
+            for b in _names(f"{self._blobs}/{a}", dirs=True):
+                if a + b < start[:4]:
+                    continue
+                for name in _names(f"{self._blobs}/{a}/{b}", dirs=False):
+                    if name <= start or not _HEX.fullmatch(name):
+                        continue
+                    try:
+                        st = os.stat(f"{self._blobs}/{a}/{b}/{name}")
+                    except FileNotFoundError:  # removed meanwhile
+                        continue
+                    yield Listed(f"sha256:{name}", st.st_size, st.st_mtime)
+
+    def _delete(self, addresses: list[str], before: float) -> list[str]:
+        removed = []
+        aside = self._spool()
+        for address in addresses:
+            final = self.path_of(address)
+            held = aside / f".gc-{hex_of(address)}-{secrets.token_hex(4)}"
+            try:
+                os.rename(final, held)
+            except FileNotFoundError:
+                removed.append(address)
+                continue
+            except OSError as e:
+                raise StoreError(f"cannot remove blob {address} from {self.where}: {e}", address=address) from e
+            try:
+                if os.stat(held).st_mtime >= before:
+                    os.replace(held, final)  # put again since it was listed: it stays
+                    continue
+                os.unlink(held)
+            except OSError as e:
+                raise StoreError(f"cannot remove blob {address} from {self.where}: {e}", address=address) from e
+            removed.append(address)
+        return removed
+
     def discard(self, address: str) -> None:
-        """Remove a blob (the cache's eviction; a plain store never deletes)."""
+        """Remove a blob at once (the cache's eviction; a store's own blobs go through `delete_blobs`)."""
         self.path_of(address).unlink(missing_ok=True)
 
     def identity(self) -> str:
@@ -137,6 +185,25 @@ class LocalStore(Store):
             return final.read_bytes()
         except OSError as e:
             raise StoreError(f"cannot create the identity object in {self.where}: {e}") from e
+
+
+def _refresh(path: Path) -> bool:
+    """Whether the blob is there, its mtime touched so that the garbage collector's grace starts again."""
+    try:
+        os.utime(path)
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError:  # a store this user may read but not touch: there, but not refreshed
+        return path.is_file()
+
+
+def _names(path: str, *, dirs: bool) -> list[str]:
+    try:
+        with os.scandir(path) as it:
+            return sorted(e.name for e in it if e.is_dir() == dirs)
+    except FileNotFoundError:
+        return []
 
 
 def _fsync_file(path: Path) -> None:

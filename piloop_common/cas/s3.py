@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from piloop_common.cas import identity
 from piloop_common.cas.address import CHUNK, hex_of
-from piloop_common.cas.base import Blob, Store
+from piloop_common.cas.base import Blob, Listed, Store
 from piloop_common.errors import BlobMissing, ConfigError, PiloopError, StoreError, Unauthorized, Unavailable
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ HEAD_THREADS = 16
 UPLOAD_THREADS = 10
 LIST_MIN = 8  # below this many addresses, HEADs are as cheap as a page of listing
 LIST_RATIO = 20  # at most one page of listing per this many addresses
+DELETE_BATCH = 1000  # DeleteObjects takes at most this many keys a call
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 _DENIED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden"}
 _PRECONDITION = {"412", "PreconditionFailed", "409", "ConditionalRequestConflict"}
@@ -135,6 +136,43 @@ class S3Store(Store):
                 return found, []
             args["ContinuationToken"] = page["NextContinuationToken"]
         return found, [a for k, a in wanted.items() if k > last]
+
+    def _list(self, after: str | None) -> Iterator[Listed]:
+        """Pages of 1,000 keys; a key under `blobs/` that is no address (someone else's object) is skipped."""
+        blobs = f"{self.prefix}blobs/"
+        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": blobs}
+        if after is not None:
+            args["StartAfter"] = self.key_of(after)
+        while True:
+            with self._errors("list blobs"):
+                page = self._client.list_objects_v2(**args)
+            for obj in page.get("Contents", []):
+                name = obj["Key"][len(blobs) :]
+                if len(name) == 64 and all(c in "0123456789abcdef" for c in name):
+                    yield Listed(f"sha256:{name}", int(obj["Size"]), obj["LastModified"].timestamp())
+            if not page.get("IsTruncated"):
+                return
+            args["ContinuationToken"] = page["NextContinuationToken"]
+            args.pop("StartAfter", None)
+
+    def _delete(self, addresses: list[str], before: float) -> list[str]:
+        """DeleteObjects, 1,000 keys a call. S3 has no delete conditional on age: `before` was the listing's."""
+        removed: list[str] = []
+        for i in range(0, len(addresses), DELETE_BATCH):
+            batch = addresses[i : i + DELETE_BATCH]
+            with self._errors("delete blobs"):
+                answer = self._client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": [{"Key": self.key_of(a)} for a in batch], "Quiet": True}
+                )
+            failed = {e["Key"]: e for e in answer.get("Errors", [])}
+            removed += [a for a in batch if self.key_of(a) not in failed]
+            if failed:
+                key, error = next(iter(failed.items()))
+                raise StoreError(
+                    f"S3 at {self.endpoint} refused to delete {len(failed)} of {len(batch)} blobs, "
+                    f"e.g. {key}: {error.get('Code')} {error.get('Message')}"
+                )
+        return removed
 
     def _size(self, address: str) -> int:
         with self._errors("size", address):

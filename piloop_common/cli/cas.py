@@ -1,4 +1,4 @@
-"""`piloop cas`: put, get and check blobs in the configured store, and serve it over HTTP."""
+"""`piloop cas`: put, get and check blobs in the configured store, serve it over HTTP, and collect its garbage."""
 
 from __future__ import annotations
 
@@ -73,6 +73,60 @@ def has(ctx: click.Context, addresses: tuple[str, ...], as_json: bool) -> None:
 
 
 @cas.command()
+@click.option("--dry-run", is_flag=True, help="Count what would be removed; remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def gc(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
+    """Remove the blobs that nothing in Redis names and that were put longer ago than
+    `[plugins.retention] cas_grace_seconds`; print the blobs and bytes kept and removed.
+
+    Runs here, with this config.toml's Redis and CAS (the daemon's): the daemon need not be up, its Redis must.
+    A second collection while one sweeps says so and exits 0."""
+    from piloop_common.cli.output import emit_json, table
+
+    with _errors():
+        from piloop_server.cas_gc import collect
+        from piloop_server.state.connection import connect
+        from piloop_server.state.keys import Keys
+
+        settings = ctx.obj.settings
+        client = connect(settings, ctx.obj.home, start_embedded=False)
+        try:
+            with _store(ctx) as store:
+                report = collect(
+                    store,
+                    client,
+                    Keys(settings.namespace),
+                    grace_seconds=settings.plugins.retention.cas_grace_seconds,
+                    dry_run=dry_run,
+                )
+        finally:
+            client.close()
+    if as_json:
+        emit_json(report.to_json())
+        return
+    if report.skipped:
+        click.echo(report.skipped)
+        return
+    removed = "to remove" if dry_run else "removed"
+    tallies = [
+        ("referenced", report.referenced),
+        ("young", report.young),
+        ("kept", report.kept),
+        (removed, report.removed),
+    ]
+    # numbers right-aligned, as wide as their column's header or widest figure
+    wb = max(len("blobs"), *(len(str(t.blobs)) for _, t in tallies))
+    wn = max(len("bytes"), *(len(str(t.bytes)) for _, t in tallies))
+    rows = [[name, f"{t.blobs:>{wb}}", f"{t.bytes:>{wn}}"] for name, t in tallies]
+    click.echo(table(["", "blobs".rjust(wb), "bytes".rjust(wn)], rows))
+    if report.missing:
+        click.echo(f"{report.missing} addresses named in Redis are not in the store")
+    if dry_run:
+        click.echo("dry run: nothing was removed")
+
+
+@cas.command()
 @click.option("--listen", default="127.0.0.1:7701", show_default=True, help="HOST:PORT to serve on.")
 @click.pass_context
 def serve(ctx: click.Context, listen: str) -> None:
@@ -87,12 +141,18 @@ def serve(ctx: click.Context, listen: str) -> None:
 
         from piloop_common.cas.factory import open_store
         from piloop_server.cas_app import create_cas_app
-        from piloop_server.tokens import open_verifier
+        from piloop_server.tokens import open_namer
 
         store = open_store(settings.plugins.cas, ctx.obj.home)
         net = settings.plugins.network
+        name_of = open_namer(settings, ctx.obj.home)
+        operators = frozenset(net.cas_operators)
         app = create_cas_app(
-            store, open_verifier(settings, ctx.obj.home), max_put_mb=net.cas_max_put_mb, max_body_mb=net.max_body_mb
+            store,
+            lambda token: name_of(token) is not None,
+            max_put_mb=net.cas_max_put_mb,
+            max_body_mb=net.max_body_mb,
+            operator=lambda token: name_of(token) in operators,
         )
         scheme = "https" if ssl else "http"
         click.echo(f"serving the CAS {store.where} at {scheme}://{listen}", err=True)

@@ -1,19 +1,21 @@
 """The CAS routes: `/v1/cas/...`, serving any `Store` with streamed bodies both ways.
 
 Uploads are refused (400) unless the body hashes to the address in the path; downloads are
-relayed as stored, and the client verifies them (every read verifies, at the reader).
+relayed as stored, and the client verifies them (every read verifies, at the reader). `sweep_router` is the
+garbage collector's side (list, delete), for operators only.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import anyio
 import anyio.from_thread
 import anyio.to_thread
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
@@ -22,6 +24,27 @@ from piloop_common.cas.base import Blob, Store
 from piloop_common.errors import BadRequest, Corrupt
 
 MAX_HAS = 100_000
+MAX_SWEEP = 1000  # blobs a listing page or a delete call carries
+
+
+class ListedView(BaseModel):
+    address: str
+    size: int
+    modified: float  # epoch seconds of the blob's last write
+
+
+class ListAnswer(BaseModel):
+    blobs: list[ListedView]
+    more: bool  # ask again after the last address
+
+
+class DeleteRequest(BaseModel):
+    addresses: list[str] = Field(max_length=MAX_SWEEP)
+    before: float  # epoch seconds: a blob written since is kept, where the store can tell
+
+
+class DeleteAnswer(BaseModel):
+    removed: list[str]
 
 
 class HasRequest(BaseModel):
@@ -66,6 +89,23 @@ def cas_router(store: Callable[[], Store], auth: Callable[..., Any]) -> APIRoute
         except Corrupt as e:
             raise BadRequest(f"the body does not hash to {address}: {e.message}", address=address) from e
         return {"address": address}
+
+    return router
+
+
+def sweep_router(store: Callable[[], Store], auth: Callable[..., Any]) -> APIRouter:
+    """The garbage collector's routes (list every blob, delete some); `auth` must let only operators in."""
+    router = APIRouter(prefix="/v1/cas", dependencies=[Depends(auth)])
+
+    @router.get("/list")
+    def listing(after: str | None = None, limit: int = Query(MAX_SWEEP, ge=1, le=MAX_SWEEP)) -> ListAnswer:
+        page = list(itertools.islice(store().blobs(after), limit + 1))
+        views = [ListedView(address=b.address, size=b.size, modified=b.modified) for b in page[:limit]]
+        return ListAnswer(blobs=views, more=len(page) > limit)
+
+    @router.post("/delete")
+    def delete(body: DeleteRequest) -> DeleteAnswer:
+        return DeleteAnswer(removed=store().delete_blobs(body.addresses, body.before))
 
     return router
 

@@ -150,6 +150,15 @@ class Keys:
         """String: the CAS address of an incremental bundle of the campaign's repo from `have`; expires."""
         return self._k("campaign", name, "bundle", have)
 
+    # the CAS garbage collector (piloop_server/cas_gc.py)
+    def cas_gc_lock(self) -> str:
+        """String with a TTL: held (SET NX) by the one CAS garbage collection that may sweep; renewed while it runs."""
+        return self._k("cas", "gc", "lock")
+
+    def cas_gc_last(self) -> str:
+        """String: when (epoch ms) the last CAS garbage collection ended, so the pass queues the next one on time."""
+        return self._k("cas", "gc", "last")
+
     # control
     def limits(self) -> str:
         return self._k("limits")
