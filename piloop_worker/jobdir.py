@@ -195,7 +195,10 @@ class JobDir:
 
     @classmethod
     def for_lease(cls, workdir: Path, job: str, token: str, rundir: Path | None = None) -> JobDir:
-        return cls.named(workdir, f"{job}.{token}", rundir)
+        """Named by the job and its token's fencing part (`<generation><counter>`, unique per lease): the token's
+        random part would push the relay's socket path in the run dir past AF_UNIX's 108 bytes, and every job would
+        then pay a temp dir for it (a process job's drain fell from 259 to 144 jobs/s, docs/performance.md)."""
+        return cls.named(workdir, f"{job}.{token.partition('.')[0]}", rundir)
 
     @classmethod
     def named(cls, workdir: Path, name: str, rundir: Path | None = None) -> JobDir:
