@@ -32,6 +32,7 @@ DISRUPTION_HOLD_TOLERATIONS = 2
 # Retention: at most this many prune batches (of PRUNE_BATCH) a pass, and the events' age trim every this often.
 PRUNE_BATCHES = 4
 EVENTS_TRIM_SECONDS = 60.0
+MEMORY_ALARM_SHARE = 0.8  # of Redis's maxmemory, checked as often as the events' trim
 
 
 def disruption_policy(ex: ExecutorConfig) -> Policy:
@@ -125,9 +126,24 @@ class Pass:
         if removed:
             log.info("event=retention.pruned jobs=%d kept_for_campaigns=%d", removed, kept)
         now = time.monotonic()
-        if ret.events_seconds > 0 and now - self.events_trimmed_at >= EVENTS_TRIM_SECONDS:
+        if now - self.events_trimmed_at >= EVENTS_TRIM_SECONDS:
             self.events_trimmed_at = now
-            rt.retention.trim_events(int(ret.events_seconds * 1000))
+            if ret.events_seconds > 0:
+                rt.retention.trim_events(int(ret.events_seconds * 1000))
+            self.watch_memory()
+
+    def watch_memory(self) -> None:
+        """One escalation when Redis's used memory passes MEMORY_ALARM_SHARE of its maxmemory (with noeviction a
+        full Redis refuses every write), one more only after it fell back under it and rose again."""
+        rt = self.rt
+        mem = rt.retention.memory()
+        over = mem.share is not None and mem.share >= MEMORY_ALARM_SHARE
+        if rt.retention.memory_alarm(over) and over:
+            rt.events.escalate(
+                "redis.memory",
+                f"Redis holds {mem.used / 2**20:.0f} MiB of its maxmemory {mem.maxmemory / 2**20:.0f} MiB "
+                f"({mem.share:.0%}): shorten [plugins.retention] or raise maxmemory (docs/retention.md)",
+            )
 
 
 def run(p: Pass, stop: threading.Event) -> None:

@@ -90,6 +90,16 @@ def start_detached(ctx_obj, listen: str | None) -> dict[str, Any]:
     return health
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB" if n < 2**30 else f"{n / 2**30:,.2f} GiB"
+
+
+def _days(seconds: float | None) -> str:
+    if not seconds:
+        return "kept forever"
+    return f"{seconds / 86400:g} d" if seconds >= 86400 else f"{seconds:g} s"
+
+
 @click.command()
 @click.pass_obj
 def init(obj) -> None:
@@ -208,6 +218,14 @@ def status(obj, as_json: bool) -> None:
         f"redis    {'embedded' if r['embedded'] else 'external'}, generation {r['generation']}, "
         f"namespace {r['namespace']}"
     )
+    if "used_memory" in r:  # a server from before retention says nothing of it
+        used, most = r["used_memory"], r["maxmemory"]
+        of = f" of maxmemory {_mib(most)} ({used / most:.0%})" if most else " (no maxmemory set)"
+        ret = st.get("retention") or {}
+        click.echo(
+            f"         {_mib(used)} used{of}; {r['retained_jobs']:,} ended jobs kept, pruned every pass "
+            f"(finished {_days(ret.get('finished_seconds'))}, failed {_days(ret.get('failed_seconds'))})"
+        )
     click.echo(f"cas      {st['cas']['provider']}, id {st['cas']['id']}")
     click.echo("")
     rows = [

@@ -19,6 +19,7 @@ from piloop_server.state.scripts import Scripts
 FINISHED = ("succeeded", "cancelled")
 FAILED = ("failed", "lost", "worker_lost")
 PRUNE_BATCH = 500
+MEMORY_ALARM_FIELD = "memory_alarm"  # in the daemon hash: '1' while used memory is past the alarm's share
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,18 @@ class Horizons:
         if longer is not None and longer == short:  # one horizon for all
             return short, FINISHED + FAILED, -1
         return short, states, -1 if longer is None else longer
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Redis's memory as INFO says it: what it holds, and its `maxmemory` (0: no limit set)."""
+
+    used: int
+    maxmemory: int
+
+    @property
+    def share(self) -> float | None:
+        return self.used / self.maxmemory if self.maxmemory else None
 
 
 @dataclass(frozen=True)
@@ -89,6 +102,21 @@ class Retention:
         pipe.delete(k.campaign_kept(name))
         pipe.execute()
         return len(ids)
+
+    def retained(self) -> int:
+        """Ended jobs Redis still holds that the prune will remove in time (a campaign's kept ones aside)."""
+        return int(self.r.zcard(self.k.ended())) + int(self.r.zcard(self.k.ended_kept()))
+
+    def memory(self) -> Memory:
+        info: dict[str, Any] = self.r.info("memory")
+        return Memory(int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)))
+
+    def memory_alarm(self, on: bool) -> bool:
+        """Record whether used memory is past the alarm's share; True when that changed (one escalation per rise,
+        kept in Redis so that a restarted daemon does not raise it again)."""
+        if on:
+            return bool(self.r.hsetnx(self.k.daemon(), MEMORY_ALARM_FIELD, 1))
+        return bool(self.r.hdel(self.k.daemon(), MEMORY_ALARM_FIELD))
 
     def trim_events(self, older_than_ms: int) -> int:
         """Drop the events older than `older_than_ms` (Redis's clock); how many went."""

@@ -142,3 +142,38 @@ def test_events_older_than_their_age_are_trimmed(redis_client, namespace):
     redis_client.xadd(keys.events(), {"type": "new"})
     retention.trim_events(60_000)
     assert [f[b"type"] for _, f in redis_client.xrange(keys.events())] == [b"new"]
+
+
+def test_used_memory_past_the_alarms_share_is_one_inbox_item_until_it_falls_back(tmp_path):
+    """On a redis-server of the test's own: its maxmemory set just above, then far above, what it holds."""
+    import types
+
+    import redis
+
+    from piloop_server.daemon import Pass
+    from piloop_server.state.events import Events
+    from tests.helpers.redis import redis_process
+
+    with redis_process(tmp_path) as rp:
+        r = redis.Redis.from_url(rp.url)
+        keys = Keys("mem")
+        rt = types.SimpleNamespace(retention=Retention(r, keys), events=Events(r, keys))
+        p = Pass.__new__(Pass)  # only watch_memory's part of a pass: no daemon around it
+        p.rt = rt
+        used = rt.retention.memory().used
+        r.config_set("maxmemory", int(used / 0.9))
+        p.watch_memory()
+        p.watch_memory()  # still over: no second item
+        items = [i for i in rt.events.inbox() if i["what"] == "redis.memory"]
+        assert len(items) == 1 and "maxmemory" in items[0]["message"], items
+        r.config_set("maxmemory", used * 100)
+        p.watch_memory()  # fell back under the share: the alarm re-arms, no item
+        r.config_set("maxmemory", int(rt.retention.memory().used / 0.9))
+        p.watch_memory()
+        assert len([i for i in rt.events.inbox() if i["what"] == "redis.memory"]) == 2
+
+
+def test_status_shows_redis_memory_and_the_jobs_retention_keeps(retaining):
+    out = retaining.cli("status", check=True).stdout
+    line = next(ln for ln in out.splitlines() if "MiB used" in ln)
+    assert "ended jobs kept, pruned every pass" in line and f"finished {FINISHED:g} s" in line, line
