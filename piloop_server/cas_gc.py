@@ -169,8 +169,8 @@ def run_task(rt: Runtime) -> None:
 
 class Schedule:
     """The pass's part: queue `run_task` once every `cas_gc_seconds` since the last collection ended (any daemon's:
-    the end time is in Redis), or since this daemon started when none has; it looks at most once a minute and
-    writes nothing to Redis itself."""
+    the end time is in Redis), or since this daemon started when none has; it looks at most once a minute (or once a
+    period, when shorter) and writes nothing to Redis itself."""
 
     CHECK_SECONDS = 60.0
 
@@ -183,7 +183,7 @@ class Schedule:
         """Queue a collection when one is due; whether this call queued one."""
         every = rt.settings.plugins.retention.cas_gc_seconds
         now = time.monotonic()
-        if every <= 0 or now - self.checked_at < self.CHECK_SECONDS:
+        if every <= 0 or now - self.checked_at < min(self.CHECK_SECONDS, every):
             return False
         self.checked_at = now
         if self.queued_at is not None and now - self.queued_at < min(every, RETRY_SECONDS):

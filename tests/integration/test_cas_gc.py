@@ -416,3 +416,33 @@ class Interleaved(Store):
 def _bytes_of(store: Store, address: str | None) -> bytes:
     assert address is not None
     return store.get_bytes(address)
+
+
+def test_the_pass_queues_a_collection_that_runs_through_rq(
+    redis_server: Any, redis_client: Any, namespace: str
+) -> None:
+    from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
+
+    keys = Keys(namespace)
+    home = short_home()
+    config = FAST_EXECUTOR + "\n[plugins.retention]\ncas_gc_seconds = 2\n"
+    d = Daemon(home, config=config, redis_url=redis_server.url, namespace=namespace)
+    store = LocalStore(home / "cas")
+    then = time.time() - 3 * DAY
+    unreferenced, referenced = store.put_bytes(b"nobody's " + uuid.uuid4().bytes), store.put_bytes(uuid.uuid4().bytes)
+    for address in (unreferenced, referenced):
+        os.utime(store.path_of(address), (then, then))
+    redis_client.rpush(keys.job_log("jloggedaaaaaa"), referenced)
+    d.start()
+    try:
+        wait_for(lambda: not store.has(unreferenced), 40, interval=0.2, what="the scheduled collection")
+        assert store.has(referenced)
+        assert redis_client.get(keys.cas_gc_last()) is not None
+
+        def gc_events() -> list[Any]:
+            return [f for _, f in redis_client.xrange(keys.events()) if f.get(b"type") == b"cas.gc"]
+
+        events = wait_for(gc_events, 10, what="the cas.gc event")
+        assert events[0][b"removed"] == b"1", events
+    finally:
+        d.cleanup()
