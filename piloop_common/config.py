@@ -139,6 +139,15 @@ class ExecutorConfig(_Model):
         description="A worker whose memory pressure (PSI `some avg10`, %) is above this claims nothing.",
     )
     pools: dict[str, PoolConfig] = Field(default_factory=_default_pools, description="The pools, by name.")
+    run_as: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "A worker's own key: the user its jobs run as when the worker runs as root (their dirs become theirs, "
+            "and they cannot read the worker's files or each other's `/proc/<pid>/environ`). A worker that is not "
+            "root, or a user that does not exist, is refused at start."
+        ),
+    )
 
     @model_validator(mode="after")
     def _serve_pool(self) -> ExecutorConfig:

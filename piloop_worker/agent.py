@@ -366,7 +366,7 @@ class Worker:
             log.info(
                 "event=worker.cgroups_removed worker=%s count=%d (left by an earlier worker)", self.name, len(swept)
             )
-        self.relay = Relay(self.api_factory, self.timing.request_timeout_seconds)
+        self.relay = Relay(self.api_factory, self.timing.request_timeout_seconds, user=self.host.user)
         with self.lock:
             for h in found:
                 self.held[h.job] = h
@@ -766,7 +766,7 @@ class Worker:
         record = a.model_dump(mode="json", exclude={"secrets"})
         record["secret_names"] = sorted(a.secrets)
         record["claimed_at"] = time.time()
-        relay_at = socket_path(jd.run)
+        relay_at = self.relay.path_for(jd.run) if self.relay is not None else socket_path(jd.run)
         record["relay"] = str(relay_at)
         try:
             # the claim renewed nothing yet: the lease's clock started at most when the claim was sent

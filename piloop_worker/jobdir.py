@@ -72,6 +72,7 @@ def files_under(root: Path) -> list[tuple[str, str]]:
     and with the same rule: a symlink to a file counts, a symlinked dir is not entered; none where `root` is not a
     dir. Through os.scandir: a job's outputs are listed once a job, and pathlib's glob made a Path per entry."""
     found: list[tuple[tuple[str, ...], str]] = []
+    me = os.geteuid()
 
     def walk(path: str, parts: tuple[str, ...]) -> None:
         try:
@@ -82,7 +83,9 @@ def files_under(root: Path) -> list[tuple[str, str]]:
         for e in entries:
             if e.is_dir(follow_symlinks=False):
                 walk(e.path, (*parts, e.name))
-            elif e.is_file():
+            elif e.is_file() and (not e.is_symlink() or e.stat(follow_symlinks=False).st_uid == me):
+                # a symlink of another user's (a job run as one: `jobuser`) is not followed: as root, this
+                # process would read whatever it points at, the worker's token file too
                 found.append(((*parts, e.name), e.path))
 
     walk(str(root), ())
@@ -370,6 +373,10 @@ class SpareDirs:
         self.root.mkdir(parents=True, mode=0o777)
         # what mkdir makes of 0o777 under this process's umask: a spare's work/ and outputs/ get it back
         self.mode = stat.S_IMODE(self.root.stat().st_mode)
+        # the worker's alone: a job run as another user (`jobuser`) reaches its own dir through its cwd only, and
+        # none of its neighbours' nor the spares (a file planted in one would be the next job's)
+        for d in (self.root, self.root.parent):
+            os.chmod(d, 0o700)
         self.free: list[Path] = []
         self.made = 0
 
@@ -403,6 +410,8 @@ class SpareDirs:
                                 _remove(f)
                         if stat.S_IMODE(st.st_mode) != self.mode:
                             os.chmod(e.path, self.mode)
+                        if st.st_uid != os.geteuid():  # a job's run as another user (`jobuser.hand_over`)
+                            os.lchown(e.path, os.geteuid(), os.getegid())
                         kept += e.name != "inputs"  # made for a job's first input: a spare may have it or not
                     elif e.name == "output.log" and _truncate_own(e):
                         pass  # kept empty: the next job appends to it, and no inode is made and freed a job

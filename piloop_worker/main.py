@@ -87,8 +87,14 @@ def run_worker(
             return _fail(e.message, EXIT_IN_USE)
         except OSError as e:
             return _fail(f"{workdir}: cannot take the worker's lock there: {e.strerror}")
+    from piloop_worker import jobuser
+
+    try:
+        job_user = jobuser.resolve(settings.plugins.executor.run_as)
+    except ConfigError as e:
+        return _fail(f"config: {e.message}")
     set_name("piloop-worker")  # before the fork: the shim host renames itself
-    host = ShimHost().start()
+    host = ShimHost(job_user).start()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per call would drown the worker's own
     # a few lines a job: the format names no source line, thread or process, so don't look them up for each

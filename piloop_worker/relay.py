@@ -6,7 +6,12 @@ worker's token through the relay, and cannot name another job: the socket it con
 
 One thread accepts on every job's socket (one epoll); each connection is served on a short-lived thread with
 the relay's own HTTP client, so a slow server never holds the main loop or the heartbeat.
-Only `/v1/relay/...` is forwarded.
+Only `/v1/relay/...` is forwarded, with nothing of the job's call but its method, path and body: the job, its lease
+and the credential are the worker's to add.
+
+Jobs run as another user (`[plugins.executor] run_as`) cannot reach the worker's run dir, so their sockets are each
+in a dir of their own (0700, the job user's) with a random name, inside one dir of the worker's (0711: passed
+through, never listed), so a job finds its own socket by its `PILOOP_RELAY` and no neighbour's.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import http.server
 import json
 import logging
 import os
+import secrets
 import select
 import socket
 import tempfile
@@ -25,6 +31,7 @@ from pathlib import Path
 
 from piloop_common.client import ApiClient
 from piloop_common.protocol import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
+from piloop_worker.jobuser import JobUser
 
 log = logging.getLogger("piloop.worker")
 
@@ -58,9 +65,11 @@ class Relay:
     as a queue of changes it applied had made them do. The thread may meet a socket dropped under it: its accept then
     fails, and it goes on."""
 
-    def __init__(self, api_factory: Callable[[], ApiClient], timeout: float) -> None:
+    def __init__(self, api_factory: Callable[[], ApiClient], timeout: float, user: JobUser | None = None) -> None:
         self.api = api_factory()
         self.timeout = timeout
+        self.user = user  # the user the jobs run as, who must reach and connect to their sockets
+        self.base: Path | None = None  # with a user: the dir of the jobs' own socket dirs (0711)
         self.ep = select.epoll()
         self.leases: dict[str, _Lease] = {}
         self.by_fd: dict[int, _Lease] = {}
@@ -72,6 +81,19 @@ class Relay:
         self.thread.start()
 
     # -- the worker's side -------------------------------------------------------------
+    def path_for(self, run: Path) -> Path:
+        """Where the relay of the job whose control files are in `run` listens (`socket_path`, or with a job user a
+        socket dir of its own, made here)."""
+        if self.user is None:
+            return socket_path(run)
+        if self.base is None or not self.base.is_dir():
+            self.base = Path(tempfile.mkdtemp(prefix="piloop-relays-"))
+            os.chmod(self.base, 0o711)
+        own = self.base / f"piloop-relay-{secrets.token_hex(16)}"
+        own.mkdir(mode=0o700)
+        os.chown(own, self.user.uid, self.user.gid)
+        return own / SOCKET_NAME
+
     def add(self, job: str, token: str, path: Path) -> None:
         """Listen for `job` at `path` (a stale socket file there, from an earlier worker, is replaced)."""
         with contextlib.suppress(FileNotFoundError):
@@ -84,6 +106,10 @@ class Relay:
                 path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
                 s.bind(str(path))
             os.chmod(path, 0o600)
+            if self.user is not None:  # connecting takes write on the socket: the job's user only
+                os.chown(path, self.user.uid, self.user.gid)
+                if path.parent.name.startswith("piloop-relay-"):  # its own dir, made again for a re-attached job
+                    os.chown(path.parent, self.user.uid, self.user.gid)
             s.listen(16)
             s.setblocking(False)
         except OSError:

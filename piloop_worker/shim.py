@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 
 from piloop_common.prctl import PR_SET_CHILD_SUBREAPER, prctl, set_name
-from piloop_worker import metrics, tasks
+from piloop_worker import jobuser, metrics, tasks
 from piloop_worker.cgroups import HeldWatch, JobCgroup
 from piloop_worker.jobdir import JobDir, atomic_json
 from piloop_worker.usage import Meter
@@ -58,11 +58,13 @@ def open_notify() -> None:
 
 
 def base_env() -> dict[str, str]:
-    """The shim host's environment (the worker's, which started it), read once: the host reads it before its first
-    fork, so every shim has it (os.environ decodes every key on each read)."""
+    """The shim host's environment (the worker's, which started it), less the worker's credentials, read once: the
+    host reads it before its first fork, so every shim has it (os.environ decodes every key on each read)."""
     global _base_env
     if _base_env is None:
-        _base_env = dict(os.environ)
+        _base_env = jobuser.without_credentials(os.environ)
+        for name in set(os.environ) - set(_base_env):  # nor in a task's process, which inherits os.environ
+            del os.environ[name]
     return _base_env
 
 
@@ -125,6 +127,8 @@ def _supervise(req: dict[str, Any], jd: JobDir) -> int:
     }
     proc: subprocess.Popen | None = None
     try:
+        if (user := jobuser.JobUser.of(req)) is not None:
+            jobuser.hand_over(jd.root, user)
         if req.get("task"):
             pid = _fork_task(req, jd, cg)
         else:
@@ -269,7 +273,12 @@ def _pidfd(pid: int) -> int | None:
 
 
 def _spawn(req: dict[str, Any], jd: JobDir, cg: JobCgroup | None) -> subprocess.Popen:
-    """The job's process, in its own process group (and its cgroup from its first instruction)."""
+    """The job's process, in its own process group (and its cgroup from its first instruction); with a user in the
+    request, as that user (set by subprocess in C between fork and exec) in a Landlock domain of its own."""
+    user = jobuser.JobUser.of(req)
+    as_user: dict[str, Any] = (
+        {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)} if user is not None else {}
+    )
     with open(jd.output_log, "ab") as log, cg.entered() if cg is not None else contextlib.nullcontext(False) as inside:
         proc = subprocess.Popen(
             req["argv"],
@@ -279,19 +288,27 @@ def _spawn(req: dict[str, Any], jd: JobDir, cg: JobCgroup | None) -> subprocess.
             stdout=log,
             stderr=subprocess.STDOUT,
             process_group=0,
-            preexec_fn=_joiner(cg) if cg is not None and not inside else None,
+            preexec_fn=_in_child(cg if cg is not None and not inside else None, user is not None),
+            **as_user,
         )
     return proc
 
 
-def _joiner(cg: JobCgroup):
-    path = str(cg.join_path())
+def _in_child(cg: JobCgroup | None, isolate: bool):
+    """What the job's process does between fork and exec (after subprocess set its user): join its cgroup, enter its
+    own Landlock domain. None when there is nothing to do, so subprocess may use vfork."""
+    if cg is None and not isolate:
+        return None
+    path = str(cg.join_path()) if cg is not None else ""
 
-    def join() -> None:  # runs in the child between fork and exec
-        with open(path, "w") as f:
-            f.write(str(os.getpid()))
+    def prepare() -> None:
+        if path:
+            with open(path, "w") as f:
+                f.write(str(os.getpid()))
+        if isolate:
+            jobuser.isolate()
 
-    return join
+    return prepare
 
 
 def _has_children() -> bool:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from piloop_common.prctl import set_name
-from piloop_worker import cgroups, shim, tasks  # imported here, once, so every forked shim starts warm
+from piloop_worker import cgroups, jobuser, shim, tasks  # imported here, once, so every forked shim starts warm
 
 IDLE_SECONDS = 60.0  # an idle shim held longer than this is let go: a burst's shims do not stay forever
 FDS_ENV = "PILOOP_SHIM_FDS_FD"  # the host's end of the socket the shims' pairs come on
@@ -124,7 +124,16 @@ class ShimHost:
     """The worker's handle on its shim host process, and on the shims it forked: a job goes to an idle shim straight,
     and to the host, to be forked a shim, only when none is idle."""
 
-    def __init__(self) -> None:
+    def __init__(self, user: jobuser.JobUser | None = None) -> None:
+        self.user = user  # the user every job runs as (`[plugins.executor] run_as`), or None: the worker's
+        if user is not None and not jobuser.available():
+            import logging  # the worker's side only: the host process never imports it
+
+            logging.getLogger("piloop.worker").warning(
+                "event=worker.no_landlock run_as=%s: this kernel has no Landlock, so jobs run as one user can read "
+                "each other's /proc/<pid>/environ (their secrets); run such jobs on separate workers",
+                user.name,
+            )
         self.proc: subprocess.Popen[bytes] | None = None
         self.lock = threading.Lock()
         self.exits: socket.socket | None = None  # the worker's end of the wake-up pair
@@ -138,7 +147,12 @@ class ShimHost:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         fds_mine, fds_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            env = {**os.environ, shim.NOTIFY_ENV: str(theirs.fileno()), FDS_ENV: str(fds_theirs.fileno())}
+            # never the worker's credentials: the host, its shims and their jobs have no use for them
+            env = {
+                **jobuser.without_credentials(os.environ),
+                shim.NOTIFY_ENV: str(theirs.fileno()),
+                FDS_ENV: str(fds_theirs.fileno()),
+            }
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "piloop_worker.shimhost"],
                 stdin=subprocess.PIPE,
@@ -226,6 +240,8 @@ class ShimHost:
         carries the job's secret values: they cross a pipe or a socket pair and are never written to disk.
         """
         name = Path(req["dir"]).name
+        if self.user is not None:
+            req = {**req, "user": self.user.wire()}
         with self.lock:
             self._heard()  # words not yet read: a worker's loop reads them first, a caller of its own may not
             module = tasks.module_of(req["task"]) if req.get("task") else ""

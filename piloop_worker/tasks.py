@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from piloop_common.files import write_file
+from piloop_worker import jobuser
 from piloop_worker.jobdir import JobDir
 
 SERIALIZERS = ("json", "pickle")
@@ -111,6 +112,10 @@ def child(req: dict[str, Any], jd: JobDir, cgroup_join: Path | None) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         os.chdir(jd.work)
+        if (user := jobuser.JobUser.of(req)) is not None:
+            jobuser.become(user)  # after its log and cgroup, which are root's
+            jobuser.isolate()
+            jd = JobDir(Path(os.pardir))  # its dir through its cwd: the user cannot pass the dirs above it
         env = req["env"]
         _become(env)
         for p in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
