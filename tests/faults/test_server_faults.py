@@ -192,7 +192,8 @@ def test_a_worker_started_while_the_server_does_not_answer_tries_to_register_aga
     assert w.alive and not spool.exists()  # it waits, unregistered: a worker opens its spool once registered
     d.start(listen=d.listen)
     wait_for(lambda: "event=worker.reachable worker=wb" in w.output(), 30, what="the register, tried again, to land")
-    assert spool.is_dir()
+    # reachable is said at the first answer (the check before the CAS); the spool opens once the register is in
+    wait_for(spool.is_dir, 15, interval=0.1, what="the spool, opened once registered")
     job = submit(d, "true")
     assert state(d, job, "succeeded")["worker"] == "wb"
     assert len(_unreachable_at(w)) == 1  # under a minute: the first failure's line only
