@@ -39,7 +39,7 @@ class Horizons:
     def split(self) -> tuple[int, tuple[str, ...], int] | None:
         """(the shorter horizon, the states it applies to, the longer one or -1 for forever), or None when every
         ended job is kept forever."""
-        classes = [(h, states) for h, states in ((self.finished_ms, FINISHED), (self.failed_ms, FAILED))]
+        classes = [(self.finished_ms, FINISHED), (self.failed_ms, FAILED)]
         finite = sorted((h, states) for h, states in classes if h is not None)
         if not finite:
             return None
