@@ -4,6 +4,7 @@ and the subreaper and parent-death settings."""
 from __future__ import annotations
 
 import ctypes
+import os
 
 PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_CHILD_SUBREAPER = 1, 15, 36
 # the pid a child must die with, passed by its parent (`piloop serve` to its own worker): a child whose parent is
@@ -30,3 +31,11 @@ def set_parent_death_signal(sig: int) -> bool:
     """Have the kernel send `sig` when the thread that started this process ends, however it ends; whether it took.
     Check `os.getppid()` afterwards: a parent that died before this call sends nothing."""
     return prctl(PR_SET_PDEATHSIG, sig)
+
+
+def die_with_parent(parent: int, sig: int) -> None:
+    """Have the kernel send `sig` when `parent` (this process's parent now) ends, however it ends: SIGKILL, the OOM
+    killer, a crash. A parent gone before this was armed sent nothing, so this process ends at once: exit 137."""
+    set_parent_death_signal(sig)
+    if os.getppid() != parent:
+        os._exit(137)

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -59,7 +59,7 @@ from piloop_common.protocol import (
     Usage,
     WorkerHello,
 )
-from piloop_worker import pressure
+from piloop_worker import clock, pressure
 from piloop_worker.cgroups import Cgroups, JobCgroup
 from piloop_worker.dirlock import hold_dir
 from piloop_worker.heartbeat import Heartbeat, Reachability, orphaned
@@ -137,7 +137,9 @@ class Held:
     kind: str
     jd: JobDir
     shipper: LogShipper
-    requested_at: float = field(default_factory=time.monotonic)
+    # when its shim must hold the dir's lock by: a shim gone after it is found at once, a fresh job's or a
+    # re-attached one's alike (0.0: a re-attached job's shim held it long ago)
+    shim_due: float = 0.0
     report: ReportRequest | None = None
     next_try: float = 0.0
     tries: int = 0
@@ -176,7 +178,7 @@ def outcome_of(rec: dict[str, Any]) -> tuple[str, str]:
 def fence_deadline(sent: float, timing: Timing) -> float:
     """When a job must stop if nothing renews it: two heartbeats before its lease expires (the design's rule),
     or earlier still where the kill grace would not fit in those two heartbeats, so it is dead before the lease
-    ends whatever the config. `sent` is the monotonic time the renewing call was sent (the safe side)."""
+    ends whatever the config. `sent` is the time (`clock.now`) the renewing call was sent (the safe side)."""
     margin = max(2 * timing.renew_seconds, timing.kill_grace_seconds + 0.2)
     return sent + timing.toleration_seconds - margin
 
@@ -262,7 +264,7 @@ class Worker:
     def register_with(self, api: ApiClient, held: list[Held], sent: float | None = None) -> RegisterResponse:
         hello = self.hello(held)
         req = RegisterRequest(**hello.model_dump(), name=self.name or None, info=self.info())
-        sent = time.monotonic() if sent is None else sent
+        sent = clock.now() if sent is None else sent
         self.register_sent = sent
         timeout = self.timing.request_timeout_seconds if self.timing else None
         resp: RegisterResponse = api.call("POST", "/v1/worker/register", req, model=RegisterResponse, timeout=timeout)
@@ -354,7 +356,7 @@ class Worker:
         if self.workdir_arg is None and not found:
             found = self._scan_dirs()
             if found:
-                sent = time.monotonic()
+                sent = clock.now()
                 statuses = self._call_until_answered(
                     lambda: self.api.call(
                         "POST", "/v1/worker/heartbeat", self.hello(found), timeout=self.timing.request_timeout_seconds
@@ -397,7 +399,6 @@ class Worker:
                     rec.get("kind", ""),
                     jd,
                     LogShipper(jd),
-                    requested_at=0.0,
                     cgroup=self._cgroup_of(read_json(jd.shim_json) or {}),
                 )
             )
@@ -440,10 +441,10 @@ class Worker:
             raise ShutdownRequested()
 
     def loop(self) -> None:
-        last_spool = time.monotonic()
+        last_spool = clock.now()
         while True:
             self._check_stop()
-            now = time.monotonic()
+            now = clock.now()
             ready: list[Held] = []
             for h in self.snapshot():
                 self._tend(h, now, ready)
@@ -471,12 +472,7 @@ class Worker:
         if h.report is None:
             if h.jd.exit_json.exists():
                 self._build_report(h)
-            elif (
-                h.requested_at
-                and now - h.requested_at > SHIM_START_SECONDS
-                and not h.jd.shim_alive()
-                and not h.jd.exit_json.exists()
-            ):
+            elif now > h.shim_due and not h.jd.shim_alive() and not h.jd.exit_json.exists():
                 self._shim_gone(h.jd)
             elif h.shipper.due(now):
                 self._ship_log(h)
@@ -577,7 +573,7 @@ class Worker:
     def _sent(self, h: Held, answer: str | None) -> None:
         if answer is None:
             h.tries += 1
-            h.next_try = time.monotonic() + min(0.5 * 2**h.tries, 30.0)
+            h.next_try = clock.now() + min(0.5 * 2**h.tries, 30.0)
             return
         with self.lock:
             self.held.pop(h.job, None)
@@ -689,9 +685,9 @@ class Worker:
         back a renew period later; a worker with jobs never waits there, so its main loop keeps tending them."""
         assert self.timing is not None
         if pressure.admission(self.host_sample(), self.timing.memory_pressure_max):
-            self.next_claim = time.monotonic() + self.timing.renew_seconds
+            self.next_claim = clock.now() + self.timing.renew_seconds
             return None
-        sent = time.monotonic()
+        sent = clock.now()
         if wait is None:
             with self.lock:
                 wait = 0.0 if self.held else min(self.timing.renew_seconds, LONG_POLL_MAX)
@@ -782,7 +778,7 @@ class Worker:
                     ReleaseRequest(protocol=PROTOCOL, job=a.job, token=a.token, reason=f"dir: {e.strerror}"),
                     timeout=self.timing.request_timeout_seconds,
                 )
-            self.next_claim = time.monotonic() + 10 * self.timing.renew_seconds
+            self.next_claim = clock.now() + 10 * self.timing.renew_seconds
             return
         h = Held(a.job, a.token, a.kind, jd, LogShipper(jd))
         with self.lock:
@@ -844,7 +840,7 @@ class Worker:
             **camp_env,
             "PATH": job_path(a.spec.env),
         }
-        h.requested_at = time.monotonic()
+        h.shim_due = clock.now() + SHIM_START_SECONDS
         self.host.run_job(
             {
                 "dir": str(jd.root),
@@ -936,16 +932,16 @@ class Worker:
         """Stop heartbeating and claiming; send the reports that are ready; leave the shims running."""
         if self.heartbeat is not None:
             self.heartbeat.stop.set()
-        end = time.monotonic() + budget
+        end = clock.now() + budget
         for h in self.snapshot():
-            if time.monotonic() > end:
+            if clock.now() > end:
                 break
             if h.report is None and h.jd.exit_json.exists():
                 self._build_report(h)
             if h.report is not None:
                 self._send(h)
         if self.heartbeat is not None:
-            self.heartbeat.join(timeout=max(0.1, end - time.monotonic()))
+            self.heartbeat.join(timeout=max(0.1, end - clock.now()))
 
     def stop_all(self, why: str, wait: float) -> None:
         """Stop every job (its shim kills its process group) and wait for them to end."""
@@ -955,8 +951,8 @@ class Worker:
         for h in held:
             with contextlib.suppress(OSError):
                 h.jd.request_stop(why)
-        end = time.monotonic() + wait
-        while time.monotonic() < end and any(h.jd.shim_alive() for h in held):
+        end = clock.now() + wait
+        while clock.now() < end and any(h.jd.shim_alive() for h in held):
             time.sleep(0.05)
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from piloop_common.errors import DirInUse
+from piloop_worker import clock
 
 LOCK_NAME = "worker.lock"
 _PID_WAIT = 1.0  # the holder writes its pid just after it takes the lock: a reader that finds none waits this long
@@ -47,7 +48,7 @@ def hold_dir(workdir: Path, wait: float = 0.0, on_wait: Callable[[Path, int], No
     workdir.mkdir(parents=True, exist_ok=True)
     fd = os.open(workdir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        end = time.monotonic() + wait
+        end = clock.now() + wait
         told = False
         while True:
             try:
@@ -55,7 +56,7 @@ def hold_dir(workdir: Path, wait: float = 0.0, on_wait: Callable[[Path, int], No
                 break
             except BlockingIOError:
                 pid = _holder(fd)
-                if time.monotonic() >= end:
+                if clock.now() >= end:
                     raise DirInUse(
                         f"{workdir} is in use by worker pid {pid or '?'} (one worker per directory)",
                         dir=str(workdir),
@@ -64,7 +65,7 @@ def hold_dir(workdir: Path, wait: float = 0.0, on_wait: Callable[[Path, int], No
                 if on_wait is not None and not told:
                     on_wait(workdir, pid)
                     told = True
-                time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+                time.sleep(min(0.1, max(0.0, end - clock.now())))
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     except BaseException:
@@ -75,10 +76,10 @@ def hold_dir(workdir: Path, wait: float = 0.0, on_wait: Callable[[Path, int], No
 
 def _holder(fd: int) -> int:
     """The pid the lock's holder wrote, 0 where it wrote none within `_PID_WAIT`."""
-    end = time.monotonic() + _PID_WAIT
+    end = clock.now() + _PID_WAIT
     while True:
         with contextlib.suppress(OSError, ValueError):
             return int(os.pread(fd, 32, 0).decode().strip())
-        if time.monotonic() >= end:
+        if clock.now() >= end:
             return 0
         time.sleep(0.02)

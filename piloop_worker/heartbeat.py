@@ -16,13 +16,13 @@ import logging
 import os
 import random
 import threading
-import time
 from typing import TYPE_CHECKING
 
 from piloop_common.client import ApiClient
 from piloop_common.config import ExecutorConfig
 from piloop_common.errors import NotFound, PiloopError, Refused
 from piloop_common.protocol import HeartbeatResponse
+from piloop_worker import clock
 
 if TYPE_CHECKING:
     from piloop_worker.agent import Worker
@@ -50,7 +50,7 @@ def orphaned(w: Worker) -> bool:
     grace = w.timing.grace_seconds if w.timing else DEFAULT_GRACE_SECONDS
     after = orphan_after(grace)
     down = w.reach.down_since
-    if after is None or down is None or time.monotonic() - down < after or w.snapshot():
+    if after is None or down is None or clock.now() - down < after or w.snapshot():
         return False
     log.warning(
         "event=worker.orphaned worker=%s after_seconds=%g (the server is unreachable and this worker "
@@ -73,7 +73,7 @@ class Reachability:
         self.logged_at = 0.0
 
     def failed(self, error: BaseException, who: str) -> None:
-        now = time.monotonic()
+        now = clock.now()
         with self.lock:
             first = self.down_since is None
             if first:
@@ -92,7 +92,7 @@ class Reachability:
                     "event=worker.reachable worker=%s server=%s after_seconds=%.1f",
                     who,
                     self.server,
-                    time.monotonic() - self.down_since,
+                    clock.now() - self.down_since,
                 )
                 self.down_since = None
 
@@ -134,7 +134,7 @@ class Heartbeat(threading.Thread):
         w = self.worker
         held = w.snapshot()
         hello = w.hello(held)
-        sent = time.monotonic()
+        sent = clock.now()
         try:
             resp = self.api.call(
                 "POST", "/v1/worker/heartbeat", hello, model=HeartbeatResponse, timeout=w.timing.request_timeout_seconds

@@ -3,7 +3,7 @@
 Layout of `<dir>/jobs/<job>.<token>/`, the job's data, and `<run dir>/jobs/<job>.<token>/`, its control files:
 
     job.json      the assignment, minus secret values          (worker, before the shim starts)       control
-    deadline      a CLOCK_MONOTONIC float: fence after it       (worker, at each acknowledged renewal) control
+    deadline      a CLOCK_BOOTTIME float: fence after it        (worker, at each acknowledged renewal) control
     stop          why the worker wants the job stopped          (worker)                               control
     lock          flock'd by the shim for as long as it lives   (shim)                                 control
     shim.json     the shim's and the job's pids                 (shim)                                 control
@@ -275,8 +275,8 @@ class JobDir:
             return 0
 
     # -- the deadline ---------------------------------------------------------------------
-    def write_deadline(self, monotonic_deadline: float) -> None:
-        atomic_write(self.deadline_file, repr(float(monotonic_deadline)), durable=False)
+    def write_deadline(self, deadline: float) -> None:
+        atomic_write(self.deadline_file, repr(float(deadline)), durable=False)
 
     def read_deadline(self) -> float | None:
         try:

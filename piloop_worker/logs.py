@@ -6,10 +6,10 @@ restarted worker neither resends nor skips bytes.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from piloop_common.cas import Store
+from piloop_worker import clock
 from piloop_worker.jobdir import JobDir, atomic_json, read_json
 
 CHUNK_MAX = 4 * 1024 * 1024
@@ -34,7 +34,7 @@ class LogShipper:
 
     def due(self, now: float | None = None) -> bool:
         """Whether new bytes wait and the job has been quiet a little, or they have waited long enough."""
-        now = time.monotonic() if now is None else now
+        now = clock.now() if now is None else now
         try:
             size = self.jd.output_log.stat().st_size
         except OSError:

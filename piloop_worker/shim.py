@@ -1,9 +1,11 @@
 """The per-job supervisor: forked from the shim host, it runs one job and fences it on its own.
 
 It is its own session leader (it outlives the worker and the shim host), runs the job in a process group
-of its own, and every ~100 ms compares CLOCK_MONOTONIC with the `deadline` the worker last wrote: past it,
-the job's whole group gets SIGTERM, then SIGKILL after the kill grace. So a job dies by its deadline
-whatever else has died, and never runs beside the copy the server hands on after its lease expires.
+of its own, and every ~100 ms compares CLOCK_BOOTTIME (`clock.now`, which counts a suspend) with the `deadline`
+the worker last wrote: past it, the job's whole group gets SIGTERM, then SIGKILL after the kill grace; woken well
+past it (a frozen or suspended host), SIGKILL at once. So a job dies by its deadline whatever else has died, and
+never runs beside the copy the server hands on after its lease expires. The job's leader dies with the shim
+(a parent-death signal), so a shim killed with its worker leaves no job running unsupervised.
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ from typing import Any
 
 import psutil
 
-from piloop_common.prctl import PR_SET_CHILD_SUBREAPER, prctl, set_name
-from piloop_worker import jobuser, metrics, tasks
+from piloop_common.prctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl, set_name
+from piloop_worker import clock, jobuser, metrics, tasks
 from piloop_worker.cgroups import HeldWatch, JobCgroup
 from piloop_worker.jobdir import JobDir, atomic_json
 from piloop_worker.usage import Meter
 
 TICK = 0.1
+# how late past its deadline a shim may look before it counts as woken from a freeze, not just a slow tick
+LATE = 3 * TICK
 NOTIFY_ENV = "PILOOP_SHIM_NOTIFY_FD"  # the shims' end of the worker's wake-up socket pair (see shimhost.py)
 SAMPLE_EVERY = 0.5
 FIRST_SAMPLE = 0.1
@@ -116,7 +120,7 @@ def _supervise(req: dict[str, Any], jd: JobDir) -> int:
     held_seconds = (req.get("cgroup") or {}).get("held_seconds")
     held = HeldWatch(limit_mb * 2**20, float(held_seconds)) if cg is not None and limit_mb and held_seconds else None
     oom_before = cg.oom_kills() if cg is not None else 0  # the group may be a spare, its counters an earlier job's
-    started_wall, started = time.time(), time.monotonic()
+    started_wall, started = time.time(), clock.now()
     record: dict[str, Any] = {
         "exit_code": None,
         "signal": None,
@@ -180,10 +184,16 @@ def _supervise(req: dict[str, Any], jd: JobDir) -> int:
         done, status, ru = os.wait4(pid, os.WNOHANG)
         if done:
             break
-        now = time.monotonic()
+        now = clock.now()
         if not why:
             deadline = jd.read_deadline()
-            if deadline is None or now > deadline:
+            if deadline is not None and now > deadline + LATE:
+                # woken past its deadline (the host was frozen or suspended): the lease may be handed on already,
+                # so no grace, which would let the job run beside its next copy
+                why = "fenced"
+                _kill_now(pid, meter, cg)
+                killed = True
+            elif deadline is None or now > deadline:
                 why = "fenced"
             elif (stop := jd.stop_reason()) is not None:
                 why = stop
@@ -191,13 +201,11 @@ def _supervise(req: dict[str, Any], jd: JobDir) -> int:
                 why = "timeout"
             elif _terminated.is_set():
                 why = "shim terminated"
-            if why:
+            if why and not killed:
                 _signal_tree(pid, meter, signal.SIGTERM)
                 kill_at = now + grace
         elif not killed and kill_at is not None and now >= kill_at:
-            _signal_tree(pid, meter, signal.SIGKILL)
-            if cg is not None:
-                cg.kill_all()
+            _kill_now(pid, meter, cg)
             killed = True
         if metrics_at is not None and now >= metrics_at:
             metrics_at = None
@@ -227,7 +235,7 @@ def _supervise(req: dict[str, Any], jd: JobDir) -> int:
         cg.kill_all()
     _reap_all(pid, 2.0)
     record["ended"] = time.time()
-    record["duration_seconds"] = round(time.monotonic() - started, 3)
+    record["duration_seconds"] = round(clock.now() - started, 3)
     if os.WIFEXITED(status):
         record["exit_code"] = os.WEXITSTATUS(status)
     elif os.WIFSIGNALED(status):
@@ -295,11 +303,10 @@ def _spawn(req: dict[str, Any], jd: JobDir, cg: JobCgroup | None) -> subprocess.
 
 
 def _in_child(cg: JobCgroup | None, isolate: bool):
-    """What the job's process does between fork and exec (after subprocess set its user): join its cgroup, enter its
-    own Landlock domain. None when there is nothing to do, so subprocess may use vfork."""
-    if cg is None and not isolate:
-        return None
+    """What the job's process does between fork and exec (after subprocess set its user, which would clear it): join
+    its cgroup, enter its own Landlock domain, and die with its shim."""
     path = str(cg.join_path()) if cg is not None else ""
+    shim_pid = os.getpid()
 
     def prepare() -> None:
         if path:
@@ -307,8 +314,15 @@ def _in_child(cg: JobCgroup | None, isolate: bool):
                 f.write(str(os.getpid()))
         if isolate:
             jobuser.isolate()
+        die_with_parent(shim_pid, signal.SIGKILL)  # a job never outlives its supervisor
 
     return prepare
+
+
+def _kill_now(pid: int, meter: Meter, cg: JobCgroup | None) -> None:
+    _signal_tree(pid, meter, signal.SIGKILL)
+    if cg is not None:
+        cg.kill_all()
 
 
 def _has_children() -> bool:
@@ -334,8 +348,8 @@ def _signal_tree(pgid: int, meter: Meter, sig: int) -> None:
 
 def _reap_all(pgid: int, timeout: float) -> None:
     """Kill and reap every process left under the shim, until it has no child (or `timeout`)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end and _has_children():
+    end = clock.now() + timeout
+    while clock.now() < end and _has_children():
         with contextlib.suppress(OSError):
             os.killpg(pgid, signal.SIGKILL)
         for p in psutil.Process().children(recursive=True):

@@ -34,12 +34,11 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from piloop_common.prctl import set_name
-from piloop_worker import cgroups, jobuser, shim, tasks  # imported here, once, so every forked shim starts warm
+from piloop_worker import cgroups, clock, jobuser, shim, tasks  # imported here, once, so every forked shim starts warm
 
 IDLE_SECONDS = 60.0  # an idle shim held longer than this is let go: a burst's shims do not stay forever
 FDS_ENV = "PILOOP_SHIM_FDS_FD"  # the host's end of the socket the shims' pairs come on
@@ -216,7 +215,7 @@ class ShimHost:
         if last or sh.generation != self.generation or sh.jobs >= shim.JOBS_PER_SHIM:
             sh.sock.close()  # it ends on its own, or lacks a module sent since: it exits when its pair closes
             return
-        sh.idle_since = time.monotonic()
+        sh.idle_since = clock.now()
         self.idle.append(sh)
 
     def _retire(self, now: float) -> None:
@@ -251,7 +250,7 @@ class ShimHost:
                 for sh in self.idle:
                     sh.sock.close()
                 self.idle.clear()
-            self._retire(time.monotonic())
+            self._retire(clock.now())
             if not self._to_idle(name, req):
                 self._fork(name, req)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from piloop_common.files import write_file
+from piloop_common.prctl import die_with_parent
 from piloop_worker import jobuser
 from piloop_worker.jobdir import JobDir
 
@@ -99,6 +100,7 @@ def child(req: dict[str, Any], jd: JobDir, cgroup_join: Path | None) -> None:
     """The forked task process, up to its `os._exit`: its own process group, the job's log as stdout and stderr,
     the job's env and cwd, default signals, none of the shim's descriptors (its lock above all)."""
     code = CRASHED
+    shim_pid = os.getppid()
     try:
         os.setpgid(0, 0)
         if cgroup_join is not None:
@@ -116,6 +118,7 @@ def child(req: dict[str, Any], jd: JobDir, cgroup_join: Path | None) -> None:
             jobuser.become(user)  # after its log and cgroup, which are root's
             jobuser.isolate()
             jd = JobDir(Path(os.pardir))  # its dir through its cwd: the user cannot pass the dirs above it
+        die_with_parent(shim_pid, signal.SIGKILL)  # after its user is set, which clears a parent-death signal
         env = req["env"]
         _become(env)
         for p in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):

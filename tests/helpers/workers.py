@@ -221,10 +221,14 @@ def job_pgids(*homes: Path) -> dict[str, int]:
 # A job that appends `<event> <job> <worker> <token> <pgid> <time>` lines to $MARKER (O_APPEND, one write a
 # line): `start`, a `tick` every 50 ms, then `end`. $RUN_SECONDS long; with $FIRST_FOREVER set, the job's first
 # run (no earlier line of its own in the marker) runs until it is killed and writes $PARTIAL into
-# outputs/result.txt first, so a fenced or killed run leaves partial output behind.
+# outputs/result.txt first, so a fenced or killed run leaves partial output behind. With $IGNORE_TERM set, SIGTERM
+# is ignored.
 MARKER_JOB = textwrap.dedent("""
     import os, sys, time
     m, job, token = os.environ["MARKER"], os.environ["PILOOP_JOB"], os.environ["PILOOP_LEASE_TOKEN"]
+    if os.environ.get("IGNORE_TERM"):  # a job that takes its time to stop: only SIGKILL ends it
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     where = os.environ["PILOOP_JOB_DIR"].split("/work/")[1].split("/")[0]  # the worker's name
     def line(ev):
         fd = os.open(m, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -285,10 +289,13 @@ def marker_job(
     kind: str = "evaluation",
     seconds: float = 1.0,
     first_forever: bool = False,
+    ignore_term: bool = False,
 ) -> str:
     opts = ("--env", f"MARKER={marker}", "--env", f"RUN_SECONDS={seconds}")
     if first_forever:
         opts += ("--env", "FIRST_FOREVER=1")
+    if ignore_term:
+        opts += ("--env", "IGNORE_TERM=1")
     return submit(d, sys.executable, "-c", MARKER_JOB, pool=pool, kind=kind, opts=opts)
 
 

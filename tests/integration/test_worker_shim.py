@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from piloop_worker import clock
 from piloop_worker.jobdir import JobDir, read_json
 from piloop_worker.shimhost import ShimHost
 from tests.helpers.redis import wait_for
@@ -44,7 +45,7 @@ def _job(tmp_path: Path, name: str = "j1") -> JobDir:
 
 
 def _start(host: ShimHost, jd: JobDir, argv: list[str], deadline_in: float = 60.0, **req) -> None:
-    jd.write_deadline(time.monotonic() + deadline_in)
+    jd.write_deadline(clock.now() + deadline_in)
     host.run_job(
         {
             "dir": str(jd.root),
@@ -109,7 +110,7 @@ def test_renewed_deadlines_keep_a_job_alive(host, tmp_path):
     _start(host, jd, ["sleep", "1.5"], deadline_in=0.6)
     end = time.monotonic() + 5
     while not jd.exit_json.exists() and time.monotonic() < end:
-        jd.write_deadline(time.monotonic() + 0.6)  # as each acknowledged heartbeat does
+        jd.write_deadline(clock.now() + 0.6)  # as each acknowledged heartbeat does
         time.sleep(0.1)
     assert _exit(jd)["exit_code"] == 0
 
@@ -143,11 +144,12 @@ def test_a_command_that_cannot_start_is_recorded(own_host, tmp_path):
 OWNER = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
+    from piloop_worker import clock
     from piloop_worker.jobdir import JobDir
     from piloop_worker.shimhost import ShimHost
     h = ShimHost().start()
     jd = JobDir(Path(sys.argv[1]), Path(sys.argv[2]))
-    jd.write_deadline(time.monotonic() + float(sys.argv[3]))
+    jd.write_deadline(clock.now() + float(sys.argv[3]))
     h.run_job({"dir": str(jd.root), "run": str(jd.run), "argv": ["sh", "-c", sys.argv[4]], "env": dict(os.environ),
                "kill_grace": 0.3})
     print(h.pid, flush=True)
@@ -169,9 +171,9 @@ def test_sigkilled_worker_or_host_still_fences_its_job_by_the_deadline(tmp_path,
         if victim == "worker":
             owner.wait(5)
             wait_for(lambda: _gone(host_pid), 5, what="the shim host to exit with its worker")
-        assert time.monotonic() < deadline and not any(_gone(p) for p in pids)  # alive until the deadline
+        assert clock.now() < deadline and not any(_gone(p) for p in pids)  # alive until the deadline
         rec = _exit(jd, timeout=10)
-        assert rec["stopped"] == "fenced" and time.monotonic() >= deadline
+        assert rec["stopped"] == "fenced" and clock.now() >= deadline
         assert all(_gone(p) for p in pids)
     finally:
         owner.kill()
