@@ -50,7 +50,7 @@ from piloop_common.cas.address import hash_bytes  # noqa: E402
 from piloop_server.state.keys import Keys  # noqa: E402
 from piloop_server.tokens import TokenStore  # noqa: E402
 from tests.helpers.redis import RedisProcess, free_port  # noqa: E402
-from tests.helpers.serve import Daemon, cli_env, drop_run_dirs, short_home  # noqa: E402
+from tests.helpers.serve import Daemon, cli_env, short_home  # noqa: E402
 
 BIN = Path(sys.executable).parent
 MiB = 1 << 20
@@ -473,7 +473,6 @@ class PiloopSide:
             self.daemon.stop()  # a clean stop, so the profile is written
         self.daemon.cleanup()
         for h in self.homes:
-            drop_run_dirs(*(h / "work").glob("*"))
             shutil.rmtree(h, ignore_errors=True)
 
 

@@ -7,6 +7,7 @@ by the shim host, a process started before either thread existed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -63,17 +64,7 @@ from piloop_worker import clock, pressure
 from piloop_worker.cgroups import Cgroups, JobCgroup
 from piloop_worker.dirlock import hold_dir
 from piloop_worker.heartbeat import Heartbeat, Reachability, orphaned
-from piloop_worker.jobdir import (
-    JobDir,
-    SpareDirs,
-    files_under,
-    mark_run_dir,
-    read_json,
-    run_dir_for,
-    scan,
-    sweep_run_dirs,
-    unmark_run_dir,
-)
+from piloop_worker.jobdir import JobDir, SpareDirs, files_under, read_json, scan
 from piloop_worker.logs import LogShipper
 from piloop_worker.relay import Relay, socket_path
 from piloop_worker.repos import Repos, parse_score
@@ -206,7 +197,6 @@ class Worker:
         self.name = name or ""
         self.workdir_arg = workdir
         self.workdir: Path | None = workdir or (home / "work" / name if name else None)
-        self.rundir: Path | None = run_dir_for(self.workdir) if self.workdir else None
         self.spare: SpareDirs | None = None
         self.store, self.host = store, host
         self.repos = Repos(home / "repos", store)
@@ -285,7 +275,7 @@ class Worker:
             st = statuses.get(h.job, "lost")
             try:
                 if st == "ok":
-                    if h.jd.run.exists():
+                    if h.jd.root.exists():
                         h.jd.write_deadline(deadline)
                 elif st == "cancel":
                     h.jd.request_stop("cancelled")
@@ -327,18 +317,10 @@ class Worker:
         if self.workdir is None:
             self.dir_lock = hold_dir(self.home / "work" / self.name)  # before anything looks in it (DirInUse)
             self.workdir = self.home / "work" / self.name
-            self.rundir = run_dir_for(self.workdir)
             self.sampler.disk_path = self.workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(OSError):  # a dir it cannot make there: each job dir is made and removed, as before
             self.spare = SpareDirs(self.workdir)
-        if self.rundir is not None:
-            try:
-                mark_run_dir(self.rundir, self.workdir)
-                for gone in sweep_run_dirs(self.rundir):
-                    log.info("event=worker.run_dir_removed worker=%s dir=%s (its worker dir is gone)", self.name, gone)
-            except OSError as e:  # /dev/shm full or gone: the jobs' own dirs still work
-                log.warning("event=worker.run_dir_error worker=%s dir=%s error=%s", self.name, self.rundir, e)
         if self.cgroups.available:
             log.info(
                 "event=worker.cgroups worker=%s version=%d base=%s", self.name, self.cgroups.version, self.cgroups.base
@@ -376,7 +358,9 @@ class Worker:
         for h in found:
             st = statuses.get(h.job, "lost")
             if st == "ok" and not h.jd.exit_json.exists():
-                self._relay_for(h.job, h.token, Path((h.jd.record() or {}).get("relay") or socket_path(h.jd.run)), h.jd)
+                self._relay_for(
+                    h.job, h.token, Path((h.jd.record() or {}).get("relay") or socket_path(h.jd.root)), h.jd
+                )
             log.info("event=job.reattached job=%s token=%s status=%s", h.job, h.token, st)
         self.heartbeat = Heartbeat(self, self.api_factory())
         self.heartbeat.start()
@@ -385,10 +369,10 @@ class Worker:
         """Job dirs left by an earlier worker: live shims to re-attach, ended jobs to report."""
         assert self.workdir is not None
         out = []
-        for jd in scan(self.workdir, self.rundir):
+        for jd in scan(self.workdir):
             rec = jd.record()
             if not rec or "job" not in rec:
-                jd.remove()  # died before its lease was written down, or its run dir went with a reboot
+                jd.remove()  # died before its lease was written down
                 continue
             if not jd.shim_alive() and not jd.exit_json.exists():
                 self._shim_gone(jd)
@@ -533,7 +517,14 @@ class Worker:
             **campaign,
         )
         assert self.spool is not None
-        self.spool.write(report)  # before it is sent: a worker that dies now sends it at its next start
+        try:
+            self.spool.write(report)  # before it is sent: a worker that dies now sends it at its next start
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # sent all the same: a worker that dies before the answer leaves the lease to expire, and the job runs
+            # again, which is better than a job held `running` until the spool's filesystem has room
+            log.warning("event=job.report_unspooled job=%s reason=disk_full error=%s", h.job, e)
         h.report = report
         log.info(
             "event=job.ended job=%s outcome=%s reason=%r exit_code=%s", h.job, outcome, reason, rec.get("exit_code")
@@ -656,7 +647,7 @@ class Worker:
             if self.send_report(report) is None:
                 return
             assert self.workdir is not None
-            JobDir.for_lease(self.workdir, report.job, report.token, self.rundir).remove()
+            JobDir.for_lease(self.workdir, report.job, report.token).remove()
 
     # -- claims and starts ------------------------------------------------------------------
     def granted_mb(self) -> int:
@@ -758,11 +749,11 @@ class Worker:
                 # register again (it filters claims by that record) rather than be handed the job again
                 self.register_with(self.api, self.snapshot())
             return
-        jd = JobDir.for_lease(self.workdir, a.job, a.token, self.rundir)
+        jd = JobDir.for_lease(self.workdir, a.job, a.token)
         record = a.model_dump(mode="json", exclude={"secrets"})
         record["secret_names"] = sorted(a.secrets)
         record["claimed_at"] = time.time()
-        relay_at = self.relay.path_for(jd.run) if self.relay is not None else socket_path(jd.run)
+        relay_at = self.relay.path_for(jd.root) if self.relay is not None else socket_path(jd.root)
         record["relay"] = str(relay_at)
         try:
             # the claim renewed nothing yet: the lease's clock started at most when the claim was sent
@@ -770,12 +761,13 @@ class Worker:
         except OSError as e:
             # a full --dir: nothing ran, so give the job back (not an attempt) and claim nothing for a while
             jd.remove()
-            log.warning("event=job.released job=%s reason=dir worker=%s error=%s", a.job, self.name, e)
+            why = "disk_full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "dir"
+            log.warning("event=job.released job=%s reason=%s worker=%s error=%s", a.job, why, self.name, e)
             with contextlib.suppress(PiloopError, OSError):
                 self.api.call(
                     "POST",
                     "/v1/worker/release",
-                    ReleaseRequest(protocol=PROTOCOL, job=a.job, token=a.token, reason=f"dir: {e.strerror}"),
+                    ReleaseRequest(protocol=PROTOCOL, job=a.job, token=a.token, reason=f"{why}: {e.strerror}"),
                     timeout=self.timing.request_timeout_seconds,
                 )
             self.next_claim = clock.now() + 10 * self.timing.renew_seconds
@@ -844,7 +836,6 @@ class Worker:
         self.host.run_job(
             {
                 "dir": str(jd.root),
-                "run": str(jd.run),
                 "argv": a.spec.argv,
                 "env": env,
                 "timeout": a.spec.timeout_seconds,
@@ -963,5 +954,3 @@ class Worker:
         self.cgroups.close()
         with contextlib.suppress(Exception):
             self.store.close()
-        if self.rundir is not None:  # a worker that holds no job leaves nothing in /dev/shm
-            unmark_run_dir(self.rundir)

@@ -1,32 +1,30 @@
 """One job directory per lease: what the worker and the job's shim share on disk.
 
-Layout of `<dir>/jobs/<job>.<token>/`, the job's data, and `<run dir>/jobs/<job>.<token>/`, its control files:
+Layout of `<dir>/jobs/<job>.<token>/`, on the worker's `--dir`:
 
-    job.json      the assignment, minus secret values          (worker, before the shim starts)       control
-    deadline      a CLOCK_BOOTTIME float: fence after it        (worker, at each acknowledged renewal) control
-    stop          why the worker wants the job stopped          (worker)                               control
-    lock          flock'd by the shim for as long as it lives   (shim)                                 control
-    shim.json     the shim's and the job's pids                 (shim)                                 control
-    shim.log      the shim's own output while it runs the job   (shim)                                 control
-    exit.json     how the job ended, with its usage             (shim, atomically, last)               control
-    log.json      how much of output.log is in the CAS          (worker)                               control
-    relay.sock    the job's relay                               (worker)                               control
+    job.json      the assignment, minus secret values          (worker, before the shim starts)
+    deadline      a CLOCK_BOOTTIME time: fence after it          (worker, in place, at each acknowledged renewal)
+    stop          why the worker wants the job stopped          (worker)
+    lock          flock'd by the shim for as long as it lives   (shim)
+    shim.json     the shim's and the job's pids                 (shim)
+    shim.log      the shim's own output while it runs the job   (shim)
+    exit.json     how the job ended, with its usage             (shim, atomically, last)
+    log.json      how much of output.log is in the CAS          (worker)
+    relay.sock    the job's relay                               (worker)
     output.log    the job's stdout and stderr                   (job)
     metrics.jsonl host metrics every few seconds                (shim)
     inputs/ outputs/ work/                                      (worker, with the first input / job / job's cwd)
 
-The run dir is on a RAM filesystem (`run_dir_for`), as containerd keeps its shims' state under /run and its data
-under /var/lib: the control files are small, made and removed for every job, and read by processes of this boot
-only, and on a disk each create and unlink costs ~0.1-0.5 ms of CPU (ext4 without a journal searches past every
-inode deleted in the last half minute). What a job writes stays on the disk: it may be large, and tmpfs pages are
-memory. Without a run dir (`run=None`) both kinds live in the one directory.
+All of it is on the one filesystem the worker was given, so a full one is one fault with one answer (`disk_full`,
+docs/worker.md), not a RAM filesystem beside it that a job could fill for every job of the worker (/dev/shm is 64 MB
+in a container by default). The deadline, renewed every heartbeat, is rewritten in place: it needs no block of its
+own while the disk is full, so a job filling the dir does not fence its neighbours.
 
-Every file another process reads is written atomically (a temp file, then a rename), so a reader sees the old
-content or the new, never a part. Nothing in the control files has to outlive a crash of the machine: the deadline
-is a CLOCK_MONOTONIC time, meaningless after a reboot; `shim.json` names pids; `stop` asks a shim that a reboot
-killed; `log.json` lost means chunks uploaded again, which the CAS dedups. After a reboot the run dir is empty: the
-worker finds job dirs without a `job.json` and drops them, and each lease, never renewed, expires and its job is
-queued again, as when a worker dies. `exit.json` is still fsynced where it is on a disk (no run dir).
+Every other file another process reads is written atomically (a temp file, then a rename), so a reader sees the old
+content or the new, never a part. `exit.json` is fsynced when its job ran `DURABLE_AFTER_SECONDS` or longer: what the
+fsync buys is the record through a crash of the machine, without which the lease expires and the job runs again,
+which costs less than an fsync for a short job. After a reboot the worker finds each job dir without a live shim:
+one with an exit record is reported, one without is reported lost, and its job is queued again.
 """
 
 from __future__ import annotations
@@ -105,134 +103,48 @@ def _path(name: str) -> cached_property:
     return cached_property(lambda self: self.root / name)
 
 
-def _control(name: str) -> cached_property:
-    """A path in the job's run dir (its control files), made on first use and kept."""
-    return cached_property(lambda self: self.run / name)
-
-
-RUN_BASE = Path("/dev/shm")
 FULL_BELOW = 1 << 20  # a data dir with less room than this is full: no job starts there, and one that failed ran out
-
-
-def run_dir_for(workdir: Path) -> Path | None:
-    """The run dir of the worker whose `--dir` is `workdir`: `/dev/shm/piloop-<uid>/<hash of the dir>`, the same
-    for a restarted worker; None (control files in the job dirs) where /dev/shm is missing or not ours alone."""
-    if not RUN_BASE.is_dir() or not os.access(RUN_BASE, os.W_OK | os.X_OK):
-        return None
-    mine = RUN_BASE / f"piloop-{os.getuid()}"
-    with contextlib.suppress(FileExistsError, OSError):
-        mine.mkdir(mode=0o700)
-    try:
-        st = os.lstat(mine)
-    except OSError:
-        return None
-    # /dev/shm is everyone's: a dir someone else made for us, or a symlink, would hand them our jobs' control
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
-        return None
-    import hashlib  # here: the shim host imports this module, and hashlib brings OpenSSL's libcrypto
-
-    return mine / hashlib.sha256(os.fsencode(workdir.resolve())).hexdigest()[:16]  # one dir, one run dir
-
-
-OWNER_FILE = "dir"  # in a run dir: the `--dir` it serves, so a run dir whose worker dir is gone can be told
-
-
-def mark_run_dir(rundir: Path, workdir: Path) -> None:
-    """Make the worker's run dir, naming in it the worker dir it serves."""
-    rundir.mkdir(mode=0o700, exist_ok=True)
-    if not (rundir / OWNER_FILE).exists():
-        atomic_write(rundir / OWNER_FILE, os.fsencode(workdir.resolve()), durable=False)
-
-
-def unmark_run_dir(rundir: Path) -> None:
-    """Remove the run dir of a worker that holds no job (one with jobs' control files left in it stays)."""
-    with contextlib.suppress(OSError):
-        (rundir / "jobs").rmdir()
-    if (rundir / "jobs").exists():
-        return
-    with contextlib.suppress(OSError):
-        (rundir / OWNER_FILE).unlink()
-        rundir.rmdir()
-
-
-def sweep_run_dirs(own: Path) -> list[Path]:
-    """Remove the run dirs beside `own` whose worker dir is gone (a worker killed and its home thrown away: nothing
-    would ever start with that dir again) and in which no shim holds a job's lock; the ones removed. A run dir that
-    names no worker dir (made before they did) is left alone."""
-    removed = []
-    for other in own.parent.iterdir() if own.parent.is_dir() else []:
-        if other == own or not other.is_dir():
-            continue
-        try:
-            owner = os.fsdecode((other / OWNER_FILE).read_bytes())
-        except OSError:
-            continue
-        if os.path.exists(owner) or _any_lock_held(other / "jobs"):
-            continue
-        _rmtree(other, ignore_errors=True)
-        removed.append(other)
-    return removed
-
-
-def _any_lock_held(jobs: Path) -> bool:
-    for d in jobs.iterdir() if jobs.is_dir() else []:
-        try:
-            fd = os.open(d / "lock", os.O_RDWR)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True  # a shim still supervises this job
-        finally:
-            os.close(fd)
-    return False
+DURABLE_AFTER_SECONDS = 1.0  # an exit record (and a report, `Spool`) of a job this long is fsynced
 
 
 class JobDir:
     """The paths of one job's directories, and the small protocol on them."""
 
-    def __init__(self, root: Path, run: Path | None = None) -> None:
+    def __init__(self, root: Path) -> None:
         self.root = root
-        self.run = run if run is not None else root
 
     @classmethod
-    def for_lease(cls, workdir: Path, job: str, token: str, rundir: Path | None = None) -> JobDir:
+    def for_lease(cls, workdir: Path, job: str, token: str) -> JobDir:
         """Named by the job and its token's fencing part (`<generation><counter>`, unique per lease): the token's
-        random part would push the relay's socket path in the run dir past AF_UNIX's 108 bytes, and every job would
-        then pay a temp dir for it (a process job's drain fell from 259 to 144 jobs/s, docs/performance.md)."""
-        return cls.named(workdir, f"{job}.{token.partition('.')[0]}", rundir)
+        random part would push the relay's socket path past AF_UNIX's 108 bytes sooner, and a job then pays a temp
+        dir for it (a process job's drain fell from 259 to 144 jobs/s, docs/performance.md)."""
+        return cls.named(workdir, f"{job}.{token.partition('.')[0]}")
 
     @classmethod
-    def named(cls, workdir: Path, name: str, rundir: Path | None = None) -> JobDir:
-        """The job dir `name` of the worker whose `--dir` is `workdir` and whose run dir is `rundir`."""
-        return cls(workdir / "jobs" / name, rundir / "jobs" / name if rundir is not None else None)
+    def named(cls, workdir: Path, name: str) -> JobDir:
+        """The job dir `name` of the worker whose `--dir` is `workdir`."""
+        return cls(workdir / "jobs" / name)
 
     def __repr__(self) -> str:
-        return f"JobDir({self.root})" if self.run == self.root else f"JobDir({self.root}, run={self.run})"
+        return f"JobDir({self.root})"
 
     # -- paths ----------------------------------------------------------------------------
     # made once each: the worker's loop asks for some of them on every tick, for every job it holds
-    job_json = _control("job.json")
-    deadline_file = _control("deadline")
-    stop_file = _control("stop")
-    lock_file = _control("lock")
-    shim_json = _control("shim.json")
-    shim_log = _control("shim.log")
-    exit_json = _control("exit.json")
-    log_state = _control("log.json")
-    fetched_file = _control("fetched_bytes")
+    job_json = _path("job.json")
+    deadline_file = _path("deadline")
+    stop_file = _path("stop")
+    lock_file = _path("lock")
+    shim_json = _path("shim.json")
+    shim_log = _path("shim.log")
+    exit_json = _path("exit.json")
+    log_state = _path("log.json")
+    fetched_file = _path("fetched_bytes")
     output_log = _path("output.log")
     metrics = _path("metrics.jsonl")
     inputs = _path("inputs")
     outputs = _path("outputs")
     work = _path("work")
     workspace = _path("workspace")  # a campaign agent's copy of the shared workspace
-
-    @property
-    def durable(self) -> bool:
-        """Whether the control files are on the disk (no run dir), where `exit.json` is fsynced."""
-        return self.run == self.root
 
     def create(self, job_record: dict[str, Any], deadline: float | None = None, spare: SpareDirs | None = None) -> None:
         """The dirs with `work/` and `outputs/` (`inputs/` comes with the first input; a `spare` dir, emptied by an
@@ -248,19 +160,14 @@ class JobDir:
         if fresh:
             for d in (self.outputs, self.work):
                 d.mkdir(exist_ok=True)
-        if not self.durable:
-            self.run.mkdir(parents=True, exist_ok=True, mode=0o700)
         write_file(self.job_json, json.dumps(job_record, sort_keys=True))
         if deadline is not None:
-            write_file(self.deadline_file, repr(float(deadline)))
+            write_file(self.deadline_file, _deadline_text(deadline))
 
     def remove(self, spare: SpareDirs | None = None) -> None:
-        """Both dirs, the data first (emptied and kept as a `spare` where it takes it): a run dir left alone by a
-        crash halfway is dropped by the next `scan`."""
+        """The dir, emptied and kept as a `spare` where it takes it."""
         if spare is None or not spare.give(self.root):
             _rmtree(self.root, ignore_errors=True)
-        if not self.durable:
-            _rmtree(self.run, ignore_errors=True)
 
     def record(self) -> dict[str, Any] | None:
         return read_json(self.job_json)
@@ -276,13 +183,25 @@ class JobDir:
 
     # -- the deadline ---------------------------------------------------------------------
     def write_deadline(self, deadline: float) -> None:
-        atomic_write(self.deadline_file, repr(float(deadline)), durable=False)
+        """Rewrite the deadline in place, one write of a fixed width at offset 0: a block the file has already, so it
+        is renewed while a neighbour job fills the disk, and no file is made and freed per heartbeat."""
+        fd = os.open(self.deadline_file, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, _deadline_text(deadline).encode(), 0)
+        finally:
+            os.close(fd)
 
     def read_deadline(self) -> float | None:
-        try:
-            return float(read_file(self.deadline_file))
-        except (OSError, ValueError):
-            return None
+        """The deadline; None where there is none (the shim then fences). The value is written twice on one line: a
+        read that met a write halfway sees two that differ, and reads again."""
+        for _ in range(3):
+            try:
+                first, _, second = read_file(self.deadline_file).strip().partition(" ")
+                if first == second:
+                    return float(first)
+            except (OSError, ValueError):
+                return None
+        return None
 
     # -- stop requests --------------------------------------------------------------------
     def request_stop(self, why: str) -> None:
@@ -328,24 +247,32 @@ class JobDir:
 
     def write_exit(self, record: dict[str, Any]) -> None:
         """Write the exit record, with `disk_full` where a job that failed left its data dir full. Where the record
-        itself meets a full disk (no run dir), first free the job's scratch `work/` (never reported, removed with
+        itself meets a full disk, first free the job's scratch `work/` (never reported, removed with
         the dir once reported anyway), so a job that filled its worker's dir still ends with a record."""
         if record.get("exit_code") != 0 and not record.get("disk_full") and self.full():
             record = _disk_full(record, "No space left on device")
+        durable = float(record.get("duration_seconds") or 0.0) >= DURABLE_AFTER_SECONDS
         try:
-            atomic_json(self.exit_json, record, durable=self.durable)
+            atomic_json(self.exit_json, record, durable=durable)
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             _rmtree(self.work, ignore_errors=True)
-            atomic_json(self.exit_json, _disk_full(record, e.strerror), durable=self.durable)
+            atomic_json(self.exit_json, _disk_full(record, e.strerror), durable=durable)
 
 
 def _disk_full(record: dict[str, Any], why: str) -> dict[str, Any]:
     record = {**record, "disk_full": True}
     if record.get("exit_code") != 0 and not record.get("reason"):
-        record["reason"] = f"the worker's dir is full ({why})"
+        record["reason"] = f"disk_full: the worker's dir is full ({why})"
     return record
+
+
+def _deadline_text(deadline: float) -> str:
+    """Of one width for any deadline of this boot (CLOCK_BOOTTIME seconds below 10**13), so a rewrite in place
+    leaves nothing of the one before."""
+    one = f"{float(deadline):020.6f}"
+    return f"{one} {one}\n"
 
 
 KEPT = ("work", "outputs", "inputs")  # a spare's directories, emptied
@@ -356,8 +283,7 @@ class SpareDirs:
     jobs (a job without inputs may so find an empty `inputs/`).
 
     On a disk each directory made and removed costs a block allocated and freed (and, mounted with `discard`, a
-    discard sent to the device); three per job were most of what the job dirs still cost once the control files
-    moved to the run dir. A dir is given back only after its job's exit record, when the shim has killed and reaped
+    discard sent to the device); three per job were most of what the job dirs cost. A dir is given back only after its job's exit record, when the shim has killed and reaped
     every process of the job, so nothing of the old job writes there; what the job left is removed first, and a dir
     that cannot be emptied, or whose directories grew large (ext4's never shrink), is removed as before. Its
     `output.log` is kept, emptied: on a disk without a journal each inode made searches past every one freed in the
@@ -455,13 +381,9 @@ def _remove(e: os.DirEntry) -> None:
         os.unlink(e.path)
 
 
-def scan(workdir: Path, rundir: Path | None = None) -> list[JobDir]:
-    """Every job directory under `workdir`, oldest first; run dirs without a job dir are removed."""
+def scan(workdir: Path) -> list[JobDir]:
+    """Every job directory under `workdir`, oldest first."""
     jobs = workdir / "jobs"
     names = [p.name for p in jobs.iterdir() if p.is_dir() and not p.name.startswith(".")] if jobs.is_dir() else []
-    if rundir is not None and (rundir / "jobs").is_dir():
-        for p in (rundir / "jobs").iterdir():
-            if p.name not in names:
-                _rmtree(p, ignore_errors=True)
-    dirs = [JobDir.named(workdir, n, rundir) for n in names]
+    dirs = [JobDir.named(workdir, n) for n in names]
     return sorted(dirs, key=lambda d: d.root.stat().st_mtime)

@@ -3,7 +3,7 @@
 A worker that runs as root may run its jobs as an unprivileged user: the shim stays root (it fences, kills and
 reaps), and the job's process drops to the user between the fork and the exec (`subprocess`'s `user`, `group` and
 `extra_groups`, done in C; the one Python step there is `isolate`, two system calls). Its dirs (`work/`, `outputs/`,
-`inputs/`) become the user's; everything else of the worker (its home, token file, spool, run dir, `<dir>/jobs/`
+`inputs/`) become the user's; everything else of the worker (its home, token file, spool, `<dir>/jobs/`
 and so other jobs' dirs) stays root's.
 
 The user alone does not keep one job out of another's `/proc/<pid>/environ`: two jobs as one user may read each

@@ -9,7 +9,7 @@ the relay's own HTTP client, so a slow server never holds the main loop or the h
 Only `/v1/relay/...` is forwarded, with nothing of the job's call but its method, path and body: the job, its lease
 and the credential are the worker's to add.
 
-Jobs run as another user (`[plugins.executor] run_as`) cannot reach the worker's run dir, so their sockets are each
+Jobs run as another user (`[plugins.executor] run_as`) cannot reach the job's dir (root's, 0700, above their `work/`), so their sockets are each
 in a dir of their own (0700, the job user's) with a random name, inside one dir of the worker's (0711: passed
 through, never listed), so a job finds its own socket by its `PILOOP_RELAY` and no neighbour's.
 """
@@ -102,7 +102,7 @@ class Relay:
         try:
             try:
                 s.bind(str(path))
-            except FileNotFoundError:  # a job re-attached after its run dir went: make it again
+            except FileNotFoundError:  # a job re-attached after its socket's temp dir went: make it again
                 path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
                 s.bind(str(path))
             os.chmod(path, 0o600)

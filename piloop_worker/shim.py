@@ -93,7 +93,7 @@ def notify(name: str) -> bool:
 
 
 def _job_dir(req: dict[str, Any]) -> JobDir:
-    return JobDir(Path(req["dir"]), Path(req["run"]) if req.get("run") else None)
+    return JobDir(Path(req["dir"]))
 
 
 def run(req: dict[str, Any]) -> int:

@@ -6,8 +6,8 @@ JSON is safe: the server gives a report id's second copy the first one's answer.
 
 A report is fsynced only when its job ran `DURABLE_AFTER_SECONDS` or longer. What the fsync buys is the report
 through a crash of the machine (a dead worker process loses nothing: the page cache keeps the file), and without it
-the job's lease expires and the job runs again, as does a job that ended just before the crash (its exit record is
-on the RAM run dir). Running a short job again costs less than an fsync on every short job: it was a tenth of a
+the job's lease expires and the job runs again, as does a short job that ended just before the crash (its exit record
+is not fsynced either, `JobDir.write_exit`). Running a short job again costs less than an fsync on every short job: it was a tenth of a
 no-op task's machine CPU and left the CPUs idle waiting on the disk (docs/performance.md).
 """
 
@@ -17,9 +17,7 @@ import contextlib
 from pathlib import Path
 
 from piloop_common.protocol import ReportRequest
-from piloop_worker.jobdir import atomic_write
-
-DURABLE_AFTER_SECONDS = 1.0
+from piloop_worker.jobdir import DURABLE_AFTER_SECONDS, atomic_write
 
 
 class Spool:

@@ -32,17 +32,6 @@ min_memory_gb = 0
 """
 
 
-def drop_run_dirs(*workdirs: Path) -> None:
-    """The /dev/shm run dirs of workers whose `--dir`s these were: a worker killed while it held a job leaves its run
-    dir for its next start, which a test's throwaway home never has."""
-    from piloop_worker.jobdir import run_dir_for
-
-    for workdir in workdirs:
-        rundir = run_dir_for(workdir)
-        if rundir is not None:
-            shutil.rmtree(rundir, ignore_errors=True)
-
-
 def short_home(prefix: str = "pl") -> Path:
     """A home whose socket path fits in AF_UNIX's 108 bytes."""
     return Path(tempfile.mkdtemp(prefix=prefix + "-", dir="/tmp"))
@@ -161,5 +150,4 @@ class Daemon:
         self.stop()
         # the serve worker's shims and the embedded Redis die with the session group
         subprocess.run(["pkill", "-f", str(self.home)], check=False)
-        drop_run_dirs(*(self.home / "work").glob("*"))
         shutil.rmtree(self.home, ignore_errors=True)

@@ -15,9 +15,9 @@ from pathlib import Path
 import psutil
 
 from piloop_common.client import ApiClient
-from piloop_worker.jobdir import JobDir, run_dir_for
+from piloop_worker.jobdir import JobDir
 from tests.helpers.redis import free_port, wait_for
-from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, drop_run_dirs, short_home
+from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
 
 # FAST_EXECUTOR: renew 0.5 s, grace 2 s, toleration 6 s, kill grace 0.5 s.
 RENEW, GRACE, TOLERATION, KILL_GRACE = 0.5, 2.0, 6.0, 0.5
@@ -118,8 +118,6 @@ class RemoteWorker:
             _signal_group(self.proc.pid, signal.SIGCONT)
         self.kill()
         kill_tree_of(str(self.home))
-        given = [Path(self.args[i + 1]) for i, a in enumerate(self.args[:-1]) if a == "--dir"]
-        drop_run_dirs(*(self.home / "work").glob("*"), *given)
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -197,12 +195,10 @@ def pgid_alive(pgid: int) -> bool:
 
 
 def job_dirs(workdir: Path) -> list[JobDir]:
-    """The job dirs of the worker whose `--dir` is `workdir`, each with its run dir (read only: unlike `scan`,
-    this removes nothing)."""
-    rundir = run_dir_for(workdir)
+    """The job dirs of the worker whose `--dir` is `workdir` (without its `.spare` dirs)."""
     jobs = workdir / "jobs"
     names = sorted(p.name for p in jobs.iterdir() if not p.name.startswith(".")) if jobs.is_dir() else []  # .spare
-    return [JobDir.named(workdir, n, rundir) for n in names]
+    return [JobDir.named(workdir, n) for n in names]
 
 
 def job_pgids(*homes: Path) -> dict[str, int]:

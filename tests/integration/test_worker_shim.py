@@ -39,7 +39,7 @@ def own_host():
 
 
 def _job(tmp_path: Path, name: str = "j1") -> JobDir:
-    jd = JobDir.for_lease(tmp_path / "data", name, "1", tmp_path / "run")  # its control files apart, as a worker's
+    jd = JobDir.for_lease(tmp_path / "data", name, "1")
     jd.create({"job": name, "token": "1"})
     return jd
 
@@ -47,14 +47,7 @@ def _job(tmp_path: Path, name: str = "j1") -> JobDir:
 def _start(host: ShimHost, jd: JobDir, argv: list[str], deadline_in: float = 60.0, **req) -> None:
     jd.write_deadline(clock.now() + deadline_in)
     host.run_job(
-        {
-            "dir": str(jd.root),
-            "run": str(jd.run),
-            "argv": argv,
-            "env": req.pop("env", {}),
-            "kill_grace": req.pop("kill_grace", 0.3),
-            **req,
-        }
+        {"dir": str(jd.root), "argv": argv, "env": req.pop("env", {}), "kill_grace": req.pop("kill_grace", 0.3), **req}
     )  # set over the host's env
 
 
@@ -148,10 +141,9 @@ OWNER = textwrap.dedent("""
     from piloop_worker.jobdir import JobDir
     from piloop_worker.shimhost import ShimHost
     h = ShimHost().start()
-    jd = JobDir(Path(sys.argv[1]), Path(sys.argv[2]))
-    jd.write_deadline(clock.now() + float(sys.argv[3]))
-    h.run_job({"dir": str(jd.root), "run": str(jd.run), "argv": ["sh", "-c", sys.argv[4]], "env": dict(os.environ),
-               "kill_grace": 0.3})
+    jd = JobDir(Path(sys.argv[1]))
+    jd.write_deadline(clock.now() + float(sys.argv[2]))
+    h.run_job({"dir": str(jd.root), "argv": ["sh", "-c", sys.argv[3]], "env": dict(os.environ), "kill_grace": 0.3})
     print(h.pid, flush=True)
     time.sleep(1000)
 """)
@@ -160,9 +152,7 @@ OWNER = textwrap.dedent("""
 @pytest.mark.parametrize("victim", ["worker", "shim host"])
 def test_sigkilled_worker_or_host_still_fences_its_job_by_the_deadline(tmp_path, victim):
     jd = _job(tmp_path)
-    owner = subprocess.Popen(
-        [sys.executable, "-c", OWNER, str(jd.root), str(jd.run), "3", TREE], stdout=subprocess.PIPE, text=True
-    )
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(jd.root), "3", TREE], stdout=subprocess.PIPE, text=True)
     try:
         host_pid = int(owner.stdout.readline())
         pids = _pids(jd, 3)

@@ -96,7 +96,7 @@ def test_a_socket_added_again_replaces_the_first(relay, tmp_path: Path) -> None:
     assert not (tmp_path / "b.sock").exists()
 
 
-def test_a_run_dir_gone_is_made_again(relay, tmp_path: Path) -> None:
+def test_a_socket_dir_gone_is_made_again(relay, tmp_path: Path) -> None:
     r, _ = relay
     path = tmp_path / "gone" / "relay.sock"
     r.add("j", "t", path)

@@ -73,7 +73,7 @@ def test_a_stop_signals_the_main_process_only_so_the_shims_and_their_jobs_live_o
     # control-group and mixed would kill every shim, and every running job with it, at each restart
     assert one(u, "KillMode") == "process"
     assert u["Service"].get("KillSignal", ["SIGTERM"]) == ["SIGTERM"]  # what detaches the worker
-    assert one(u, "RemoveIPC") == "no"  # the run dirs under /dev/shm outlive the unit's stop
+    assert one(u, "RemoveIPC") == "no"  # the jobs' shared memory and /dev/shm files outlive the unit's stop
     assert "DynamicUser" not in u["Service"] and "PrivateTmp" not in u["Service"]  # torn down at a stop
     assert one(u, "Restart") == "on-failure"
     assert u["Install"]["WantedBy"] == ["multi-user.target"]

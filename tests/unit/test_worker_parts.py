@@ -24,10 +24,9 @@ from piloop_common.protocol import (
     ReportsResponse,
     Timing,
 )
-from piloop_worker import jobdir
 from piloop_worker.agent import EVALUATIONS_PER_CLAIM, Held, Worker, outcome_of, report_id_for
 from piloop_worker.heartbeat import Reachability
-from piloop_worker.jobdir import JobDir, SpareDirs, files_under, run_dir_for, scan
+from piloop_worker.jobdir import JobDir, SpareDirs, files_under, scan
 from piloop_worker.logs import LogShipper
 from piloop_worker.pressure import admission
 from piloop_worker.spool import DURABLE_AFTER_SECONDS, Spool
@@ -93,34 +92,35 @@ def test_job_dir_deadline_stop_and_lock(tmp_path: Path) -> None:
     assert [d.root for d in scan(tmp_path)] == [jd.root]
 
 
-def test_job_dir_with_a_run_dir_keeps_control_files_apart(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    jd = JobDir.for_lease(tmp_path / "data", "j1", "7", run)
+def test_the_deadline_is_rewritten_in_place_and_a_torn_read_is_no_deadline(tmp_path: Path) -> None:
+    jd = JobDir.for_lease(tmp_path, "j1", "7")
     jd.create({"job": "j1", "token": "7"}, deadline=99.5)
-    assert sorted(p.name for p in jd.root.iterdir()) == ["outputs", "work"]  # the job's data only
-    assert sorted(p.name for p in jd.run.iterdir()) == ["deadline", "job.json"]
-    assert not jd.durable and JobDir(tmp_path / "x").durable
-    jd.write_exit({"exit_code": 0})
-    assert jd.exit_record() == {"exit_code": 0} and jd.exit_json.parent == jd.run
-    (found,) = scan(tmp_path / "data", run)
-    assert (found.root, found.run, found.record()) == (jd.root, jd.run, {"job": "j1", "token": "7"})
-    # a reboot empties the run dir: the job dir is found without its record (the worker drops it)
-    other = JobDir.for_lease(tmp_path / "data", "j2", "1", run)
-    other.create({"job": "j2", "token": "1"})
-    shutil.rmtree(other.run)
-    assert {d.root.name: d.record() for d in scan(tmp_path / "data", run)}["j2.1"] is None
-    # a run dir whose job dir is gone (a crash between the two removals) is dropped by the next scan
-    jd.remove()
-    assert not jd.root.exists() and not jd.run.exists()
-    stray = run / "jobs" / "j3.1"
-    stray.mkdir()
-    scan(tmp_path / "data", run)
-    assert not stray.exists()
+    inode = jd.deadline_file.stat().st_ino
+    jd.write_deadline(123456.25)
+    jd.write_deadline(7.0)  # shorter than the one before: nothing of it is left
+    assert jd.read_deadline() == 7.0
+    assert jd.deadline_file.stat().st_ino == inode  # the same file, so no new block on a full disk
+    jd.deadline_file.write_text("0000000000012.500000 0000000000099.000000\n")  # a write met halfway
+    assert jd.read_deadline() is None  # the shim fences: never a deadline later than the one written
+    jd.deadline_file.unlink()
+    assert jd.read_deadline() is None
+
+
+def test_an_exit_record_is_fsynced_only_for_a_job_that_ran_a_second(tmp_path: Path, monkeypatch) -> None:
+    synced: list[str] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
+    jd = JobDir.for_lease(tmp_path, "j1", "7")
+    jd.create({"job": "j1", "token": "7"})
+    jd.write_exit({"exit_code": 0, "duration_seconds": 0.1})
+    assert synced == [] and jd.exit_record() == {"exit_code": 0, "duration_seconds": 0.1}
+    jd.write_exit({"exit_code": 0, "duration_seconds": DURABLE_AFTER_SECONDS})
+    assert len(synced) == 1
 
 
 def test_spare_dirs_are_emptied_kept_and_taken(tmp_path: Path) -> None:
     spare = SpareDirs(tmp_path)
-    a = JobDir.for_lease(tmp_path, "a", "1", tmp_path / "run")
+    a = JobDir.for_lease(tmp_path, "a", "1")
     a.create({"job": "a", "token": "1"}, spare=spare)  # none spare yet: made
     (a.work / "sub").mkdir()
     (a.work / "sub" / "f").write_text("x")
@@ -131,12 +131,19 @@ def test_spare_dirs_are_emptied_kept_and_taken(tmp_path: Path) -> None:
     a.work.chmod(0o500)  # the job made its cwd read-only
     inode, log_inode = a.root.stat().st_ino, a.output_log.stat().st_ino
     a.remove(spare)
-    assert not a.root.exists() and not a.run.exists() and len(spare.free) == 1
+    assert not a.root.exists() and len(spare.free) == 1
     assert scan(tmp_path) == []  # a spare is no job dir
-    b = JobDir.for_lease(tmp_path, "b", "1", tmp_path / "run")
+    b = JobDir.for_lease(tmp_path, "b", "1")
     b.create({"job": "b", "token": "1"}, deadline=5.0, spare=spare)
     assert b.root.stat().st_ino == inode and not spare.free  # the same dir, emptied of a's every file
-    assert sorted(p.name for p in b.root.iterdir()) == ["inputs", "output.log", "outputs", "work"]
+    assert sorted(p.name for p in b.root.iterdir()) == [
+        "deadline",
+        "inputs",
+        "job.json",
+        "output.log",
+        "outputs",
+        "work",
+    ]
     assert b.output_log.read_bytes() == b"" and b.output_log.stat().st_ino == log_inode  # emptied, not made again
     assert list(b.work.iterdir()) == list(b.outputs.iterdir()) == list(b.inputs.iterdir()) == []
     assert stat.S_IMODE(b.work.stat().st_mode) == spare.mode and b.record() == {"job": "b", "token": "1"}
@@ -147,9 +154,9 @@ def test_spare_dirs_are_emptied_kept_and_taken(tmp_path: Path) -> None:
     os.link(elsewhere, b.output_log)
     b.remove(spare)
     assert elsewhere.read_text() == "keep me" and len(spare.free) == 1
-    b = JobDir.for_lease(tmp_path, "b", "2", tmp_path / "run")
+    b = JobDir.for_lease(tmp_path, "b", "2")
     b.create({"job": "b", "token": "2"}, spare=spare)
-    assert sorted(p.name for p in b.root.iterdir()) == ["inputs", "outputs", "work"]
+    assert sorted(p.name for p in b.root.iterdir()) == ["inputs", "job.json", "outputs", "work"]
     # a dir without its work/ (the job removed it) is not kept; nor more than MOST
     shutil.rmtree(b.work)
     b.remove(spare)
@@ -160,57 +167,6 @@ def test_spare_dirs_are_emptied_kept_and_taken(tmp_path: Path) -> None:
     c.remove(spare)
     assert len(spare.free) == 1
     assert SpareDirs(tmp_path).free == [] and list((tmp_path / "jobs" / ".spare").iterdir()) == []
-
-
-def test_run_dir_is_private_and_stable(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(jobdir, "RUN_BASE", tmp_path)
-    a, b = run_dir_for(tmp_path / "w1"), run_dir_for(tmp_path / "w2")
-    assert a is not None and a.parent == tmp_path / f"piloop-{os.getuid()}" and a != b
-    assert run_dir_for(tmp_path / "w1") == a  # a restarted worker finds its jobs' control files again
-    (tmp_path / "w1").mkdir()
-    (tmp_path / "alias").symlink_to(tmp_path / "w1")
-    assert run_dir_for(tmp_path / "alias") == a  # and so does one given the same dir by another path
-    assert stat.S_IMODE(a.parent.stat().st_mode) == 0o700
-    a.parent.chmod(0o755)  # readable by others: not ours alone
-    assert run_dir_for(tmp_path / "w1") is None
-    a.parent.rmdir()
-    (tmp_path / "elsewhere").mkdir(mode=0o700)
-    a.parent.symlink_to(tmp_path / "elsewhere")  # someone's link in a shared /dev/shm
-    assert run_dir_for(tmp_path / "w1") is None
-    monkeypatch.setattr(jobdir, "RUN_BASE", tmp_path / "missing")
-    assert run_dir_for(tmp_path / "w1") is None
-
-
-def test_run_dirs_whose_worker_dir_is_gone_are_swept_unless_a_shim_holds_a_job(tmp_path: Path, monkeypatch) -> None:
-    """A worker's run dir names its dir; a starting worker removes the run dirs beside its own whose dir is gone and
-    in which no shim holds a job's lock. Others stay: a dir that still exists, a lock held, a run dir that names
-    no dir."""
-    monkeypatch.setattr(jobdir, "RUN_BASE", tmp_path / "shm")
-    (tmp_path / "shm").mkdir()
-    homes = {n: tmp_path / n for n in ("me", "gone", "kept", "held", "old")}
-    runs = {}
-    for n, home in homes.items():
-        home.mkdir()
-        runs[n] = run_dir_for(home)
-        jobdir.mark_run_dir(runs[n], home)
-        JobDir.named(home, "j1.1", runs[n]).create({"job": "j1"}, 1.0)
-    assert (runs["me"] / "dir").read_bytes() == os.fsencode(homes["me"].resolve())
-    (runs["old"] / "dir").unlink()  # made before run dirs named their dir
-    held = os.open(runs["held"] / "jobs" / "j1.1" / "lock", os.O_CREAT | os.O_RDWR, 0o600)
-    fcntl.flock(held, fcntl.LOCK_EX)  # a shim supervising its job
-    for n in ("gone", "held", "old"):
-        shutil.rmtree(homes[n])
-    assert jobdir.sweep_run_dirs(runs["me"]) == [runs["gone"]]
-    assert sorted(p.name for p in runs["me"].parent.iterdir()) == sorted(
-        runs[n].name for n in ("me", "kept", "held", "old")
-    )
-    os.close(held)  # the shim ended
-    assert jobdir.sweep_run_dirs(runs["me"]) == [runs["held"]]
-    # a worker holding no job removes its run dir when it stops; one with a job's control files left keeps it
-    shutil.rmtree(runs["kept"] / "jobs")
-    jobdir.unmark_run_dir(runs["kept"])
-    jobdir.unmark_run_dir(runs["me"])
-    assert not runs["kept"].exists() and (runs["me"] / "dir").exists()
 
 
 def _report(job: str = "j1") -> ReportRequest:
