@@ -42,7 +42,7 @@ def test_the_server_does_not_answer_the_worker_fences_its_job_before_the_lease_e
     # the same clock for every process here); one in flight at the pause times out after request_timeout (1 s)
     (jd,) = job_dirs(w.home / "work" / "wa")
     wait_for(lambda: "event=worker.unreachable" in w.output(), 5, what="the worker to log worker.unreachable")
-    last_ack_sent = float(jd.deadline_file.read_text()) - (TOLERATION - 1.0)
+    last_ack_sent = jd.read_deadline() - (TOLERATION - 1.0)
     assert last_ack_sent <= paused
     wait_for(lambda: not pgid_alive(first["pgid"]), TOLERATION + 2, interval=0.05, what="the job to be fenced")
     gone = time.monotonic()

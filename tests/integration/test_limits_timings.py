@@ -15,6 +15,7 @@ from piloop_server.limits import TIMING_KEYS
 from piloop_server.state import limits as stored_limits
 from piloop_server.state.keys import Keys
 from piloop_server.state.records.limit import Limit
+from piloop_worker import clock
 from tests.helpers.keyspace import DAEMON_CHURN, keyspace, settled
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import FAST_EXECUTOR
@@ -108,7 +109,7 @@ def test_a_server_restarted_with_a_shorter_toleration_is_fenced_by_at_the_next_h
         first = _running(marker, job, 1)
         state(d, job, "running")
         (jd,) = job_dirs(a.home / "work" / "wa")
-        ahead = lambda: float(jd.deadline_file.read_text()) - time.monotonic()  # noqa: E731
+        ahead = lambda: jd.read_deadline() - clock.now()  # noqa: E731
         wait_for(lambda: ahead() > TOLERATION, 10, interval=0.05, what="a deadline under the 12 s toleration")
         d.stop()
         conf = d.home / "config.toml"
