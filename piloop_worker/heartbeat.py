@@ -25,7 +25,7 @@ from piloop_common.protocol import HeartbeatResponse
 from piloop_worker import clock
 
 if TYPE_CHECKING:
-    from piloop_worker.agent import Worker
+    from piloop_worker.loop import Worker
 
 log = logging.getLogger("piloop.worker")
 ORPHAN_ENV = "PILOOP_ORPHAN_EXIT_SECONDS"

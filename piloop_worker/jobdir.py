@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from piloop_common.files import read_file, temp_beside, write_all, write_file
+from piloop_worker.shimproto import ExitRecord, ShimRecord, StopReason
 
 
 def atomic_write(path: Path, data: bytes | str, mode: int = 0o600, durable: bool = True) -> None:
@@ -204,14 +205,14 @@ class JobDir:
         return None
 
     # -- stop requests --------------------------------------------------------------------
-    def request_stop(self, why: str) -> None:
+    def request_stop(self, why: StopReason) -> None:
         """Ask the shim to stop the job; the first reason given wins."""
         if not self.stop_file.exists():
-            atomic_write(self.stop_file, why, durable=False)
+            atomic_write(self.stop_file, why.value, durable=False)
 
-    def stop_reason(self) -> str | None:
+    def stop_reason(self) -> StopReason | None:
         try:
-            return read_file(self.stop_file).strip() or "stopped"
+            return StopReason.read(read_file(self.stop_file))
         except OSError:
             return None
 
@@ -234,8 +235,21 @@ class JobDir:
         finally:
             os.close(fd)
 
-    def exit_record(self) -> dict[str, Any] | None:
-        return read_json(self.exit_json)
+    def exit_record(self) -> ExitRecord | None:
+        """The job's exit record; None while there is none (or it cannot be read)."""
+        try:
+            return ExitRecord.parse(read_file(self.exit_json))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def shim_record(self) -> ShimRecord | None:
+        try:
+            return ShimRecord.parse(read_file(self.shim_json))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def write_shim(self, record: ShimRecord) -> None:
+        atomic_write(self.shim_json, record.wire(), durable=False)
 
     def full(self) -> bool:
         """Whether the job's data dir is (all but) out of room: a job that failed there most likely failed for it."""
@@ -245,27 +259,26 @@ class JobDir:
             return False
         return st.f_bavail * st.f_frsize < FULL_BELOW
 
-    def write_exit(self, record: dict[str, Any]) -> None:
+    def write_exit(self, record: ExitRecord) -> None:
         """Write the exit record, with `disk_full` where a job that failed left its data dir full. Where the record
         itself meets a full disk, first free the job's scratch `work/` (never reported, removed with
         the dir once reported anyway), so a job that filled its worker's dir still ends with a record."""
-        if record.get("exit_code") != 0 and not record.get("disk_full") and self.full():
+        if record.exit_code != 0 and not record.disk_full and self.full():
             record = _disk_full(record, "No space left on device")
-        durable = float(record.get("duration_seconds") or 0.0) >= DURABLE_AFTER_SECONDS
+        durable = record.duration_seconds >= DURABLE_AFTER_SECONDS
         try:
-            atomic_json(self.exit_json, record, durable=durable)
+            atomic_write(self.exit_json, record.wire(), durable=durable)
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             _rmtree(self.work, ignore_errors=True)
-            atomic_json(self.exit_json, _disk_full(record, e.strerror), durable=durable)
+            atomic_write(self.exit_json, _disk_full(record, e.strerror).wire(), durable=durable)
 
 
-def _disk_full(record: dict[str, Any], why: str) -> dict[str, Any]:
-    record = {**record, "disk_full": True}
-    if record.get("exit_code") != 0 and not record.get("reason"):
-        record["reason"] = f"disk_full: the worker's dir is full ({why})"
-    return record
+def _disk_full(record: ExitRecord, why: str) -> ExitRecord:
+    if record.exit_code != 0 and not record.reason:
+        return record._replace(disk_full=True, reason=f"disk_full: the worker's dir is full ({why})")
+    return record._replace(disk_full=True)
 
 
 def _deadline_text(deadline: float) -> str:

@@ -58,9 +58,9 @@ class JobUser(NamedTuple):
         return {"name": self.name, "uid": self.uid, "gid": self.gid, "groups": list(self.groups)}
 
     @classmethod
-    def of(cls, req: Mapping[str, Any]) -> JobUser | None:
-        """The user a shim's request names, or None (the job runs as the shim's user)."""
-        u = req.get("user")
+    def of(cls, u: Mapping[str, Any] | None) -> JobUser | None:
+        """The user of a shim's request (`ShimRequest.user`, as `wire` wrote it), or None (the job runs as the shim's
+        user)."""
         if not u:
             return None
         return cls(str(u["name"]), int(u["uid"]), int(u["gid"]), tuple(int(g) for g in u["groups"]))

@@ -146,7 +146,8 @@ def _run(settings, host, *, server, socket, pool, token, name, image, dir, home,
     from piloop_common.cas import open_store
     from piloop_common.client import ApiClient
     from piloop_common.errors import DirInUse
-    from piloop_worker.agent import ServerUntrusted, ShutdownRequested, Worker, WorkerRefused
+    from piloop_worker.loop import ServerUntrusted, ShutdownRequested, Worker, WorkerRefused
+    from piloop_worker.shimproto import StopReason
 
     # over TCP a token names the worker; `--name` asks for another, which the server allows only where the token
     # says so (`piloop token create --rename`), else it refuses the worker (exit 3)
@@ -200,7 +201,7 @@ def _run(settings, host, *, server, socket, pool, token, name, image, dir, home,
         except DirInUse as e:
             return _fail(e.message, EXIT_IN_USE)
         except WorkerRefused as e:
-            w.stop_all("refused", wait=(w.timing.kill_grace_seconds + 2) if w.timing else 2.0)
+            w.stop_all(StopReason.REFUSED, wait=(w.timing.kill_grace_seconds + 2) if w.timing else 2.0)
             return _fail(f"refused by the server: {e.reason}", EXIT_REFUSED)
         except ServerUntrusted as e:  # before registering: nothing of this worker runs yet
             return _fail(e.message, EXIT_UNTRUSTED)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import select
 import signal
@@ -29,7 +28,8 @@ import psutil
 from piloop_common.prctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl, set_name
 from piloop_worker import clock, jobuser, metrics, tasks
 from piloop_worker.cgroups import HeldWatch, JobCgroup
-from piloop_worker.jobdir import JobDir, atomic_json
+from piloop_worker.jobdir import JobDir
+from piloop_worker.shimproto import ExitRecord, ShimRecord, ShimRequest, StopReason, UsageRecord
 from piloop_worker.usage import Meter
 
 TICK = 0.1
@@ -72,11 +72,11 @@ def base_env() -> dict[str, str]:
     return _base_env
 
 
-def job_env(req: dict[str, Any]) -> dict[str, str]:
+def job_env(req: ShimRequest) -> dict[str, str]:
     """A job's whole environment: `base_env` with the request's `env` set over it. The worker sends only what a job
     adds (its spec's `env`, its secrets, `PILOOP_*`), so the line it writes, and the host and the shim read, carries a
     few variables, not the worker's every one."""
-    return {**base_env(), **req["env"]}
+    return {**base_env(), **req.env}
 
 
 def notify(name: str) -> bool:
@@ -92,14 +92,10 @@ def notify(name: str) -> bool:
     return True
 
 
-def _job_dir(req: dict[str, Any]) -> JobDir:
-    return JobDir(Path(req["dir"]))
-
-
-def run(req: dict[str, Any]) -> int:
+def run(req: ShimRequest) -> int:
     """Run the job `req` describes (see `ShimHost.run_job`) to its end, and write `exit.json`; the dir's lock is
     held until then (the worker reads a dir without a held lock and without a record as a shim gone)."""
-    jd = _job_dir(req)
+    jd = JobDir(Path(req.dir))
     lock_fd = os.open(jd.lock_file, os.O_CREAT | os.O_RDWR, 0o600)
     try:
         try:
@@ -111,69 +107,52 @@ def run(req: dict[str, Any]) -> int:
         os.close(lock_fd)  # a shim that runs another job next must not hold this one's dir
 
 
-def _supervise(req: dict[str, Any], jd: JobDir) -> int:
+def _supervise(req: ShimRequest, jd: JobDir) -> int:
     signal.signal(signal.SIGTERM, lambda *_: _terminated.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    cg = JobCgroup(Path(req["cgroup"]["path"]), req["cgroup"]["version"]) if req.get("cgroup") else None
-    limit_mb = (req.get("cgroup") or {}).get("limit_mb")
-    held_seconds = (req.get("cgroup") or {}).get("held_seconds")
-    held = HeldWatch(limit_mb * 2**20, float(held_seconds)) if cg is not None and limit_mb and held_seconds else None
+    grant = req.cgroup
+    cg = JobCgroup(Path(grant.path), grant.version) if grant is not None else None
+    held_seconds = grant.held_seconds if grant is not None else None
+    held = (
+        HeldWatch(grant.limit_mb * 2**20, float(held_seconds))
+        if cg is not None and grant is not None and grant.limit_mb and held_seconds
+        else None
+    )
     oom_before = cg.oom_kills() if cg is not None else 0  # the group may be a spare, its counters an earlier job's
     started_wall, started = time.time(), clock.now()
-    record: dict[str, Any] = {
-        "exit_code": None,
-        "signal": None,
-        "oom": False,
-        "stopped": "",
-        "reason": "",
-        "started": started_wall,
-    }
     proc: subprocess.Popen | None = None
     try:
-        if (user := jobuser.JobUser.of(req)) is not None:
+        if (user := jobuser.JobUser.of(req.user)) is not None:
             jobuser.hand_over(jd.root, user)
-        if req.get("task"):
+        if req.task:
             pid = _fork_task(req, jd, cg)
         else:
             proc = _spawn(req, jd, cg)  # held to the end: a Popen collected early reaps the job under our wait4
             pid = proc.pid
     except (OSError, subprocess.SubprocessError) as e:
-        record.update(
-            exit_code=127,
-            reason=f"cannot start {req['argv'][0]!r}: {e}",
-            ended=time.time(),
-            usage={"peak_rss_bytes": 0, "cpu_seconds": 0.0},
-            duration_seconds=0.0,
+        jd.write_exit(
+            ExitRecord(
+                exit_code=127, reason=f"cannot start {req.argv[0]!r}: {e}", started=started_wall, ended=time.time()
+            )
         )
-        jd.write_exit(record)
         _told(jd, cg)
         return 0
-    atomic_json(
-        jd.shim_json,
-        {
-            "shim": os.getpid(),
-            "pid": pid,
-            "pgid": pid,
-            "started": started_wall,
-            "cgroup": str(cg.path) if cg is not None else None,
-        },
-        durable=False,
-    )
+    jd.write_shim(ShimRecord(os.getpid(), pid, pid, started_wall, str(cg.path) if cg is not None else None))
     pidfd = _pidfd(pid)
     stop_metrics = threading.Event()
     metrics_thread: threading.Thread | None = None
-    metrics_every = float(req.get("metrics_seconds", 5))
+    metrics_every = float(req.metrics_seconds)
     metrics_at: float | None = started + METRICS_AFTER if metrics_every > 0 else None
     meter = Meter(os.getpid(), include_root=False)  # the shim is a subreaper: all it has is the job's
-    why = ""
+    why = StopReason.NONE
     kill_at: float | None = None
     killed = False
     # the first sample a little after the start: a job that ends sooner is measured by wait4's rusage alone, and
     # each sample walks every process of the machine (psutil finds children by reading all of /proc)
     next_sample = started + FIRST_SAMPLE
-    timeout = req.get("timeout")
-    grace = float(req.get("kill_grace", 5))
+    timeout = req.timeout
+    grace = float(req.kill_grace)
     while True:
         # wait first: a task is forked from this process, and until it ends each page this loop writes is copied
         # (~0.4 ms a task left alone to its end); so a short job is checked on only once it ended, a long one each tick
@@ -190,17 +169,17 @@ def _supervise(req: dict[str, Any], jd: JobDir) -> int:
             if deadline is not None and now > deadline + LATE:
                 # woken past its deadline (the host was frozen or suspended): the lease may be handed on already,
                 # so no grace, which would let the job run beside its next copy
-                why = "fenced"
+                why = StopReason.FENCED
                 _kill_now(pid, meter, cg)
                 killed = True
             elif deadline is None or now > deadline:
-                why = "fenced"
+                why = StopReason.FENCED
             elif (stop := jd.stop_reason()) is not None:
                 why = stop
             elif timeout and now - started > float(timeout):
-                why = "timeout"
+                why = StopReason.TIMEOUT
             elif _terminated.is_set():
-                why = "shim terminated"
+                why = StopReason.SHIM_TERMINATED
             if why and not killed:
                 _signal_tree(pid, meter, signal.SIGTERM)
                 kill_at = now + grace
@@ -217,7 +196,7 @@ def _supervise(req: dict[str, Any], jd: JobDir) -> int:
             meter.sample()
             next_sample = now + SAMPLE_EVERY
             if held is not None and cg is not None and not why and held.observe(now, cg.usage_bytes(), cg.refaults()):
-                why = "memory_held"  # thrashing at its limit, which the kernel will not kill for
+                why = StopReason.MEMORY_HELD  # thrashing at its limit, which the kernel will not kill for
                 _signal_tree(pid, meter, signal.SIGTERM)
                 kill_at = now + grace
     if pidfd is not None:
@@ -234,20 +213,25 @@ def _supervise(req: dict[str, Any], jd: JobDir) -> int:
     if cg is not None:
         cg.kill_all()
     _reap_all(pid, 2.0)
-    record["ended"] = time.time()
-    record["duration_seconds"] = round(clock.now() - started, 3)
-    if os.WIFEXITED(status):
-        record["exit_code"] = os.WEXITSTATUS(status)
-    elif os.WIFSIGNALED(status):
-        record["signal"] = os.WTERMSIG(status)
+    oom, reason = False, ""
     if cg is not None:
-        record["oom"] = cg.oom_kills() > oom_before or why == "memory_held"
-        if why == "memory_held":
-            record["reason"] = f"out of memory (held at its limit for {held_seconds:g}s)"
+        oom = cg.oom_kills() > oom_before or why is StopReason.MEMORY_HELD
+        if why is StopReason.MEMORY_HELD:
+            reason = f"out of memory (held at its limit for {held_seconds:g}s)"
         # the group stays: the worker gives it back for a later job, or removes it (`Cgroups.give`)
-    record["stopped"] = why
-    record["usage"] = meter.usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024)
-    jd.write_exit(record)
+    jd.write_exit(
+        ExitRecord(
+            exit_code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+            signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+            oom=oom,
+            stopped=why,
+            reason=reason,
+            usage=UsageRecord(**meter.usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024)),
+            duration_seconds=round(clock.now() - started, 3),
+            started=started_wall,
+            ended=time.time(),
+        )
+    )
     _told(jd, cg)
     return 0
 
@@ -260,7 +244,7 @@ def _told(jd: JobDir, cg: JobCgroup | None) -> None:
         cg.remove()
 
 
-def _fork_task(req: dict[str, Any], jd: JobDir, cg: JobCgroup | None) -> int:
+def _fork_task(req: ShimRequest, jd: JobDir, cg: JobCgroup | None) -> int:
     """A task's process: forked from this shim, itself forked from the warm shim host, never a new interpreter."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # nothing of the shim's own output is copied into the task's log
@@ -280,16 +264,16 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-def _spawn(req: dict[str, Any], jd: JobDir, cg: JobCgroup | None) -> subprocess.Popen:
+def _spawn(req: ShimRequest, jd: JobDir, cg: JobCgroup | None) -> subprocess.Popen:
     """The job's process, in its own process group (and its cgroup from its first instruction); with a user in the
     request, as that user (set by subprocess in C between fork and exec) in a Landlock domain of its own."""
-    user = jobuser.JobUser.of(req)
+    user = jobuser.JobUser.of(req.user)
     as_user: dict[str, Any] = (
         {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)} if user is not None else {}
     )
     with open(jd.output_log, "ab") as log, cg.entered() if cg is not None else contextlib.nullcontext(False) as inside:
         proc = subprocess.Popen(
-            req["argv"],
+            req.argv,
             cwd=jd.work,
             env=job_env(req),
             stdin=subprocess.DEVNULL,
@@ -374,7 +358,7 @@ def _metrics_loop(jd: JobDir, every: float, stop: threading.Event) -> None:
         stop.wait(every)
 
 
-def main_forked(req: dict[str, Any], channel: socket.socket | None = None) -> None:
+def main_forked(req: ShimRequest, channel: socket.socket | None = None) -> None:
     """The shim's life after the fork: its own session, then `req`'s job, each with its own log; then, with a
     `channel` to the worker, the next request waited for there, until the worker lets it go."""
     os.setsid()
@@ -395,10 +379,10 @@ def main_forked(req: dict[str, Any], channel: socket.socket | None = None) -> No
         req = next_req
 
 
-def _run_logged(req: dict[str, Any], devnull: int) -> None:
+def _run_logged(req: ShimRequest, devnull: int) -> None:
     """`run`, its output to the job's `shim.log`, its failure in the record, never a silent death; then the output
     back to /dev/null, so nothing an idle shim writes lands in a job's dir."""
-    jd = _job_dir(req)
+    jd = JobDir(Path(req.dir))
     try:
         out = os.open(jd.shim_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(out, 1)
@@ -409,19 +393,8 @@ def _run_logged(req: dict[str, Any], devnull: int) -> None:
         with contextlib.suppress(Exception):
             os.write(2, f"shim failed: {type(e).__name__}: {e}\n".encode())
             if not jd.exit_json.exists():
-                jd.write_exit(
-                    {
-                        "exit_code": None,
-                        "signal": None,
-                        "oom": False,
-                        "stopped": "",
-                        "reason": f"the shim failed: {type(e).__name__}: {e}",
-                        "usage": {"peak_rss_bytes": 0, "cpu_seconds": 0.0},
-                        "started": time.time(),
-                        "ended": time.time(),
-                        "duration_seconds": 0.0,
-                    }
-                )
+                now = time.time()
+                jd.write_exit(ExitRecord(reason=f"the shim failed: {type(e).__name__}: {e}", started=now, ended=now))
         if not isinstance(e, Exception):
             raise  # SystemExit, KeyboardInterrupt: this shim ends here
     finally:
@@ -432,7 +405,7 @@ def _run_logged(req: dict[str, Any], devnull: int) -> None:
         os.dup2(devnull, 2)
 
 
-def _next_request(channel: socket.socket) -> dict[str, Any] | None:
+def _next_request(channel: socket.socket) -> ShimRequest | None:
     """Wait for the worker's next request (its word from `notify` told it this shim is idle); None when the worker
     let this shim go or is gone."""
     # idle, a SIGTERM ends the shim (it holds no job); each job sets its own handler again
@@ -444,8 +417,8 @@ def _next_request(channel: socket.socket) -> dict[str, Any] | None:
     if not raw:
         return None
     try:
-        return json.loads(raw)
-    except ValueError:
+        return ShimRequest.parse(raw)
+    except (ValueError, TypeError):
         return None
 
 

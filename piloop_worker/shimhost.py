@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import errno
 import gc
-import json
 import os
 import select
 import signal
@@ -35,21 +34,21 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
 
 from piloop_common.prctl import set_name
 from piloop_worker import cgroups, clock, jobuser, shim, tasks  # imported here, once, so every forked shim starts warm
+from piloop_worker.shimproto import ShimRequest
 
 IDLE_SECONDS = 60.0  # an idle shim held longer than this is let go: a burst's shims do not stay forever
 FDS_ENV = "PILOOP_SHIM_FDS_FD"  # the host's end of the socket the shims' pairs come on
 
 
-def handle(req: dict[str, Any], channel: int, keep: tuple[int, ...]) -> None:
+def handle(req: ShimRequest, channel: int, keep: tuple[int, ...]) -> None:
     """Fork a shim for `req`, its end of the worker's pair `channel`; `keep` are the host's own fds (closed in it)."""
-    if req.get("task") and tasks.preload(req["task"]):  # here, once: every later fork starts with it imported
+    if req.task and tasks.preload(req.task):  # here, once: every later fork starts with it imported
         gc.freeze()
-    if req.get("cgroup"):
-        cgroups.own_procs(req["cgroup"]["version"])  # read here once, not in every shim
+    if req.cgroup is not None:
+        cgroups.own_procs(req.cgroup.version)  # read here once, not in every shim
     try:
         pid = os.fork()
     except OSError:
@@ -91,8 +90,8 @@ def serve(stdin_fd: int, fds: socket.socket) -> None:
             if channel is None:
                 return
             try:
-                req = json.loads(raw)
-            except ValueError:
+                req = ShimRequest.parse(raw)
+            except (ValueError, TypeError):
                 os.close(channel)
                 continue
             handle(req, channel, keep)
@@ -229,21 +228,14 @@ class ShimHost:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def run_job(self, req: dict[str, Any]) -> None:
-        """Start a shim on `req`: {dir, argv, env, timeout, kill_grace, cgroup, metrics_seconds, task}.
-
-        With `task` (`module:function`), the host imports the module first, and the shim forks the task's
-        process from itself (`piloop_worker.tasks`) instead of exec'ing `argv`.
-
-        `env` is what the job adds to this process's environment, which the host inherited (`shim.job_env`); it
-        carries the job's secret values: they cross a pipe or a socket pair and are never written to disk.
-        """
-        name = Path(req["dir"]).name
+    def run_job(self, req: ShimRequest) -> None:
+        """Start a shim on `req`. With a `task`, the host imports its module first (every later fork has it)."""
+        name = Path(req.dir).name
         if self.user is not None:
-            req = {**req, "user": self.user.wire()}
+            req = req._replace(user=self.user.wire())
         with self.lock:
             self._heard()  # words not yet read: a worker's loop reads them first, a caller of its own may not
-            module = tasks.module_of(req["task"]) if req.get("task") else ""
+            module = tasks.module_of(req.task) if req.task else ""
             if module and module not in self.sent_modules:
                 self.sent_modules.add(module)  # the host imports it before the fork: shims forked before lack it
                 self.generation += 1
@@ -254,11 +246,11 @@ class ShimHost:
             if not self._to_idle(name, req):
                 self._fork(name, req)
 
-    def _to_idle(self, name: str, req: dict[str, Any]) -> bool:
+    def _to_idle(self, name: str, req: ShimRequest) -> bool:
         """Send `req` to the idle shim idle the shortest; whether one took it."""
         if not self.idle:
             return False
-        data = json.dumps(req).encode()
+        data = req.wire()
         while self.idle:
             sh = self.idle.pop()
             try:
@@ -274,9 +266,9 @@ class ShimHost:
             return True
         return False
 
-    def _fork(self, name: str, req: dict[str, Any]) -> None:
+    def _fork(self, name: str, req: ShimRequest) -> None:
         """Have the host fork a shim for `req`, with the shim's end of a new pair."""
-        line = (json.dumps(req) + "\n").encode()
+        line = req.wire() + b"\n"
         for attempt in (0, 1):
             if not self.alive():
                 self.start()

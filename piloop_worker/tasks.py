@@ -23,6 +23,7 @@ from piloop_common.files import write_file
 from piloop_common.prctl import die_with_parent
 from piloop_worker import jobuser
 from piloop_worker.jobdir import JobDir
+from piloop_worker.shimproto import ShimRequest
 
 SERIALIZERS = ("json", "pickle")
 FAILED = 1
@@ -96,7 +97,7 @@ def _become(env: dict[str, str]) -> None:
             os.environ[name] = value
 
 
-def child(req: dict[str, Any], jd: JobDir, cgroup_join: Path | None) -> None:
+def child(req: ShimRequest, jd: JobDir, cgroup_join: Path | None) -> None:
     """The forked task process, up to its `os._exit`: its own process group, the job's log as stdout and stderr,
     the job's env and cwd, default signals, none of the shim's descriptors (its lock above all)."""
     code = CRASHED
@@ -114,12 +115,12 @@ def child(req: dict[str, Any], jd: JobDir, cgroup_join: Path | None) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         os.chdir(jd.work)
-        if (user := jobuser.JobUser.of(req)) is not None:
+        if (user := jobuser.JobUser.of(req.user)) is not None:
             jobuser.become(user)  # after its log and cgroup, which are root's
             jobuser.isolate()
             jd = JobDir(Path(os.pardir))  # its dir through its cwd: the user cannot pass the dirs above it
         die_with_parent(shim_pid, signal.SIGKILL)  # after its user is set, which clears a parent-death signal
-        env = req["env"]
+        env = req.env
         _become(env)
         for p in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
             if p not in sys.path:
@@ -127,7 +128,8 @@ def child(req: dict[str, Any], jd: JobDir, cgroup_join: Path | None) -> None:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.reconfigure(line_buffering=True)  # lines reach the log (and `piloop attach`) as printed
-        code = run(req["task"], jd)
+        assert req.task is not None
+        code = run(req.task, jd)
     except BaseException:  # noqa: BLE001 — the task's host reports any end as its exit status
         with contextlib.suppress(BaseException):
             import traceback

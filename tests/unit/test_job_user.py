@@ -26,9 +26,9 @@ def test_no_credential_of_the_worker_is_left() -> None:
 
 
 def test_unset_is_no_user_and_a_user_goes_over_the_wire_whole() -> None:
-    assert jobuser.resolve(None) is None and jobuser.JobUser.of({}) is None
+    assert jobuser.resolve(None) is None and jobuser.JobUser.of(None) is None
     u = jobuser.JobUser("u", 1000, 1000, (1000, 27))
-    assert jobuser.JobUser.of({"user": u.wire()}) == u
+    assert jobuser.JobUser.of(u.wire()) == u
 
 
 def test_run_as_is_refused_in_one_line_naming_the_key() -> None:

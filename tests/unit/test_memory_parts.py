@@ -9,9 +9,9 @@ from piloop_common.cli.jobs import _policy
 from piloop_common.errors import BadRequest
 from piloop_common.protocol import JobSpec
 from piloop_common.sizes import format_memory, parse_memory
-from piloop_worker.agent import outcome_of
 from piloop_worker.cgroups import HeldWatch
 from piloop_worker.room import Room
+from piloop_worker.shimproto import ExitRecord, StopReason
 
 
 @pytest.mark.parametrize(
@@ -86,9 +86,10 @@ def test_a_hold_ends_after_the_slack_without_refaults():
 
 
 def test_outcomes_of_memory_ends():
-    assert outcome_of({"exit_code": None, "signal": 9, "oom": True}) == ("failed", "out of memory")
-    held = {"signal": 15, "oom": True, "stopped": "memory_held", "reason": "out of memory (held at its limit for 2s)"}
-    assert outcome_of(held) == ("failed", "out of memory (held at its limit for 2s)")
+    assert ExitRecord(signal=9, oom=True).outcome() == ("failed", "out of memory")
+    why = "out of memory (held at its limit for 2s)"
+    held = ExitRecord(signal=15, oom=True, stopped=StopReason.MEMORY_HELD, reason=why)
+    assert held.outcome() == ("failed", why)
 
 
 def test_flags_make_the_spec_fields_and_refuse_bad_ones():

@@ -4,6 +4,7 @@ a round's reports carry."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import stat
@@ -24,11 +25,15 @@ from piloop_common.protocol import (
     ReportsResponse,
     Timing,
 )
-from piloop_worker.agent import EVALUATIONS_PER_CLAIM, Held, Worker, outcome_of, report_id_for
+from piloop_worker import spool as spool_module
+from piloop_worker.claiming import EVALUATIONS_PER_CLAIM
 from piloop_worker.heartbeat import Reachability
+from piloop_worker.held import Held, report_id_for
 from piloop_worker.jobdir import JobDir, SpareDirs, files_under, scan
 from piloop_worker.logs import LogShipper
+from piloop_worker.loop import Worker
 from piloop_worker.pressure import admission
+from piloop_worker.shimproto import CgroupGrant, ExitRecord, ShimRecord, ShimRequest, StopReason
 from piloop_worker.spool import DURABLE_AFTER_SECONDS, Spool
 
 PSI = "some avg10=12.50 avg60=3.00 avg300=0.75 total=123456\nfull avg10=1.25 avg60=0.00 avg300=0.00 total=99\n"
@@ -80,9 +85,9 @@ def test_job_dir_deadline_stop_and_lock(tmp_path: Path) -> None:
     jd.write_deadline(1234.5)
     assert jd.read_deadline() == 1234.5
     assert not [p for p in jd.root.iterdir() if p.name.startswith(".")]  # no temp file left behind
-    jd.request_stop("lost")
-    jd.request_stop("cancelled")  # the first reason wins
-    assert jd.stop_reason() == "lost"
+    jd.request_stop(StopReason.LOST)
+    jd.request_stop(StopReason.CANCELLED)  # the first reason wins
+    assert jd.stop_reason() is StopReason.LOST
     assert not jd.shim_alive()
     fd = os.open(jd.lock_file, os.O_CREAT | os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)
@@ -112,9 +117,9 @@ def test_an_exit_record_is_fsynced_only_for_a_job_that_ran_a_second(tmp_path: Pa
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
     jd = JobDir.for_lease(tmp_path, "j1", "7")
     jd.create({"job": "j1", "token": "7"})
-    jd.write_exit({"exit_code": 0, "duration_seconds": 0.1})
-    assert synced == [] and jd.exit_record() == {"exit_code": 0, "duration_seconds": 0.1}
-    jd.write_exit({"exit_code": 0, "duration_seconds": DURABLE_AFTER_SECONDS})
+    jd.write_exit(ExitRecord(exit_code=0, duration_seconds=0.1))
+    assert synced == [] and jd.exit_record() == ExitRecord(exit_code=0, duration_seconds=0.1)
+    jd.write_exit(ExitRecord(exit_code=0, duration_seconds=DURABLE_AFTER_SECONDS))
     assert len(synced) == 1
 
 
@@ -175,6 +180,20 @@ def _report(job: str = "j1") -> ReportRequest:
     )
 
 
+def test_the_spool_keeps_only_the_newest_reports_it_set_aside(tmp_path: Path, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(spool_module, "BAD_KEPT", 3)
+    sp = Spool(tmp_path / "spool")
+    for i in range(5):
+        r = _report(f"j{i}")
+        os.utime(sp.write(r), (1000 + i, 1000 + i))  # oldest first, apart by a second
+        sp.set_aside(r.report_id)
+    (tmp_path / "spool" / "junk.json").write_text("not a report")  # set aside by pending, newest of all
+    assert sp.pending() == []
+    kept = sorted(p.name for p in (tmp_path / "spool").glob("*.bad"))
+    assert kept == sorted(["junk.bad", f"{report_id_for('j4', '5')}.bad", f"{report_id_for('j3', '5')}.bad"])
+    assert caplog.text.count("event=spool.bad_removed") == 3
+
+
 def test_spool_write_pending_remove(tmp_path: Path) -> None:
     sp = Spool(tmp_path / "spool" / "w1")
     a, b = _report("a"), _report("b")
@@ -211,21 +230,42 @@ def test_report_id_is_one_per_lease() -> None:
 @pytest.mark.parametrize(
     "rec,want",
     [
-        ({"exit_code": 0}, ("succeeded", "")),
-        ({"exit_code": 2}, ("failed", "exit code 2")),
-        ({"signal": 9}, ("failed", "killed by signal 9")),
-        ({"signal": 9, "oom": True}, ("failed", "out of memory")),
-        ({"signal": 15, "stopped": "timeout"}, ("failed", "timeout")),
-        ({"signal": 15, "stopped": "fenced"}, ("fenced", "the worker could not renew the lease before its deadline")),
-        ({"signal": 15, "stopped": "cancelled"}, ("cancelled", "cancelled")),
-        ({"signal": 15, "stopped": "lost"}, ("lost", "the server says the lease is lost")),
-        ({"signal": 15, "stopped": "lease_lost"}, ("lost", "the server says the lease is lost")),
-        ({"exit_code": 127, "reason": "cannot start 'nope'"}, ("failed", "cannot start 'nope'")),
-        ({"lost": True, "reason": "the job's shim died"}, ("lost", "the job's shim died")),
+        (ExitRecord(exit_code=0), ("succeeded", "")),
+        (ExitRecord(exit_code=2), ("failed", "exit code 2")),
+        (ExitRecord(signal=9), ("failed", "killed by signal 9")),
+        (ExitRecord(signal=9, oom=True), ("failed", "out of memory")),
+        (ExitRecord(signal=15, stopped=StopReason.TIMEOUT), ("failed", "timeout")),
+        (
+            ExitRecord(signal=15, stopped=StopReason.FENCED),
+            ("fenced", "the worker could not renew the lease before its deadline"),
+        ),
+        (ExitRecord(signal=15, stopped=StopReason.CANCELLED), ("cancelled", "cancelled")),
+        (ExitRecord(signal=15, stopped=StopReason.LOST), ("lost", "the server says the lease is lost")),
+        (ExitRecord(signal=15, stopped=StopReason.LEASE_LOST), ("lost", "the server says the lease is lost")),
+        (ExitRecord(signal=15, stopped=StopReason.REFUSED), ("lost", "the server refused the worker")),
+        (ExitRecord(signal=15, stopped=StopReason.SHIM_TERMINATED), ("lost", "the job's shim was terminated")),
+        (ExitRecord(exit_code=127, reason="cannot start 'nope'"), ("failed", "cannot start 'nope'")),
+        (ExitRecord(lost=True, reason="the job's shim died"), ("lost", "the job's shim died")),
     ],
 )
-def test_outcomes(rec: dict, want: tuple[str, str]) -> None:
-    assert outcome_of(rec) == want
+def test_outcomes(rec: ExitRecord, want: tuple[str, str]) -> None:
+    assert rec.outcome() == want
+    assert ExitRecord.parse(rec.wire()) == rec  # and it crosses the disk whole
+
+
+def test_the_shim_protocol_records_cross_the_wire_whole_and_ignore_what_they_do_not_know() -> None:
+    req = ShimRequest("/d/j.1", ["true"], {"A": "1"}, kill_grace=0.5, cgroup=CgroupGrant("/cg/x", 2, 64, 3.0))
+    assert ShimRequest.parse(req.wire()) == req
+    assert ShimRequest.parse(json.dumps({**req._asdict(), "cgroup": None, "later": 1})) == req._replace(cgroup=None)
+    with pytest.raises((ValueError, TypeError)):
+        ShimRequest.parse(b'{"argv": ["true"]}')  # no dir: not a request
+    with pytest.raises(ValueError):
+        ShimRequest.parse(b"[1, 2]")
+    shim = ShimRecord(10, 11, 11, 1.5, None)
+    assert ShimRecord.parse(shim.wire()) == shim
+    # a record written by another release: an unknown stop reason reads as a stop, an unknown field is ignored
+    old = ExitRecord.parse(b'{"exit_code": null, "signal": 15, "stopped": "halted", "colour": "red"}')
+    assert old.stopped is StopReason.STOPPED and old.outcome() == ("failed", "killed by signal 15")
 
 
 def test_log_shipper_sends_new_bytes_once_and_survives_a_restart(tmp_path: Path) -> None:
@@ -297,7 +337,7 @@ def test_user_mistakes_are_one_line_and_exit_2(tmp_path: Path, capsys, monkeypat
 
 def test_fence_deadline_is_two_heartbeats_before_expiry_and_leaves_room_for_the_kill() -> None:
     from piloop_common.protocol import Timing
-    from piloop_worker.agent import fence_deadline
+    from piloop_worker.fencing import fence_deadline
 
     t = Timing(
         renew_seconds=0.5,
@@ -326,7 +366,7 @@ def test_the_shim_host_imports_nothing_a_task_does_not_need() -> None:
     assert "piloop_worker.shim" in loaded and "piloop_worker.tasks" in loaded
     heavy = {
         "piloop_worker.main",
-        "piloop_worker.agent",
+        "piloop_worker.loop",
         "pydantic",
         "httpx",
         "logging",

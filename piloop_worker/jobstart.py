@@ -1,0 +1,218 @@
+"""A job's start: its dir and deadline, its inputs and campaign checkout, its cgroup, its relay, its environment,
+and the request to the shim host that forks its shim. A job this worker cannot start is given back (released).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path, PurePosixPath
+
+from piloop_common import envnames
+from piloop_common.cas import Store
+from piloop_common.client import ApiClient
+from piloop_common.errors import PiloopError
+from piloop_common.protocol import PROTOCOL, Assignment, BundleRequest, BundleResponse, ReleaseRequest, Timing
+from piloop_worker import clock
+from piloop_worker.cgroups import Cgroups
+from piloop_worker.fencing import fence_deadline
+from piloop_worker.held import Held
+from piloop_worker.jobdir import JobDir, SpareDirs
+from piloop_worker.logs import LogShipper
+from piloop_worker.relay import Relay, socket_path
+from piloop_worker.repos import Repos
+from piloop_worker.shimhost import ShimHost
+from piloop_worker.shimproto import CgroupGrant, ExitRecord, ShimRequest
+
+log = logging.getLogger("piloop.worker")
+
+SHIM_START_SECONDS = 10.0  # a shim that has not taken its dir's lock by then never will
+
+# where `piloop` is: the worker's own interpreter's bin dir (a venv's), whatever PATH started the worker
+BIN_DIR = os.path.dirname(sys.executable)
+
+
+def job_path(spec_env: dict[str, str]) -> str:
+    """A job's PATH: the worker's bin dir first, so the job's `piloop` is the worker's, then the spec's PATH, else
+    the worker's own."""
+    rest = spec_env.get("PATH", os.environ.get("PATH", os.defpath))
+    if rest == BIN_DIR or rest.startswith(BIN_DIR + os.pathsep):
+        return rest
+    return f"{BIN_DIR}{os.pathsep}{rest}" if rest else BIN_DIR
+
+
+def _safe_name(name: str) -> bool:
+    p = PurePosixPath(name)
+    return bool(name) and not p.is_absolute() and ".." not in p.parts and name not in (".",)
+
+
+class JobStarts:
+    """The worker's job starts (a part of `loop.Worker`)."""
+
+    api: ApiClient
+    timing: Timing | None
+    lock: threading.RLock
+    held: dict[str, Held]
+    grants: dict[str, int]
+    next_claim: float
+    name: str
+    image: str
+    home: Path
+    workdir: Path | None
+    spare: SpareDirs | None
+    store: Store
+    repos: Repos
+    cgroups: Cgroups
+    relay: Relay | None
+    host: ShimHost
+    # and of the Worker's methods: register_with, snapshot
+
+    def start_job(self, a: Assignment, sent: float, room: int) -> None:
+        """Start `a`, leased by a claim sent at `sent` when this worker could grant `room` MiB (less the grants of
+        the jobs that claim started before this one)."""
+        assert self.timing is not None and self.workdir is not None
+        if a.image and a.image != self.image:
+            log.info("event=job.released job=%s reason=image wants=%s have=%s", a.job, a.image, self.image or "-")
+            if self._release(a, "image"):
+                # the server matched the job to an image we do not have: its record of ours is wrong, so
+                # register again (it filters claims by that record) rather than be handed the job again
+                with contextlib.suppress(PiloopError, OSError):
+                    self.register_with(self.api, self.snapshot())
+            return
+        jd = JobDir.for_lease(self.workdir, a.job, a.token)
+        record = a.model_dump(mode="json", exclude={"secrets"})
+        record["secret_names"] = sorted(a.secrets)
+        record["claimed_at"] = time.time()
+        relay_at = self.relay.path_for(jd.root) if self.relay is not None else socket_path(jd.root)
+        record["relay"] = str(relay_at)
+        try:
+            # the claim renewed nothing yet: the lease's clock started at most when the claim was sent
+            jd.create(record, fence_deadline(sent, self.timing), self.spare)
+        except OSError as e:
+            # a full --dir: nothing ran, so give the job back (not an attempt) and claim nothing for a while
+            jd.remove()
+            why = "disk_full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "dir"
+            log.warning("event=job.released job=%s reason=%s worker=%s error=%s", a.job, why, self.name, e)
+            self._release(a, f"{why}: {e.strerror}")
+            self.next_claim = clock.now() + 10 * self.timing.renew_seconds
+            return
+        h = Held(a.job, a.token, a.kind, jd, LogShipper(jd))
+        with self.lock:
+            self.held[a.job] = h
+        self._relay_for(a.job, a.token, relay_at, jd)
+        log.info("event=job.started job=%s token=%s kind=%s worker=%s", a.job, a.token, a.kind, self.name)
+        stage = "inputs"
+        try:
+            for name, addr in a.spec.inputs.items():
+                if not _safe_name(name):
+                    raise ValueError(f"input name {name!r} is not a relative path inside the job's dir")
+                dest = jd.inputs / name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                self.store.get_file(addr, dest, durable=False, in_place=True)
+            stage = "repo"
+            camp_env = self._prepare_campaign(a, jd) if a.spec.campaign is not None else {}
+        except (PiloopError, OSError, ValueError) as e:
+            msg = getattr(e, "message", None) or str(e)
+            jd.write_exit(ExitRecord(reason=f"{stage}: {msg}"))
+            return
+        cgroup = None
+        self.grants[a.job] = a.memory_mb or 0
+        if self.cgroups.available:
+            # its grant is its limit; a job without one is limited to the worker's room
+            limit = a.memory_mb or max(room, 1)
+            try:
+                h.cgroup = cg = self.cgroups.take(limit)
+                cgroup = CgroupGrant(str(cg.path), cg.version, limit, self.timing.memory_held_seconds)
+            except OSError as e:
+                log.warning("event=job.no_cgroup job=%s error=%s", a.job, e)
+        # what the job adds to the worker's environment, which the shim host has (`shim.job_env`); never a secret
+        # that would shadow it (the server refuses those too)
+        secrets, refused = envnames.injectable(a.secrets)
+        for name in refused:
+            log.error("event=secret.refused job=%s name=%s: %s", a.job, name[:80], envnames.problem(name))
+        env = {
+            **a.spec.env,
+            **secrets,
+            "PILOOP_JOB": a.job,
+            "PILOOP_LEASE_TOKEN": a.token,
+            "PILOOP_JOB_DIR": str(jd.root),
+            "PILOOP_RELAY": str(relay_at),
+            "PILOOP_HOME": str(self.home),
+            **camp_env,
+            "PATH": job_path(a.spec.env),
+        }
+        h.shim_due = clock.now() + SHIM_START_SECONDS
+        self.host.run_job(
+            ShimRequest(
+                dir=str(jd.root),
+                argv=a.spec.argv,
+                env=env,
+                kill_grace=self.timing.kill_grace_seconds,
+                timeout=a.spec.timeout_seconds,
+                cgroup=cgroup,
+                task=a.spec.argv[0] if a.spec.runner == "task" else None,
+            )
+        )
+
+    def _release(self, a: Assignment, reason: str) -> bool:
+        """Give `a` back to the server unrun (not an attempt); whether the server heard it."""
+        assert self.timing is not None
+        try:
+            self.api.call(
+                "POST",
+                "/v1/worker/release",
+                ReleaseRequest(protocol=PROTOCOL, job=a.job, token=a.token, reason=reason),
+                timeout=self.timing.request_timeout_seconds,
+            )
+        except (PiloopError, OSError):
+            return False  # its lease expires and it runs elsewhere, as if this worker had died
+        return True
+
+    def _prepare_campaign(self, a: Assignment, jd: JobDir) -> dict[str, str]:
+        """A campaign job's clone (its cwd) and, for an agent, its workspace copy; the env that says where."""
+        camp = a.spec.campaign
+        assert camp is not None and self.timing is not None
+
+        def newer(have: list[str]) -> BundleResponse:
+            return self.api.call(
+                "POST",
+                "/v1/worker/bundle",
+                BundleRequest(protocol=PROTOCOL, job=a.job, token=a.token, have=have),
+                model=BundleResponse,
+                timeout=self.timing.request_timeout_seconds * 3,
+            )
+
+        fetched = self.repos.checkout(camp, jd.work, newer)
+        jd.write_fetched(fetched)
+        env = {"PILOOP_CAMPAIGN": camp.repo.campaign, "PILOOP_BASE_COMMIT": camp.repo.commit}
+        if camp.collect:
+            self.repos.give_workspace(camp, jd.workspace)
+            env |= {"PILOOP_WORKSPACE": str(jd.workspace), "PILOOP_RUN_BRANCH": camp.repo.branch}
+        log.info(
+            "event=job.repo job=%s campaign=%s commit=%s fetched_bytes=%d",
+            a.job,
+            camp.repo.campaign,
+            camp.repo.commit[:12],
+            fetched,
+        )
+        return env
+
+    def _relay_for(self, job: str, token: str, path: Path, jd: JobDir) -> None:
+        assert self.relay is not None
+        try:
+            self.relay.add(job, token, path)
+        except OSError as e:
+            # the job runs; its own `piloop` calls fail, saying the relay does not answer, and its log says why
+            why = e.strerror or str(e)
+            log.warning("event=relay.unavailable job=%s path=%s error=%s", job, path, why)
+            line = f"piloop: this job's relay is not available: {path}: {why}; piloop commands will fail\n"
+            try:
+                with open(jd.output_log, "ab") as f:
+                    f.write(line.encode(errors="replace"))
+            except OSError as e2:
+                log.warning("event=relay.unsaid job=%s error=%s", job, e2)

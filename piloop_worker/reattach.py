@@ -1,0 +1,38 @@
+"""Re-attach: the job dirs an earlier worker on this `--dir` left, found again at start.
+
+A live shim's job is held again (the server says whether its lease still is, `fencing.apply_statuses`); a job whose
+shim died with no exit record is buried; an ended job is reported like any other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from piloop_worker.cgroups import Cgroups
+from piloop_worker.fencing import bury, cgroup_of
+from piloop_worker.held import Held
+from piloop_worker.jobdir import scan
+from piloop_worker.logs import LogShipper
+
+
+def find_held(workdir: Path, cgroups: Cgroups) -> list[Held]:
+    """Job dirs left by an earlier worker: live shims to re-attach, ended jobs to report."""
+    out = []
+    for jd in scan(workdir):
+        rec = jd.record()
+        if not rec or "job" not in rec:
+            jd.remove()  # died before its lease was written down
+            continue
+        if not jd.shim_alive() and not jd.exit_json.exists():
+            bury(jd, cgroups)
+        out.append(
+            Held(
+                rec["job"],
+                rec["token"],
+                rec.get("kind", ""),
+                jd,
+                LogShipper(jd),
+                cgroup=cgroup_of(cgroups, jd.shim_record()),
+            )
+        )
+    return out
