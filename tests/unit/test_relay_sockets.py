@@ -1,5 +1,5 @@
 """The relay's sockets, without a server: each job's socket answers for that job alone while it is added, and is
-gone (file and listener) once removed, however adds and removes interleave on the relay thread's epoll."""
+gone (file and listener) once removed, however adds and removes interleave on the relay's loop."""
 
 from __future__ import annotations
 
