@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import functools
-import http.client
 import json
 import os
-import socket as socket_mod
 import ssl
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, TypeVar, overload
+from urllib.parse import urlsplit
 
+import httpx
 from pydantic import BaseModel
 
-from piloop_common.connections import ConnectFailed, Connections
-from piloop_common.errors import PiloopError, Unavailable, from_payload
-
-if TYPE_CHECKING:
-    import httpx
+from piloop_common.errors import ConfigError, PiloopError, Unavailable, from_payload
 
 M = TypeVar("M", bound=BaseModel)
 SOCKET_NAME = "piloop.sock"
@@ -48,8 +44,9 @@ def _untrusted(e: BaseException) -> str:
 
 
 class ApiClient:
-    """The JSON calls (`call`) go through kept-alive `http.client` connections (piloop_common.connections); raw bytes
-    (`call_bytes`) through httpx, made on first use, so a worker never imports it."""
+    """Every call goes through one httpx client, made on first use: kept-alive connections, and for a URL the proxy
+    the environment names (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, less `NO_PROXY`); the daemon's socket never
+    goes through a proxy."""
 
     def __init__(
         self,
@@ -62,6 +59,10 @@ class ApiClient:
     ) -> None:
         if (url is None) == (socket is None):
             raise ValueError("give the server's url or its socket")
+        if url is not None:
+            parts = urlsplit(url)
+            if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{url!r}: the server's url is http(s)://host[:port]")
         self.headers: dict[str, str] = {}
         if token:
             self.headers["authorization"] = f"Bearer {token}"
@@ -72,39 +73,42 @@ class ApiClient:
         self.url = url
         # plain http never uses a trust store: loading one costs ~60 ms of CPU for each client made
         self._ssl = ssl_context() if (url or "").lower().startswith("https:") else None
-        if socket is not None:
-            self.where = f"the daemon's socket {socket}"
-            self.connections = Connections(socket_path=str(socket), keepalive=KEEPALIVE_SECONDS)
-        else:
-            self.where = url or ""
-            self.connections = Connections(url=url, context=self._ssl, keepalive=KEEPALIVE_SECONDS)
+        self.where = f"the daemon's socket {socket}" if socket is not None else url or ""
 
     @functools.cached_property
     def http(self) -> httpx.Client:
-        """An httpx client to the same server, with this client's `headers` as they are when it is made."""
-        import httpx
-
+        """The httpx client to the server, with this client's `headers` as they are when it is made."""
         limits = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_SECONDS)
         if self.socket is not None:
+            # a transport of its own and trust_env off: no proxy setting ever applies to the local socket
             transport = httpx.HTTPTransport(uds=str(self.socket), limits=limits)
             return httpx.Client(
-                base_url="http://piloop", transport=transport, headers=self.headers, timeout=self.timeout
+                base_url="http://piloop",
+                transport=transport,
+                headers=self.headers,
+                timeout=self.timeout,
+                trust_env=False,
             )
-        # httpx writes a request's head and body apart: without TCP_NODELAY, Nagle's algorithm and the
-        # server's delayed ACK hold the body ~40 ms
-        transport = httpx.HTTPTransport(
-            verify=self._ssl or False,
-            limits=limits,
-            socket_options=[(socket_mod.IPPROTO_TCP, socket_mod.TCP_NODELAY, 1)],
-        )
-        return httpx.Client(base_url=self.url or "", headers=self.headers, timeout=self.timeout, transport=transport)
+        # no transport given, so httpx mounts the proxies the environment names; httpcore sets TCP_NODELAY on each
+        # TCP connection it makes (else Nagle and the server's delayed ACK would hold a body written after its head)
+        try:
+            return httpx.Client(
+                base_url=self.url or "",
+                headers=self.headers,
+                timeout=self.timeout,
+                verify=self._ssl or False,
+                limits=limits,
+            )
+        except (ValueError, ImportError, httpx.InvalidURL) as e:  # a proxy URL httpx cannot use (socks5 needs socksio)
+            raise ConfigError(
+                f"the proxy that HTTPS_PROXY, HTTP_PROXY or ALL_PROXY names cannot be used for {self.where}: {e}"
+            ) from e
 
     @classmethod
     def local(cls, home: Path, **kw: Any) -> ApiClient:
         return cls(socket=home / SOCKET_NAME, **kw)
 
     def close(self) -> None:
-        self.connections.close()
         if "http" in self.__dict__:
             self.http.close()
 
@@ -158,10 +162,10 @@ class ApiClient:
         timeout: float | None = None,
     ) -> Any:
         payload = body.model_dump(mode="json") if isinstance(body, BaseModel) else body
-        headers = self.headers
+        headers = None
         data = None
         if payload is not None:
-            headers = {**headers, "content-type": "application/json"}
+            headers = {"content-type": "application/json"}
             data = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
         status, content = self.request(method, path, data, headers=headers, params=params, timeout=timeout)
         if status >= 400:
@@ -181,19 +185,10 @@ class ApiClient:
         params: dict[str, Any] | None = None,
         timeout: float | None = None,
     ) -> tuple[int, bytes]:
-        """One call as it is: the status and the body, whatever the status; an unreachable server is `Unavailable`."""
-        headers = self.headers if headers is None else headers
-        try:
-            return self.connections.request(
-                method,
-                path,
-                body=body,
-                headers=headers,
-                params=params,
-                timeout=self.timeout if timeout is None else timeout,
-            )
-        except (OSError, http.client.HTTPException) as e:
-            raise self._unavailable(e, connecting=isinstance(e, ConnectFailed)) from e
+        """One call as it is: the status and the body, whatever the status; an unreachable server is `Unavailable`.
+        `headers` go with this client's `headers`, a name in both taking the value given here."""
+        resp = self._send(method, path, content=body, headers=headers, params=params, timeout=timeout)
+        return resp.status_code, resp.content
 
     def call_bytes(
         self,
@@ -204,18 +199,31 @@ class ApiClient:
         headers: dict[str, str] | None = None,
     ) -> httpx.Response:
         """A call whose request or answer is raw bytes (CAS blobs, log chunks); errors map as in `call`."""
-        import httpx
-
-        kw: dict[str, Any] = {"content": content, "headers": headers}
-        if timeout is not None:
-            kw["timeout"] = timeout
-        try:
-            resp = self.http.request(method, path, **kw)
-        except httpx.TransportError as e:
-            raise self._unavailable(e, connecting=isinstance(e, httpx.ConnectError)) from e
+        resp = self._send(method, path, content=content, headers=headers, timeout=timeout)
         if resp.status_code >= 400:
             raise _error(resp.status_code, resp.content)
         return resp
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        content: bytes | None,
+        headers: dict[str, str] | None,
+        params: dict[str, Any] | None = None,
+        timeout: float | None,
+    ) -> httpx.Response:
+        # this client's headers as they are now: a caller may set one after the httpx client was made
+        headers = self.headers if headers is None else {**self.headers, **headers}
+        # httpx's params would replace a query the path carries: the path's own is kept
+        target = httpx.URL(path).copy_merge_params(params) if params else path
+        try:
+            return self.http.request(
+                method, target, content=content, headers=headers, timeout=self.timeout if timeout is None else timeout
+            )
+        except httpx.TransportError as e:
+            raise self._unavailable(e, connecting=isinstance(e, httpx.ConnectError)) from e
 
     def _unavailable(self, e: BaseException, *, connecting: bool) -> Unavailable:
         if self.socket is not None and connecting:
@@ -227,8 +235,18 @@ class ApiClient:
                 "certificate your system does not trust, set SSL_CERT_FILE to the CA that signed it",
                 tls="untrusted",
             )
-        cause = e.__cause__ if isinstance(e, ConnectFailed) and e.__cause__ is not None else e
+        cause = _os_error(e) or e
         return Unavailable(f"{self.where} cannot be reached: {type(cause).__name__}: {cause}")
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The system's error under httpx's and httpcore's wrappers (`ConnectionRefusedError: [Errno 111] …`), if any."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _error(status: int, content: bytes) -> PiloopError:

@@ -269,9 +269,7 @@ class Relay:
         if body:
             headers["content-type"] = "application/json"
         try:
-            status, content = self.api.request(
-                method, path, body or None, headers={**self.api.headers, **headers}, timeout=self.timeout
-            )
+            status, content = self.api.request(method, path, body or None, headers=headers, timeout=self.timeout)
         except Exception as e:  # noqa: BLE001 — the server is away: the job's call fails now, as a direct call would
             return 503, _error("unavailable", f"the worker's relay cannot reach the server: {type(e).__name__}: {e}")
         log.info("event=relay.call job=%s path=%s status=%d", le.job, path, status)
