@@ -2,8 +2,9 @@
 else v1's memory hierarchy. Where neither works, `Cgroups.reason` says why, once, at the worker's start.
 
 Each job gets a group of its own for its life, at its memory limit; the job process joins it before exec, so
-everything it starts is counted. An out-of-memory kill is read back from the group's counters. A group whose job
-ended empty is kept for a later job (`Cgroups.take`, `Cgroups.give`), as job dirs are (`jobdir.SpareDirs`).
+everything it starts is counted. An out-of-memory kill and the job's peak memory are read back from the group's
+counters. A group whose job ended empty is kept for a later job (`Cgroups.take`, `Cgroups.give`), as job dirs are
+(`jobdir.SpareDirs`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 from piloop_common.files import read_file, write_file
 
@@ -95,6 +96,20 @@ class JobCgroup(NamedTuple):  # not a dataclass: the shim host imports this, and
                 total += int(value)
         return total
 
+    def peak_watch(self) -> PeakWatch | None:
+        """The group's peak memory counted from now (`PeakWatch`), or None where the kernel cannot count it so."""
+        name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
+        try:
+            f = open(self.path / name, "r+b", buffering=0)
+        except OSError:  # v2 before Linux 5.19 has no memory.peak, and before 6.12 it is read-only
+            return None
+        try:
+            f.write(b"0")
+        except OSError:
+            f.close()
+            return None
+        return PeakWatch(f)
+
     def pids(self) -> list[int]:
         return [int(x) for x in _read(self.path / "cgroup.procs").split()]
 
@@ -111,6 +126,32 @@ class JobCgroup(NamedTuple):  # not a dataclass: the shim host imports this, and
     def remove(self) -> None:
         with contextlib.suppress(OSError):
             self.path.rmdir()
+
+
+class PeakWatch:
+    """The most memory a job's group is charged from the moment its peak was reset (page cache included, as the limit
+    counts it): the kernel's count, which misses no short peak and counts a page two processes share once.
+
+    A kept group's peak is its earlier jobs' too, so the shim resets it before each job starts: v1's
+    (`memory.max_usage_in_bytes`) for the group, v2's (`memory.peak`, writable from Linux 6.12) only for reads through
+    the descriptor that wrote it, which the shim holds to the job's end. Where v2's cannot be reset (5.19 to 6.11) the
+    shim keeps its sampled peak for every job: a new group's first job could have the kernel's count, but most jobs
+    run in a kept group, and a new group for each job would cost it ~0.3 ms (`Cgroups.take`) to have it."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file = file  # a file, not a bare descriptor: a shim that fails midway drops it, which closes it
+
+    def peak_bytes(self) -> int | None:
+        """The peak since the reset, read once the job has ended (the file is closed then); None where unreadable."""
+        with self.file:
+            try:
+                raw = os.pread(self.file.fileno(), 64, 0).strip()
+            except OSError:
+                return None
+        return int(raw) if raw.isdigit() else None
+
+    def close(self) -> None:
+        self.file.close()
 
 
 class HeldWatch:

@@ -120,6 +120,7 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
         else None
     )
     oom_before = cg.oom_kills() if cg is not None else 0  # the group may be a spare, its counters an earlier job's
+    peak = cg.peak_watch() if cg is not None else None  # its peak reset, for the same reason
     started_wall, started = time.time(), clock.now()
     proc: subprocess.Popen | None = None
     try:
@@ -136,6 +137,8 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
                 exit_code=127, reason=f"cannot start {req.argv[0]!r}: {e}", started=started_wall, ended=time.time()
             )
         )
+        if peak is not None:
+            peak.close()
         _told(jd, cg)
         return 0
     jd.write_shim(ShimRecord(os.getpid(), pid, pid, started_wall, str(cg.path) if cg is not None else None))
@@ -219,6 +222,9 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
         if why is StopReason.MEMORY_HELD:
             reason = f"out of memory (held at its limit for {held_seconds:g}s)"
         # the group stays: the worker gives it back for a later job, or removes it (`Cgroups.give`)
+    usage = UsageRecord(**meter.usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024))
+    if peak is not None and (most := peak.peak_bytes()) is not None:  # the kernel's count over the sampled one
+        usage = usage._replace(peak_rss_bytes=most)
     jd.write_exit(
         ExitRecord(
             exit_code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
@@ -226,7 +232,7 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
             oom=oom,
             stopped=why,
             reason=reason,
-            usage=UsageRecord(**meter.usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024)),
+            usage=usage,
             duration_seconds=round(clock.now() - started, 3),
             started=started_wall,
             ended=time.time(),

@@ -1,5 +1,6 @@
 """A worker's job cgroups, made in the real memory hierarchy: kept empty for a later job, their limit rewritten only
-when it changes (v1 in the order the kernel accepts), never kept while a process is in one, and swept at a start."""
+when it changes (v1 in the order the kernel accepts), never kept while a process is in one, and swept at a start; a
+group's peak memory, which sampling misses, counted from a reset, so a kept group's next job has its own."""
 
 from __future__ import annotations
 
@@ -8,7 +9,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-from piloop_worker.cgroups import Cgroups, JobCgroup
+import pytest
+
+from piloop_worker.cgroups import Cgroups, JobCgroup, PeakWatch
+from piloop_worker.usage import Meter
+
+MiB = 1 << 20
+# joins its group, then at each line on stdin: touches the MiB the line gives, frees them and says so (an empty line
+# ends it)
+SPIKE = """
+import sys
+for line in sys.stdin:
+    if not line.strip():
+        break
+    b = b'\\x01' * (int(line) << 20)
+    del b
+    print('freed', flush=True)
+"""
 
 
 def _limit(cg: JobCgroup) -> int:
@@ -25,6 +42,71 @@ def _inside(cg: JobCgroup) -> subprocess.Popen:
     p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     cg.join_path().write_text(str(p.pid))
     return p
+
+
+def _spiking(cg: JobCgroup) -> subprocess.Popen:
+    """A process in `cg` that touches memory when told (`_spike`)."""
+    p = subprocess.Popen(
+        [sys.executable, "-c", SPIKE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+    )
+    cg.join_path().write_text(str(p.pid))
+    return p
+
+
+def _spike(p: subprocess.Popen, mb: int) -> None:
+    """`mb` MiB touched and freed again by the time this returns."""
+    assert p.stdin is not None and p.stdout is not None
+    p.stdin.write(f"{mb}\n")
+    assert p.stdout.readline() == "freed\n"
+
+
+def _end(p: subprocess.Popen) -> None:
+    assert p.stdin is not None
+    p.stdin.write("\n")
+    p.stdin.close()
+    assert p.wait(10) == 0
+
+
+def _watch(cg: JobCgroup) -> PeakWatch:
+    w = cg.peak_watch()
+    if w is None:
+        pytest.skip("this kernel cannot reset a cgroup v2 peak (memory.peak, writable from Linux 6.12)")
+    return w
+
+
+def _group_peak(cg: JobCgroup) -> int:
+    """The group's own peak counter, no reset: for a kept group, its earlier jobs' too."""
+    return int((cg.path / ("memory.peak" if cg.version == 2 else "memory.max_usage_in_bytes")).read_text())
+
+
+def test_a_short_peak_that_sampling_misses_is_the_groups_peak(job_cgroups):
+    cg = job_cgroups.take(512)
+    peak = _watch(cg)
+    p = _spiking(cg)
+    meter = Meter(p.pid)  # sampled as the shim samples, before and after the spike: as when it falls between two
+    meter.sample()
+    _spike(p, 200)
+    meter.sample()
+    _end(p)
+    assert meter.peak_rss < 100 * MiB  # what the shim reported before: the interpreter, not the 200 MiB
+    assert 200 * MiB <= (most := peak.peak_bytes() or 0) < 300 * MiB, most
+
+
+def test_a_kept_groups_peak_is_reset_for_its_next_job(job_cgroups):
+    cg = job_cgroups.take(512)
+    first = _watch(cg)
+    p = _spiking(cg)
+    _spike(p, 200)
+    _end(p)
+    assert (first.peak_bytes() or 0) >= 200 * MiB
+    job_cgroups.give(cg)
+    assert job_cgroups.take(512) == cg  # kept: its own counter still holds the first job's peak
+    assert _group_peak(cg) >= 200 * MiB
+    second = _watch(cg)
+    p = _spiking(cg)
+    _spike(p, 8)
+    _end(p)
+    assert 8 * MiB <= (most := second.peak_bytes() or 0) < 64 * MiB, most
 
 
 def test_a_group_given_back_empty_is_taken_again_at_the_next_jobs_limit(job_cgroups):

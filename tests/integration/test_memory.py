@@ -49,6 +49,21 @@ while True:
             pass
 """
 
+# a grandchild the job never reaps (so the job's rusage, from wait4, cannot count it) touches 150 MiB for 0.2 s; the
+# job ends once it has (the pipe's write end closed in every process)
+SPIKE = """
+import os, time
+r, w = os.pipe()
+if os.fork() == 0:
+    if os.fork() == 0:
+        b = b'\\x01' * (150 << 20)
+        time.sleep(0.2)
+    os._exit(0)
+os.close(w)
+os.wait()
+os.read(r, 1)
+"""
+
 
 @pytest.fixture
 def mem(redis_server, namespace, workers):
@@ -109,6 +124,18 @@ def test_a_job_held_at_its_limit_is_stopped_after_the_pools_time(mem):
     assert v["reason"] == "out of memory (held at its limit for 1.5s) at 48 MiB, its cap", v
     assert v["result"]["oom"] is True and v["result"]["signal"] == 15, v["result"]
     assert took < 30, took
+
+
+@needs_cgroups
+def test_a_jobs_peak_memory_is_its_cgroups_even_for_a_moment(mem, job_cgroups):
+    """The kernel's peak: the shim's samples, every 0.5 s, would see the 150 MiB only by landing in its 0.2 s."""
+    if (watch := job_cgroups.take(64).peak_watch()) is None:
+        pytest.skip("this kernel cannot reset a cgroup v2 peak (memory.peak, writable from Linux 6.12)")
+    watch.close()
+    d, _ = mem(4096)
+    v = state(d, submit(d, sys.executable, "-c", SPIKE, pool="mem", opts=("--memory", "512M")), timeout=60)
+    assert v["state"] == "succeeded", v
+    assert 150 << 20 <= v["result"]["usage"]["peak_rss_bytes"] < 512 << 20, v["result"]
 
 
 def test_a_worker_takes_no_job_whose_grant_does_not_fit_its_room(mem):
