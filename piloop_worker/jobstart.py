@@ -22,12 +22,13 @@ from piloop_worker import clock
 from piloop_worker.cgroups import Cgroups
 from piloop_worker.fencing import fence_deadline
 from piloop_worker.held import Held
-from piloop_worker.jobdir import JobDir, SpareDirs
+from piloop_worker.jobdir import JobDir
 from piloop_worker.logs import LogShipper
 from piloop_worker.relay import Relay, socket_path
 from piloop_worker.repos import Repos
 from piloop_worker.shimhost import ShimHost
 from piloop_worker.shimproto import CgroupGrant, ExitRecord, ShimRequest
+from piloop_worker.sparedirs import SpareDirs
 
 log = logging.getLogger("piloop.worker")
 

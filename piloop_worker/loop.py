@@ -30,7 +30,6 @@ from piloop_worker.dirlock import hold_dir
 from piloop_worker.fencing import apply_statuses, bury, fence_deadline
 from piloop_worker.heartbeat import Heartbeat, Reachability, orphaned
 from piloop_worker.held import Held
-from piloop_worker.jobdir import SpareDirs
 from piloop_worker.jobstart import JobStarts
 from piloop_worker.reattach import find_held
 from piloop_worker.relay import Relay, socket_path
@@ -39,6 +38,7 @@ from piloop_worker.repos import Repos
 from piloop_worker.room import Room
 from piloop_worker.shimhost import ShimHost
 from piloop_worker.shimproto import StopReason
+from piloop_worker.sparedirs import SpareDirs
 from piloop_worker.spool import Spool
 
 log = logging.getLogger("piloop.worker")

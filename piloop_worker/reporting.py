@@ -33,11 +33,12 @@ from piloop_worker.cgroups import Cgroups
 from piloop_worker.claiming import EVALUATIONS_PER_CLAIM
 from piloop_worker.heartbeat import Reachability
 from piloop_worker.held import Held, report_id_for
-from piloop_worker.jobdir import JobDir, SpareDirs, files_under
+from piloop_worker.jobdir import JobDir, files_under
 from piloop_worker.relay import Relay
 from piloop_worker.repos import Repos, parse_score
 from piloop_worker.shimhost import ShimHost
 from piloop_worker.shimproto import ExitRecord, StopReason
+from piloop_worker.sparedirs import SpareDirs
 from piloop_worker.spool import Spool
 
 log = logging.getLogger("piloop.worker")

@@ -23,10 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from piloop_common.prctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl, set_name
-from piloop_worker import clock, jobuser, metrics, tasks
+from piloop_worker import clock, jobtree, jobuser, metrics, tasks
 from piloop_worker.cgroups import HeldWatch, JobCgroup
 from piloop_worker.jobdir import JobDir
 from piloop_worker.shimproto import ExitRecord, ShimRecord, ShimRequest, StopReason, UsageRecord
@@ -173,7 +171,7 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
                 # woken past its deadline (the host was frozen or suspended): the lease may be handed on already,
                 # so no grace, which would let the job run beside its next copy
                 why = StopReason.FENCED
-                _kill_now(pid, meter, cg)
+                jobtree.kill_now(pid, meter, cg)
                 killed = True
             elif deadline is None or now > deadline:
                 why = StopReason.FENCED
@@ -184,10 +182,10 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
             elif _terminated.is_set():
                 why = StopReason.SHIM_TERMINATED
             if why and not killed:
-                _signal_tree(pid, meter, signal.SIGTERM)
+                jobtree.signal_tree(pid, meter, signal.SIGTERM)
                 kill_at = now + grace
         elif not killed and kill_at is not None and now >= kill_at:
-            _kill_now(pid, meter, cg)
+            jobtree.kill_now(pid, meter, cg)
             killed = True
         if metrics_at is not None and now >= metrics_at:
             metrics_at = None
@@ -200,7 +198,7 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
             next_sample = now + SAMPLE_EVERY
             if held is not None and cg is not None and not why and held.observe(now, cg.usage_bytes(), cg.refaults()):
                 why = StopReason.MEMORY_HELD  # thrashing at its limit, which the kernel will not kill for
-                _signal_tree(pid, meter, signal.SIGTERM)
+                jobtree.signal_tree(pid, meter, signal.SIGTERM)
                 kill_at = now + grace
     if pidfd is not None:
         os.close(pidfd)
@@ -212,10 +210,10 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
     stop_metrics.set()
     if metrics_thread is not None:
         metrics_thread.join(5)  # its last sample in this job's dir, not the next one's time
-    _signal_tree(pid, meter, signal.SIGKILL)
+    jobtree.signal_tree(pid, meter, signal.SIGKILL)
     if cg is not None:
         cg.kill_all()
-    _reap_all(pid, 2.0)
+    jobtree.reap_all(pid, 2.0)
     oom, reason = False, ""
     if cg is not None:
         oom = cg.oom_kills() > oom_before or why is StopReason.MEMORY_HELD
@@ -307,52 +305,6 @@ def _in_child(cg: JobCgroup | None, isolate: bool):
         die_with_parent(shim_pid, signal.SIGKILL)  # a job never outlives its supervisor
 
     return prepare
-
-
-def _kill_now(pid: int, meter: Meter, cg: JobCgroup | None) -> None:
-    _signal_tree(pid, meter, signal.SIGKILL)
-    if cg is not None:
-        cg.kill_all()
-
-
-def _has_children() -> bool:
-    """Whether the shim has a child left, without reaping it. A subreaper with no child has no descendant at all
-    (an orphan is re-parented to it), so this spares the walk over all of /proc when the job left nothing."""
-    try:
-        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return False
-    return True
-
-
-def _signal_tree(pgid: int, meter: Meter, sig: int) -> None:
-    """Signal the job's process group, and every descendant that left it (setsid, setpgid)."""
-    with contextlib.suppress(OSError):
-        os.killpg(pgid, sig)
-    if not _has_children():
-        return
-    for p in meter.processes():
-        with contextlib.suppress(OSError):
-            os.kill(p.pid, sig)
-
-
-def _reap_all(pgid: int, timeout: float) -> None:
-    """Kill and reap every process left under the shim, until it has no child (or `timeout`)."""
-    end = clock.now() + timeout
-    while clock.now() < end and _has_children():
-        with contextlib.suppress(OSError):
-            os.killpg(pgid, signal.SIGKILL)
-        for p in psutil.Process().children(recursive=True):
-            with contextlib.suppress(psutil.Error, OSError):
-                p.kill()
-        while True:
-            try:
-                done, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if not done:
-                break
-        time.sleep(0.01)
 
 
 def _metrics_loop(jd: JobDir, every: float, stop: threading.Event) -> None:

@@ -29,11 +29,12 @@ from piloop_worker import spool as spool_module
 from piloop_worker.claiming import EVALUATIONS_PER_CLAIM
 from piloop_worker.heartbeat import Reachability
 from piloop_worker.held import Held, report_id_for
-from piloop_worker.jobdir import JobDir, SpareDirs, files_under, scan
+from piloop_worker.jobdir import JobDir, files_under, scan
 from piloop_worker.logs import LogShipper
 from piloop_worker.loop import Worker
 from piloop_worker.pressure import admission
 from piloop_worker.shimproto import CgroupGrant, ExitRecord, ShimRecord, ShimRequest, StopReason
+from piloop_worker.sparedirs import SpareDirs
 from piloop_worker.spool import DURABLE_AFTER_SECONDS, Spool
 
 PSI = "some avg10=12.50 avg60=3.00 avg300=0.75 total=123456\nfull avg10=1.25 avg60=0.00 avg300=0.00 total=99\n"
