@@ -8,7 +8,7 @@ import os
 import ssl
 from pathlib import Path
 from typing import Any, TypeVar, overload
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 from pydantic import BaseModel
@@ -41,6 +41,12 @@ def _untrusted(e: BaseException) -> str:
             return seen.verify_message or str(seen)
         seen = seen.__cause__ or seen.__context__
     return ""
+
+
+def part(value: object) -> str:
+    """One path segment from what a user typed (a job id, a name): quoted whole, so `../x` or `a/b` names the thing
+    it says and never another route."""
+    return quote(str(value), safe="")
 
 
 class ApiClient:

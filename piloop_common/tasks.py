@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from piloop_common.cas.address import hash_bytes
-from piloop_common.client import ApiClient
+from piloop_common.client import ApiClient, part
 from piloop_common.errors import BadRequest, Corrupt, TaskFailed, WaitTimeout
 from piloop_common.protocol import TERMINAL_STATES, JobView
 
@@ -120,7 +120,7 @@ class Client:
         return str(self.api.call("POST", "/v1/jobs", body)["job"])
 
     def show(self, job_id: str) -> JobView:
-        return self.api.call("GET", f"/v1/jobs/{job_id}", model=JobView)
+        return self.api.call("GET", f"/v1/jobs/{part(job_id)}", model=JobView)
 
     def wait(self, job_id: str, timeout: float | None = None) -> JobView:
         """The job's view once it has ended (any end: succeeded, failed, lost, …); `WaitTimeout` after `timeout` s."""
@@ -138,7 +138,7 @@ class Client:
     def log(self, job_id: str) -> bytes:
         """The job's log as uploaded so far."""
         n = len(self.show(job_id).log)
-        return b"".join(self.api.call_bytes("GET", f"/v1/jobs/{job_id}/log/{i}").content for i in range(n))
+        return b"".join(self.api.call_bytes("GET", f"/v1/jobs/{part(job_id)}/log/{i}").content for i in range(n))
 
 
 class AsyncResult(Generic[R]):

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from piloop_common.cli.output import emit_json, table, when
+from piloop_common.client import part
 from piloop_common.duration import parse_duration
 from piloop_common.names import check_name
 
@@ -43,7 +44,7 @@ def limits_set(obj, assignment: str, reason: str, as_json: bool) -> None:
 @click.pass_obj
 def limits_unset(obj, key: str) -> None:
     with obj.api() as api:
-        api.call("DELETE", f"/v1/limits/{key}")
+        api.call("DELETE", f"/v1/limits/{part(key)}")
     click.echo(f"{key}: the limit is gone")
 
 
@@ -135,7 +136,7 @@ def token_list(obj, as_json: bool) -> None:
 @click.pass_obj
 def token_revoke(obj, name: str) -> None:
     with obj.api() as api:
-        api.call("DELETE", f"/v1/tokens/{name}")
+        api.call("DELETE", f"/v1/tokens/{part(name)}")
     click.echo(f"token {name}: revoked; a worker using it is refused at its next call")
 
 
@@ -208,5 +209,5 @@ def inbox(ctx, show_all: bool, as_json: bool) -> None:
 def inbox_ack(obj, ids: tuple[str, ...]) -> None:
     with obj.api() as api:
         for eid in ids:
-            api.call("POST", f"/v1/inbox/{eid}/ack")
+            api.call("POST", f"/v1/inbox/{part(eid)}/ack")
             click.echo(f"{eid}: acknowledged")

@@ -26,17 +26,18 @@ def exit_status(job: dict[str, Any]) -> int:
 def follow(api, job_id: str, out, poll: float = POLL_SECONDS) -> dict[str, Any]:
     """Write the job's log to `out` (a binary file) as it grows; the job's view once it has ended and all of
     its log is written."""
+    from piloop_common.client import part
     from piloop_common.protocol import TERMINAL_STATES
 
     done: list[str] = []
     while True:
-        job = api.call("GET", f"/v1/jobs/{job_id}")
+        job = api.call("GET", f"/v1/jobs/{part(job_id)}")
         log = job["log"]
         if log[: len(done)] != done:  # a new attempt (an evaluation queued again) ships a new log
             click.echo(f"piloop: {job_id}: a new attempt; its log from the start", err=True)
             done = []
         for n in range(len(done), len(log)):
-            out.write(api.call_bytes("GET", f"/v1/jobs/{job_id}/log/{n}").content)
+            out.write(api.call_bytes("GET", f"/v1/jobs/{part(job_id)}/log/{n}").content)
             out.flush()
             done.append(log[n])
         if job["state"] in TERMINAL_STATES and len(done) == len(job["log"]):

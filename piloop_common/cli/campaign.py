@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from piloop_common.cli.output import emit_json, parse_env, progress, progress_done, table, when
+from piloop_common.client import part
 from piloop_common.duration import parse_duration
 
 
@@ -143,7 +144,7 @@ def listing(obj, as_json) -> None:
 def show(obj, name, max_runs, as_json) -> None:
     """A campaign, its live agents, and its runs ranked by score."""
     with obj.api() as api:
-        c = api.call("GET", f"/v1/campaigns/{name}")
+        c = api.call("GET", f"/v1/campaigns/{part(name)}")
     if as_json:
         emit_json(c)
         return
@@ -186,7 +187,7 @@ def show(obj, name, max_runs, as_json) -> None:
 
 def _post(obj, name: str, what: str) -> dict[str, Any]:
     with obj.api() as api:
-        return api.call("POST", f"/v1/campaigns/{name}/{what}")
+        return api.call("POST", f"/v1/campaigns/{part(name)}/{what}")
 
 
 @campaign.command("pause")
@@ -214,7 +215,7 @@ def rm(obj, name, force) -> None:
     """Forget a campaign (also `delete`): its jobs stay listed until retention removes them ([plugins.retention]),
     its blobs stay in the CAS."""
     with obj.api() as api:
-        got = api.call("DELETE", f"/v1/campaigns/{name}", params={"force": "true"} if force else None)
+        got = api.call("DELETE", f"/v1/campaigns/{part(name)}", params={"force": "true"} if force else None)
     n = len(got["cancelled"])
     click.echo(f"campaign {name}: removed" + (f", {n} agent(s) cancelled" if n else ""))
 
@@ -233,7 +234,7 @@ def wait(obj, name, want, timeout) -> None:
     started = time.monotonic()
     with obj.api() as api:
         while True:
-            c = api.call("GET", f"/v1/campaigns/{name}")
+            c = api.call("GET", f"/v1/campaigns/{part(name)}")
             scored = [r for r in c["runs"] if r["score"] is not None]
             if len(scored) >= want:
                 break

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from piloop_common.cli.output import emit_json, parse_env, progress, progress_done, table, when
+from piloop_common.client import part
 from piloop_common.duration import parse_duration
 
 KIND = click.Choice(["evaluation", "agent"])
@@ -135,7 +136,7 @@ def _policy(memory, memory_mb, growth, memory_max, max_attempts, backoff) -> dic
 @job.command("list")
 @click.option("--state")
 @click.option("--pool")
-@click.option("--limit", default=50, show_default=True)
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 5000), help="The newest this many.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def listing(obj, state, pool, limit, as_json) -> None:
@@ -172,7 +173,7 @@ def listing(obj, state, pool, limit, as_json) -> None:
 @click.pass_obj
 def show(obj, job_id, as_json) -> None:
     with obj.api() as api:
-        j = api.call("GET", f"/v1/jobs/{job_id}")
+        j = api.call("GET", f"/v1/jobs/{part(job_id)}")
     if as_json:
         emit_json(j)
         return
@@ -223,7 +224,7 @@ def _grant(j: dict[str, Any]) -> str:
 def cancel(obj, job_id) -> None:
     """Cancel a job: at once when queued, at its worker's next heartbeat when running."""
     with obj.api() as api:
-        got = api.call("POST", f"/v1/jobs/{job_id}/cancel")
+        got = api.call("POST", f"/v1/jobs/{part(job_id)}/cancel")
     click.echo(f"{job_id}: {got['state']}")
 
 
@@ -245,7 +246,7 @@ def wait(obj, job_ids, timeout, as_json) -> None:
             for jid in job_ids:
                 if jid in done:
                     continue
-                j = api.call("GET", f"/v1/jobs/{jid}")
+                j = api.call("GET", f"/v1/jobs/{part(jid)}")
                 states[jid] = j["state"]
                 if j["state"] in TERMINAL_STATES:
                     done[jid] = j

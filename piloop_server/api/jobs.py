@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
 
 from piloop_common.protocol import JobView, SubmitRequest, SubmitResponse
 from piloop_server import jobs
@@ -10,6 +12,8 @@ from piloop_server.api import wakeup
 from piloop_server.api.deps import ActorDep, RuntimeDep
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+MOST_LISTED = 5000
 
 
 @router.post("", response_model=SubmitResponse)
@@ -21,9 +25,13 @@ def submit(body: SubmitRequest, rt: RuntimeDep, caller: ActorDep, request: Reque
 
 @router.get("", response_model=list[JobView])
 def listing(
-    rt: RuntimeDep, caller: ActorDep, state: str | None = None, pool: str | None = None, limit: int = 200
+    rt: RuntimeDep,
+    caller: ActorDep,
+    state: str | None = None,
+    pool: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=MOST_LISTED)] = 200,
 ) -> list[JobView]:
-    return jobs.listing(rt, state, pool, min(max(limit, 1), 5000))
+    return jobs.listing(rt, state, pool, limit)
 
 
 @router.get("/{job_id}", response_model=JobView)

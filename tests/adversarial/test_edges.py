@@ -515,3 +515,29 @@ def test_token_purge_removes_the_revoked_tokens_only_and_frees_their_names(world
 def _events(d: Daemon) -> list[dict]:
     with d.api() as api:
         return api.call("GET", "/v1/events", params={"last": 10_000})
+
+
+@pytest.mark.parametrize("limit", [-1, 0, 5001, "x"])
+def test_a_job_listing_limit_out_of_range_answers_400_naming_it(world, limit):
+    with world.d.api() as api:
+        refused(api.http.get("/v1/jobs", params={"limit": limit}), "limit")
+
+
+def test_what_a_user_types_into_a_path_names_that_thing_and_no_other_route(world):
+    """A name with `/` or `..` is one path segment: `job show ../tokens` asks for the job `../tokens`, not the token
+    list, and `token revoke a/b` for the token `a/b`."""
+    d = world.d
+    tokens_before = _tokens(d)
+    for args, says in [
+        (("job", "show", "../tokens"), "../tokens"),
+        (("job", "cancel", "../../v1/tokens/gpua"), "../../v1/tokens/gpua"),
+        (("token", "revoke", "gpua/../fleet"), "gpua/../fleet"),
+        (("campaign", "show", "../jobs"), "../jobs"),
+    ]:
+        p = d.cli(*args)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode != 0 and len(lines) == 1 and "Traceback" not in p.stderr, (args, p.stderr)
+        assert says in lines[0], (args, lines[0])
+    assert _tokens(d) == tokens_before  # nothing revoked by a name that walked out of its segment
+    p = d.cli("job", "list", "--limit", "0")
+    assert p.returncode == 2 and "--limit" in p.stderr, p.stderr
