@@ -23,12 +23,13 @@ demo: venv
 # on them (a lease to expire, a fence); two halve the run on 2 CPUs. TEST_JOBS=0 runs them one after another.
 TEST_JOBS ?= 2
 
-# the linter, the formatter's check and the type checker (strict on piloop_common and piloop_server/state);
+# the linter, the formatter's check and the type checker (strict on piloop_common and piloop_server/state, checked on
+# piloop_worker);
 # the tests that read the tree's boundaries are in tests/unit/test_tree.py
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy piloop_common piloop_server/state
+	$(BIN)/mypy piloop_common piloop_server/state piloop_worker
 
 test: lint
 	$(BIN)/pytest -q $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS))

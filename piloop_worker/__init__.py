@@ -3,7 +3,7 @@
 __all__ = ["run_worker"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     # not imported at the top: the shim host imports this package, and what it holds each task's fork copies
     if name == "run_worker":
         from piloop_worker.main import run_worker

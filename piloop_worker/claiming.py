@@ -4,15 +4,11 @@ what it does with the answer. A claim rides the reports of the jobs that ended (
 
 from __future__ import annotations
 
-import threading
-
-from piloop_common.client import ApiClient
 from piloop_common.errors import NotFound, PiloopError, Refused
-from piloop_common.protocol import PROTOCOL, ClaimRequest, ClaimResponse, Timing
+from piloop_common.protocol import PROTOCOL, ClaimRequest, ClaimResponse
 from piloop_worker import clock, pressure
-from piloop_worker.heartbeat import Reachability
-from piloop_worker.held import Held
-from piloop_worker.room import Room, available_mb
+from piloop_worker.parts import Part
+from piloop_worker.room import available_mb
 
 # a claim's ask (the server gives at most the free slots): a few, so a burst is spread over the workers waiting for
 # it; a claim carried by reports asks for as many as they free, so a busy worker refills each slot in one call
@@ -20,19 +16,8 @@ EVALUATIONS_PER_CLAIM = 4
 LONG_POLL_MAX = 5.0  # the longest an idle worker's claim waits at the server
 
 
-class Claiming:
+class Claiming(Part):
     """The worker's claims (a part of `loop.Worker`)."""
-
-    api: ApiClient
-    timing: Timing | None
-    lock: threading.RLock
-    held: dict[str, Held]
-    room: Room
-    grants: dict[str, int]  # job -> its grant (MiB), 0 for none
-    next_claim: float
-    name: str
-    reach: Reachability
-    # and of the Worker's methods: snapshot, host_sample, refuse, start_job (jobstart.py)
 
     def granted_mb(self) -> int:
         """The grants of the jobs this worker holds (re-attached ones from their job.json)."""
@@ -50,7 +35,7 @@ class Claiming:
         """What this worker can grant: its available memory less the pool's reserve (`room.Room`)."""
         assert self.timing is not None
         granted = self.granted_mb()
-        return self.room.measure(available_mb(), granted, self.timing.memory_reserve_mb, idle=not self.grants)
+        return self.room.measure(available_mb(), granted, self.timed.memory_reserve_mb, idle=not self.grants)
 
     def _claim_ask(
         self, wait: float | None = None, most: int = EVALUATIONS_PER_CLAIM
@@ -59,13 +44,13 @@ class Claiming:
         next is put off a renew period). Idle, a claim waits at the server for a job (a long poll) instead of coming
         back a renew period later; a worker with jobs never waits there, so its main loop keeps tending them."""
         assert self.timing is not None
-        if pressure.admission(self.host_sample(), self.timing.memory_pressure_max):
-            self.next_claim = clock.now() + self.timing.renew_seconds
+        if pressure.admission(self.host_sample(), self.timed.memory_pressure_max):
+            self.next_claim = clock.now() + self.timed.renew_seconds
             return None
         sent = clock.now()
         if wait is None:
             with self.lock:
-                wait = 0.0 if self.held else min(self.timing.renew_seconds, LONG_POLL_MAX)
+                wait = 0.0 if self.held else min(self.timed.renew_seconds, LONG_POLL_MAX)
         room = self.room_mb()
         return (
             ClaimRequest(protocol=PROTOCOL, want={"agent": 1, "evaluation": most}, wait_seconds=wait, room_mb=room),
@@ -85,17 +70,17 @@ class Claiming:
                 "/v1/worker/claim",
                 req,
                 model=ClaimResponse,
-                timeout=self.timing.request_timeout_seconds + req.wait_seconds,
+                timeout=self.timed.request_timeout_seconds + req.wait_seconds,
             )
         except Refused as e:
             self.refuse(e.message)
             return
         except NotFound:
-            self.next_claim = sent + self.timing.renew_seconds  # the heartbeat registers again
+            self.next_claim = sent + self.timed.renew_seconds  # the heartbeat registers again
             return
         except (PiloopError, OSError) as e:
             self.reach.failed(e, self.name)
-            self.next_claim = sent + self.timing.renew_seconds
+            self.next_claim = sent + self.timed.renew_seconds
             return
         self._claimed(resp, *ask)
 
@@ -114,4 +99,4 @@ class Claiming:
         elif resp.reason == "nothing" and (req.wait_seconds or idle):
             self.next_claim = 0.0  # nothing queued: an idle worker waits for a job at the server (again)
         else:
-            self.next_claim = sent + max(0.5, self.timing.renew_seconds)
+            self.next_claim = sent + max(0.5, self.timed.renew_seconds)

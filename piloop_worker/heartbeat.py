@@ -121,14 +121,14 @@ class Heartbeat(threading.Thread):
             self.worker.stopping.set()
 
     def _period(self) -> float:
-        renew = self.worker.timing.renew_seconds
+        renew = self.worker.timed.renew_seconds
         return renew * random.uniform(0.9, 1.1)
 
     _fails = 0
 
     def _backoff(self) -> float:
         self._fails += 1
-        return min(0.25 * 2 ** (self._fails - 1), 30.0)
+        return min(0.25 * 2.0 ** (self._fails - 1), 30.0)
 
     def beat(self) -> bool:
         w = self.worker
@@ -137,7 +137,7 @@ class Heartbeat(threading.Thread):
         sent = clock.now()
         try:
             resp = self.api.call(
-                "POST", "/v1/worker/heartbeat", hello, model=HeartbeatResponse, timeout=w.timing.request_timeout_seconds
+                "POST", "/v1/worker/heartbeat", hello, model=HeartbeatResponse, timeout=w.timed.request_timeout_seconds
             )
             statuses = resp.jobs
             if resp.timing is not None:

@@ -99,7 +99,7 @@ def read_json(path: Path) -> Any | None:
         return None
 
 
-def _path(name: str) -> cached_property:
+def _path(name: str) -> cached_property[Path]:
     """A path in the job's data dir, made on first use and kept."""
     return cached_property(lambda self: self.root / name)
 
@@ -272,7 +272,7 @@ class JobDir:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             rmtree(self.work, ignore_errors=True)
-            atomic_write(self.exit_json, _disk_full(record, e.strerror).wire(), durable=durable)
+            atomic_write(self.exit_json, _disk_full(record, e.strerror or "no room").wire(), durable=durable)
 
 
 def _disk_full(record: ExitRecord, why: str) -> ExitRecord:

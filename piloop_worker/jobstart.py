@@ -9,26 +9,20 @@ import errno
 import logging
 import os
 import sys
-import threading
 import time
 from pathlib import Path, PurePosixPath
 
 from piloop_common import envnames
-from piloop_common.cas import Store
-from piloop_common.client import ApiClient
 from piloop_common.errors import PiloopError
-from piloop_common.protocol import PROTOCOL, Assignment, BundleRequest, BundleResponse, ReleaseRequest, Timing
+from piloop_common.protocol import PROTOCOL, Assignment, BundleRequest, BundleResponse, ReleaseRequest
 from piloop_worker import clock
-from piloop_worker.cgroups import Cgroups
 from piloop_worker.fencing import fence_deadline
 from piloop_worker.held import Held
 from piloop_worker.jobdir import JobDir
 from piloop_worker.logs import LogShipper
-from piloop_worker.relay import Relay, socket_path
-from piloop_worker.repos import Repos
-from piloop_worker.shimhost import ShimHost
+from piloop_worker.parts import Part
+from piloop_worker.relay import socket_path
 from piloop_worker.shimproto import CgroupGrant, ExitRecord, ShimRequest
-from piloop_worker.sparedirs import SpareDirs
 
 log = logging.getLogger("piloop.worker")
 
@@ -52,26 +46,8 @@ def _safe_name(name: str) -> bool:
     return bool(name) and not p.is_absolute() and ".." not in p.parts and name not in (".",)
 
 
-class JobStarts:
+class JobStarts(Part):
     """The worker's job starts (a part of `loop.Worker`)."""
-
-    api: ApiClient
-    timing: Timing | None
-    lock: threading.RLock
-    held: dict[str, Held]
-    grants: dict[str, int]
-    next_claim: float
-    name: str
-    image: str
-    home: Path
-    workdir: Path | None
-    spare: SpareDirs | None
-    store: Store
-    repos: Repos
-    cgroups: Cgroups
-    relay: Relay | None
-    host: ShimHost
-    # and of the Worker's methods: register_with, snapshot
 
     def start_job(self, a: Assignment, sent: float, room: int) -> None:
         """Start `a`, leased by a claim sent at `sent` when this worker could grant `room` MiB (less the grants of
@@ -100,7 +76,7 @@ class JobStarts:
             why = "disk_full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "dir"
             log.warning("event=job.released job=%s reason=%s worker=%s error=%s", a.job, why, self.name, e)
             self._release(a, f"{why}: {e.strerror}")
-            self.next_claim = clock.now() + 10 * self.timing.renew_seconds
+            self.next_claim = clock.now() + 10 * self.timed.renew_seconds
             return
         h = Held(a.job, a.token, a.kind, jd, LogShipper(jd))
         with self.lock:
@@ -128,7 +104,7 @@ class JobStarts:
             limit = a.memory_mb or max(room, 1)
             try:
                 h.cgroup = cg = self.cgroups.take(limit)
-                cgroup = CgroupGrant(str(cg.path), cg.version, limit, self.timing.memory_held_seconds)
+                cgroup = CgroupGrant(str(cg.path), cg.version, limit, self.timed.memory_held_seconds)
             except OSError as e:
                 log.warning("event=job.no_cgroup job=%s error=%s", a.job, e)
         # what the job adds to the worker's environment, which the shim host has (`shim.job_env`); never a secret
@@ -153,7 +129,7 @@ class JobStarts:
                 dir=str(jd.root),
                 argv=a.spec.argv,
                 env=env,
-                kill_grace=self.timing.kill_grace_seconds,
+                kill_grace=self.timed.kill_grace_seconds,
                 timeout=a.spec.timeout_seconds,
                 cgroup=cgroup,
                 task=a.spec.argv[0] if a.spec.runner == "task" else None,
@@ -168,7 +144,7 @@ class JobStarts:
                 "POST",
                 "/v1/worker/release",
                 ReleaseRequest(protocol=PROTOCOL, job=a.job, token=a.token, reason=reason),
-                timeout=self.timing.request_timeout_seconds,
+                timeout=self.timed.request_timeout_seconds,
             )
         except (PiloopError, OSError):
             return False  # its lease expires and it runs elsewhere, as if this worker had died
@@ -185,7 +161,7 @@ class JobStarts:
                 "/v1/worker/bundle",
                 BundleRequest(protocol=PROTOCOL, job=a.job, token=a.token, have=have),
                 model=BundleResponse,
-                timeout=self.timing.request_timeout_seconds * 3,
+                timeout=self.timed.request_timeout_seconds * 3,
             )
 
         fetched = self.repos.checkout(camp, jd.work, newer)

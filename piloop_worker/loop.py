@@ -22,7 +22,16 @@ from piloop_common.cas import Store
 from piloop_common.client import ApiClient
 from piloop_common.errors import BadRequest, LeaseLost, PiloopError, Refused, Unavailable
 from piloop_common.hostinfo import Sampler, memory_pressure
-from piloop_common.protocol import PROTOCOL, HeldJob, LogAppend, RegisterRequest, RegisterResponse, Timing, WorkerHello
+from piloop_common.protocol import (
+    PROTOCOL,
+    HeldJob,
+    HostSample,
+    LogAppend,
+    RegisterRequest,
+    RegisterResponse,
+    Timing,
+    WorkerHello,
+)
 from piloop_worker import clock, pressure
 from piloop_worker.cgroups import Cgroups
 from piloop_worker.claiming import Claiming
@@ -93,7 +102,7 @@ class Worker(Claiming, JobStarts, Reporting):
         self.reach = Reachability(where)
         self.lock = threading.RLock()
         self.held: dict[str, Held] = {}
-        self.timing: Timing | None = None  # type: ignore[assignment]
+        self.timing: Timing | None = None
         self.spool: Spool | None = None
         self.sampler = Sampler(workdir or home)
         self.psi_path = pressure.psi_path()
@@ -114,7 +123,7 @@ class Worker(Claiming, JobStarts, Reporting):
         with self.lock:
             return list(self.held.values())
 
-    def host_sample(self):
+    def host_sample(self) -> HostSample:
         """The cached host sample, with memory pressure read now (a small read that never blocks on /proc)."""
         return self.sampler.get().model_copy(update={"memory_pressure": memory_pressure(self.psi_path)})
 
@@ -212,10 +221,10 @@ class Worker(Claiming, JobStarts, Reporting):
                 sent = clock.now()
                 statuses = self._call_until_answered(
                     lambda: self.api.call(
-                        "POST", "/v1/worker/heartbeat", self.hello(found), timeout=self.timing.request_timeout_seconds
+                        "POST", "/v1/worker/heartbeat", self.hello(found), timeout=self.timed.request_timeout_seconds
                     )["jobs"]
                 )
-        self.relay = Relay(self.api_factory, self.timing.request_timeout_seconds, user=self.host.user)
+        self.relay = Relay(self.api_factory, self.timed.request_timeout_seconds, user=self.host.user)
         self._reattach(found, statuses, sent)
         self.heartbeat = Heartbeat(self, self.api_factory())
         self.heartbeat.start()
@@ -256,7 +265,7 @@ class Worker(Claiming, JobStarts, Reporting):
             for h in self.snapshot():
                 self._tend(h, now, ready)
             self._send_all(ready)
-            if now - last_spool > max(self.timing.renew_seconds, 1.0):
+            if now - last_spool > max(self.timed.renew_seconds, 1.0):
                 last_spool = now
                 self.send_spool()
             if now >= self.next_claim:
@@ -297,7 +306,7 @@ class Worker(Claiming, JobStarts, Reporting):
                     "POST",
                     "/v1/worker/log",
                     LogAppend(protocol=PROTOCOL, job=h.job, token=h.token, chunks=new),
-                    timeout=self.timing.request_timeout_seconds,
+                    timeout=self.timed.request_timeout_seconds,
                 )
                 h.shipper.mark_posted(len(new))
         except LeaseLost:

@@ -8,9 +8,17 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from piloop_common.errors import ConfigError, PiloopError
+
+if TYPE_CHECKING:
+    from piloop_common.client import ApiClient
+    from piloop_common.config import Settings
+    from piloop_worker.shimhost import ShimHost
 
 EXIT_OK, EXIT_USAGE, EXIT_REFUSED, EXIT_IN_USE, EXIT_UNTRUSTED = 0, 2, 3, 4, 5
 # how long `piloop serve`'s own worker waits for the directory: the worker of a daemon that died detaches meanwhile
@@ -99,7 +107,7 @@ def run_worker(
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per call would drown the worker's own
     # a few lines a job: the format names no source line, thread or process, so don't look them up for each
     # (the logging docs' "Optimization"); a tenth of the worker's CPU per job went to logging before
-    logging._srcfile = None  # type: ignore[attr-defined]
+    logging._srcfile = None
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     try:
         return _run(
@@ -142,7 +150,20 @@ def _say_waiting(workdir: Path, pid: int) -> None:
     )
 
 
-def _run(settings, host, *, server, socket, pool, token, name, image, dir, home, proxy=False) -> int:
+def _run(
+    settings: Settings,
+    host: ShimHost,
+    *,
+    server: str | None,
+    socket: Path | None,
+    pool: str,
+    token: str | None,
+    name: str | None,
+    image: str,
+    dir: Path | None,
+    home: Path,
+    proxy: bool = False,
+) -> int:
     from piloop_common.cas import open_store
     from piloop_common.client import ApiClient
     from piloop_common.errors import DirInUse
@@ -185,7 +206,7 @@ def _run(settings, host, *, server, socket, pool, token, name, image, dir, home,
         host=host,
     )
 
-    def on_signal(signum, frame) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         w.stopping.set()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -210,7 +231,7 @@ def _run(settings, host, *, server, socket, pool, token, name, image, dir, home,
     return EXIT_OK
 
 
-def _ask_server(api_factory) -> tuple[str, int] | None:
+def _ask_server(api_factory: Callable[[], ApiClient]) -> tuple[str, int] | None:
     """One call before anything else opens: the register route with an empty hello. The server knows its caller
     before it reads a body, so a refused worker hears why (3) and an accepted one hears that the hello is empty (a
     bad request: nothing is recorded). A certificate this machine does not trust is a setup mistake that retrying

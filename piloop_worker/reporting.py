@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import errno
 import logging
-import threading
-from pathlib import Path
 from typing import Any
 
-from piloop_common.cas import Store
-from piloop_common.client import ApiClient
 from piloop_common.errors import BadRequest, PiloopError, Refused, StoreError, from_payload
 from piloop_common.gitrepo import GitError
 from piloop_common.protocol import (
@@ -25,46 +21,21 @@ from piloop_common.protocol import (
     ReportResponse,
     ReportsRequest,
     ReportsResponse,
-    Timing,
     Usage,
 )
 from piloop_worker import clock
-from piloop_worker.cgroups import Cgroups
 from piloop_worker.claiming import EVALUATIONS_PER_CLAIM
-from piloop_worker.heartbeat import Reachability
 from piloop_worker.held import Held, report_id_for
 from piloop_worker.jobdir import JobDir, files_under
-from piloop_worker.relay import Relay
-from piloop_worker.repos import Repos, parse_score
-from piloop_worker.shimhost import ShimHost
+from piloop_worker.parts import Part
+from piloop_worker.repos import parse_score
 from piloop_worker.shimproto import ExitRecord, StopReason
-from piloop_worker.sparedirs import SpareDirs
-from piloop_worker.spool import Spool
 
 log = logging.getLogger("piloop.worker")
 
 
-class Reporting:
+class Reporting(Part):
     """The worker's reports (a part of `loop.Worker`)."""
-
-    api: ApiClient
-    timing: Timing | None
-    lock: threading.RLock
-    held: dict[str, Held]
-    next_claim: float
-    name: str
-    reach: Reachability
-    stopping: threading.Event
-    refused: str | None
-    workdir: Path | None
-    spare: SpareDirs | None
-    spool: Spool | None
-    store: Store
-    repos: Repos
-    cgroups: Cgroups
-    relay: Relay | None
-    host: ShimHost
-    # and of the Worker's methods: refuse, _claim_ask and _claimed (claiming.py)
 
     def _build_report(self, h: Held) -> None:
         rec = h.jd.exit_record() or ExitRecord(reason="the job's exit record cannot be read")
@@ -159,7 +130,7 @@ class Reporting:
         assert self.spool is not None and self.timing is not None
         try:
             got: ReportResponse = self.api.call(
-                "POST", "/v1/worker/report", report, model=ReportResponse, timeout=self.timing.request_timeout_seconds
+                "POST", "/v1/worker/report", report, model=ReportResponse, timeout=self.timed.request_timeout_seconds
             )
         except Refused as e:
             self.refuse(e.message)
@@ -187,7 +158,7 @@ class Reporting:
                 "/v1/worker/reports",
                 ReportsRequest(protocol=PROTOCOL, reports=reports, claim=claim),
                 model=ReportsResponse,
-                timeout=self.timing.request_timeout_seconds,
+                timeout=self.timed.request_timeout_seconds,
             )
         except Refused as e:
             self.refuse(e.message)

@@ -15,7 +15,7 @@ def available_mb() -> int:
     raw = os.environ.get(AVAILABLE_ENV, "").strip()
     if raw:
         return int(raw)
-    return psutil.virtual_memory().available // 2**20
+    return int(psutil.virtual_memory().available) // 2**20
 
 
 class Room:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from piloop_common.prctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl, 
 from piloop_worker import clock, jobtree, jobuser, metrics, tasks
 from piloop_worker.cgroups import HeldWatch, JobCgroup
 from piloop_worker.jobdir import JobDir
-from piloop_worker.shimproto import ExitRecord, ShimRecord, ShimRequest, StopReason, UsageRecord
+from piloop_worker.shimproto import ExitRecord, ShimRecord, ShimRequest, StopReason
 from piloop_worker.usage import Meter
 
 TICK = 0.1
@@ -120,7 +121,7 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
     oom_before = cg.oom_kills() if cg is not None else 0  # the group may be a spare, its counters an earlier job's
     peak = cg.peak_watch() if cg is not None else None  # its peak reset, for the same reason
     started_wall, started = time.time(), clock.now()
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     try:
         if (user := jobuser.JobUser.of(req.user)) is not None:
             jobuser.hand_over(jd.root, user)
@@ -220,7 +221,7 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
         if why is StopReason.MEMORY_HELD:
             reason = f"out of memory (held at its limit for {held_seconds:g}s)"
         # the group stays: the worker gives it back for a later job, or removes it (`Cgroups.give`)
-    usage = UsageRecord(**meter.usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024))
+    usage = meter.usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024)
     if peak is not None and (most := peak.peak_bytes()) is not None:  # the kernel's count over the sampled one
         usage = usage._replace(peak_rss_bytes=most)
     jd.write_exit(
@@ -268,7 +269,7 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-def _spawn(req: ShimRequest, jd: JobDir, cg: JobCgroup | None) -> subprocess.Popen:
+def _spawn(req: ShimRequest, jd: JobDir, cg: JobCgroup | None) -> subprocess.Popen[bytes]:
     """The job's process, in its own process group (and its cgroup from its first instruction); with a user in the
     request, as that user (set by subprocess in C between fork and exec) in a Landlock domain of its own."""
     user = jobuser.JobUser.of(req.user)
@@ -290,7 +291,7 @@ def _spawn(req: ShimRequest, jd: JobDir, cg: JobCgroup | None) -> subprocess.Pop
     return proc
 
 
-def _in_child(cg: JobCgroup | None, isolate: bool):
+def _in_child(cg: JobCgroup | None, isolate: bool) -> Callable[[], None]:
     """What the job's process does between fork and exec (after subprocess set its user, which would clear it): join
     its cgroup, enter its own Landlock domain, and die with its shim."""
     path = str(cg.join_path()) if cg is not None else ""

@@ -87,7 +87,7 @@ class SpareDirs:
         return True
 
 
-def _truncate_own(e: os.DirEntry) -> bool:
+def _truncate_own(e: os.DirEntry[str]) -> bool:
     """Empty a regular file that has no other name (a job's hard link to a file elsewhere is removed, not emptied);
     whether it was."""
     st = e.stat(follow_symlinks=False)
@@ -98,7 +98,7 @@ def _truncate_own(e: os.DirEntry) -> bool:
     return True
 
 
-def _remove(e: os.DirEntry) -> None:
+def _remove(e: os.DirEntry[str]) -> None:
     if e.is_dir(follow_symlinks=False):
         rmtree(e.path)
     else:

@@ -127,7 +127,7 @@ def child(req: ShimRequest, jd: JobDir, cgroup_join: Path | None) -> None:
                 sys.path.insert(0, p)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
-                stream.reconfigure(line_buffering=True)  # lines reach the log (and `piloop attach`) as printed
+                stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # lines reach the log (and `piloop attach`) as printed
         assert req.task is not None
         code = run(req.task, jd)
     except BaseException:  # noqa: BLE001 — the task's host reports any end as its exit status

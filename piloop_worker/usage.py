@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import psutil
 
+from piloop_worker.shimproto import UsageRecord
+
 # no pydantic here: the shim host imports this, and every module it holds is copied by each fork of a shim
 
 
@@ -38,8 +40,7 @@ class Meter:
                 continue
         self.peak_rss = max(self.peak_rss, rss)
 
-    def usage(self, rusage_cpu: float = 0.0, rusage_maxrss: int = 0) -> dict:
-        """The usage so far (`protocol.Usage`'s fields); `rusage_*` from wait4 of the root cover children that ended
-        between samples."""
+    def usage(self, rusage_cpu: float = 0.0, rusage_maxrss: int = 0) -> UsageRecord:
+        """The usage so far; `rusage_*` from wait4 of the root cover children that ended between samples."""
         cpu = max(sum(self._cpu.values()), rusage_cpu)
-        return {"peak_rss_bytes": max(self.peak_rss, rusage_maxrss), "cpu_seconds": round(cpu, 3)}
+        return UsageRecord(max(self.peak_rss, rusage_maxrss), round(cpu, 3))
