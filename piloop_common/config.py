@@ -313,6 +313,11 @@ class Settings(BaseSettings):
 
     home: Path = Field(description="`$PILOOP_HOME`: config, socket, spool, logs.")
     namespace: str = Field("piloop", pattern=r"^[a-z0-9_-]{1,32}$", description="The Redis hash tag of every key.")
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="How `piloop serve` and `piloop worker` write their logs: `text` (`event=… key=value` lines) or "
+        "`json` (one object a line, the events stream's keys; docs/operations.md). `--log-format` overrides it.",
+    )
     plugins: Plugins = Field(default_factory=Plugins, description="The `[plugins.*]` tables.")
 
     @classmethod

@@ -21,11 +21,13 @@ try:  # uvicorn[standard] brings it (not on Windows or PyPy): a cheaper loop tha
 except ImportError:  # pragma: no cover
     uvloop = None
 
+from piloop_common import logformat
 from piloop_common.cas import open_store
 from piloop_common.client import SERVER_KEEPALIVE_SECONDS, SOCKET_NAME
 from piloop_common.config import Settings
 from piloop_common.errors import Unavailable
 from piloop_common.listen import check_listen, uvicorn_tls
+from piloop_common.logformat import LogFormat
 from piloop_common.prctl import PARENT_ENV, set_name
 from piloop_server.api import wakeup
 from piloop_server.app import create_app, via_socket
@@ -151,9 +153,11 @@ def _worker_url(settings: Settings, tcp_addr: tuple[str, int] | None) -> str | N
     return f"{'https' if net.tls and net.tls != 'proxy' else 'http'}://{host}:{port}"
 
 
-def run(settings: Settings, home: Path, listen: str | None) -> int:
+def run(settings: Settings, home: Path, listen: str | None, log_format: LogFormat | None = None) -> int:
     """Run the daemon in the foreground until SIGTERM or SIGINT."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    fmt = log_format or settings.log_format
+    logformat.setup(fmt)
+    os.environ[logformat.ENV] = fmt  # its worker and task workers write alike
     set_name("piloop-serve")
     listen = listen or settings.plugins.network.listen
     tcp_addr = check_listen(settings, listen) if listen else None
@@ -191,6 +195,7 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
                     via_socket(app),
                     lifespan="off",
                     log_level="warning",
+                    log_config=None,  # uvicorn's lines through the daemon's own handler, in its format
                     access_log=False,
                     timeout_keep_alive=SERVER_KEEPALIVE_SECONDS,
                 )
@@ -203,6 +208,7 @@ def run(settings: Settings, home: Path, listen: str | None) -> int:
                         app,
                         lifespan="off",
                         log_level="warning",
+                        log_config=None,
                         access_log=False,
                         timeout_keep_alive=SERVER_KEEPALIVE_SECONDS,
                         proxy_headers=settings.plugins.network.tls == "proxy",

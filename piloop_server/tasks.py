@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from piloop_common import logformat
 from piloop_common.errors import ConfigError
 from piloop_common.prctl import PR_SET_PDEATHSIG, prctl
 from piloop_server.state import taskqueue
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.parent:
         _die_with(a.parent)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logformat.setup("json" if os.environ.get(logformat.ENV) == "json" else "text")
     rt = _runtime(a.home)
     prefix = rt.keys.rq_prefix()
     os.environ[PREFIX_ENV] = prefix

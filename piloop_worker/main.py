@@ -13,7 +13,9 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from piloop_common import logformat
 from piloop_common.errors import ConfigError, PiloopError
+from piloop_common.logformat import LogFormat
 
 if TYPE_CHECKING:
     from piloop_common.client import ApiClient
@@ -43,6 +45,7 @@ def run_worker(
     image: str,
     dir: Path | None,
     home: Path,
+    log_format: LogFormat | None = None,
 ) -> int:
     """Run a worker until SIGTERM/SIGINT (detach: 0) or a refusal (3); a user mistake is 2, in one line."""
     daemon = _die_with_daemon() if socket is not None else None
@@ -103,7 +106,7 @@ def run_worker(
         return _fail(f"config: {e.message}")
     set_name("piloop-worker")  # before the fork: the shim host renames itself
     host = ShimHost(job_user).start()
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logformat.setup(log_format or settings.log_format)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per call would drown the worker's own
     # a few lines a job: the format names no source line, thread or process, so don't look them up for each
     # (the logging docs' "Optimization"); a tenth of the worker's CPU per job went to logging before

@@ -131,8 +131,14 @@ def init(obj) -> None:
 @click.option(
     "--listen", metavar="HOST:PORT", help="Listen here too (a non-loopback address needs [plugins.network] tls)."
 )
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    envvar="PILOOP_LOG_FORMAT",
+    help="text (event=… key=value lines) or json (one object a line); default: the config's log_format.",
+)
 @click.pass_obj
-def serve(obj, detach: bool, listen: str | None) -> None:
+def serve(obj, detach: bool, listen: str | None, log_format: str | None) -> None:
     """Run the daemon: the API, the pass, and its own worker `serve`."""
     settings = obj.settings
     from piloop_common.listen import check_listen
@@ -143,12 +149,14 @@ def serve(obj, detach: bool, listen: str | None) -> None:
     pid = _pid(obj.home)
     if pid:
         raise click.ClickException(f"a daemon is already running (pid {pid}): `piloop stop` it first")
+    if log_format:
+        os.environ["PILOOP_LOG_FORMAT"] = log_format  # the detached daemon's, and what it starts
     if detach:
         health = start_detached(obj, listen)
         where = f", listening on {listen}" if listen else ""
         click.echo(f"piloop: the daemon is running (pid {health['pid']}){where}")
         return
-    sys.exit(run(settings, obj.home, listen))
+    sys.exit(run(settings, obj.home, listen, log_format))  # type: ignore[arg-type]  # click.Choice: text|json
 
 
 @click.command()

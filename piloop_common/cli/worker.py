@@ -30,8 +30,14 @@ from piloop_common.cli.output import ago, emit_json, table
     type=click.Path(file_okay=False, path_type=Path),
     help="Where job directories go (default $PILOOP_HOME/work/<worker>).",
 )
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    envvar="PILOOP_LOG_FORMAT",
+    help="text (event=… key=value lines) or json (one object a line); default: the config's log_format.",
+)
 @click.pass_context
-def worker(ctx, server, socket, pool, token_file, name, image, workdir) -> None:
+def worker(ctx, server, socket, pool, token_file, name, image, workdir, log_format) -> None:
     """Run a worker: it calls the server, and the server never calls it."""
     if ctx.invoked_subcommand:
         return
@@ -63,6 +69,7 @@ def worker(ctx, server, socket, pool, token_file, name, image, workdir) -> None:
             image=image,
             dir=workdir,
             home=ctx.obj.home,
+            log_format=log_format,
         )
     )
 
