@@ -132,8 +132,9 @@ def fail(rt: Runtime, pool: str, why: str, *, refused: bool) -> None:
     base = backoff_base()
     delay = min(b.delay * 2, base * BACKOFF_CAP_FACTOR) if b.delay else base
     refusals = b.refusals + 1 if refused else 0
-    st.set_backoff(pool, delay=delay, until=st.now_ms() + int(delay * 1000), refusals=refusals, why=why)
-    rt.events.add("provisioner.backoff", BY, pool=pool, seconds=delay, reason=why)
+    until = st.now_ms() + int(delay * 1000)
+    st.set_backoff(pool, delay=delay, until=until, refusals=refusals, why=why)
+    rt.events.add("provisioner.backoff", BY, pool=pool, seconds=delay, until_ms=until, reason=why)
     log.warning("event=provisioner.backoff pool=%s seconds=%g reason=%r", pool, delay, why)
     if refused and refusals == REFUSALS_ESCALATE:
         rt.events.escalate(
