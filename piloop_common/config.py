@@ -284,6 +284,18 @@ class RetentionConfig(_Model):
     cas_gc_seconds: float = Field(
         DAY, ge=0, description="How often the pass queues a CAS garbage collection (`piloop cas gc`; 0: never)."
     )
+    log_max_bytes: int = Field(
+        64 * 2**20,
+        ge=0,
+        description="A log file the daemon or its children write under `$PILOOP_HOME` (docs/retention.md) that grows "
+        "past this is copied to `<name>.1` and emptied, checked once a minute (0: never).",
+    )
+    log_keep: int = Field(
+        2,
+        ge=0,
+        description="How many copies of a rotated log are kept (`.1` the newest); older ones are removed "
+        "(0: a log over `log_max_bytes` is emptied, keeping none).",
+    )
 
 
 class Plugins(_Model):
@@ -304,7 +316,8 @@ class Plugins(_Model):
     )
     retention: RetentionConfig = Field(
         default_factory=RetentionConfig,
-        description="How long finished jobs and events stay in Redis, and unreferenced blobs in the CAS.",
+        description="How long finished jobs and events stay in Redis, unreferenced blobs in the CAS, and how large "
+        "the daemon's logs grow.",
     )
 
 

@@ -1,5 +1,5 @@
-"""The daemon's pass, every `pass_seconds`: the generation, limits, the disruption hold, lease expiry, and
-provisioned pools."""
+"""The daemon's pass, every `pass_seconds`: the generation, limits, the disruption hold, lease expiry,
+provisioned pools, and retention (of Redis, the CAS and the daemon's logs)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from piloop_common.config import ExecutorConfig
 from piloop_common.errors import PiloopError
-from piloop_server import campaigns, cas_gc
+from piloop_server import campaigns, cas_gc, logfiles
 from piloop_server.runtime import Runtime
 from piloop_server.state.disruption import Policy
 from piloop_server.state.errors import UNREACHABLE
@@ -60,6 +60,7 @@ class Pass:
         self.events_trimmed_at = 0.0  # monotonic: events are trimmed by age once a minute
         self.provisioner: Any = None  # piloop_server.provisioner.Provisioner, when serve gives one
         self.cas_gc = cas_gc.Schedule()
+        self.logs = logfiles.Schedule()
         # called when a pass queued jobs or freed slots: serve wakes the claims waiting at its API (long polls), which
         # would otherwise find those jobs only when their wait ends (up to a renew period)
         self.wake: Callable[[], None] = lambda: None
@@ -107,6 +108,7 @@ class Pass:
         moved += campaigns.tend(rt)
         self.retain()
         self.cas_gc.tick(rt)  # queues the CAS garbage collection (an rq task) once every cas_gc_seconds
+        self.logs.tick(rt)  # copy-truncates the daemon's logs over log_max_bytes, at the first pass and once a minute
         if moved:
             self.wake()
         self.count += 1

@@ -33,6 +33,7 @@ from piloop_server.api import wakeup
 from piloop_server.app import create_app, via_socket
 from piloop_server.daemon import Pass
 from piloop_server.daemon import run as run_pass
+from piloop_server.logfiles import SERVE_WORKER_LOG, logs_dir
 from piloop_server.runtime import Runtime
 from piloop_server.state import embedded
 from piloop_server.state.connection import check_policy, connect
@@ -91,7 +92,7 @@ class WorkerChild:
         self.home, self.sock = home, sock
         self.proc: subprocess.Popen | None = None
         self.stopping = False
-        self.log = open(home / "logs" / "worker-serve.log", "ab")
+        self.log = open(logs_dir(home) / SERVE_WORKER_LOG, "ab")
 
     def start(self) -> None:
         args = [
@@ -163,7 +164,7 @@ def run(settings: Settings, home: Path, listen: str | None, log_format: LogForma
     tcp_addr = check_listen(settings, listen) if listen else None
     home.mkdir(parents=True, exist_ok=True)
     home.chmod(0o700)
-    (home / "logs").mkdir(exist_ok=True)
+    logs_dir(home).mkdir(exist_ok=True)
     redis_proc = embedded.start(home) if settings.plugins.state.embedded else None
     try:
         client = connect(settings, home)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from piloop_common import logformat
 from piloop_common.errors import ConfigError
 from piloop_common.prctl import PR_SET_PDEATHSIG, prctl
+from piloop_server.logfiles import logs_dir, tasks_log
 from piloop_server.state import taskqueue
 from piloop_server.state.keys import Keys
 
@@ -257,7 +258,7 @@ class Workers:
             "--parent",
             str(os.getpid()),
         ]
-        with open(self.home / "logs" / f"tasks-{name}.log", "ab") as out:
+        with open(logs_dir(self.home) / tasks_log(name), "ab") as out:
             p = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
         self.procs[name], self.started[name] = p, time.monotonic()
         log.info("event=tasks.worker_started queue=%s pid=%d", name, p.pid)

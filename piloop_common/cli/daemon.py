@@ -76,10 +76,12 @@ def _wait_up(ctx_obj, proc: subprocess.Popen[bytes], log: Path, timeout: float =
 
 
 def start_detached(ctx_obj, listen: str | None) -> dict[str, Any]:
+    from piloop_server.logfiles import DAEMON_LOG, logs_dir
+
     home: Path = ctx_obj.home
     home.mkdir(parents=True, exist_ok=True)
-    (home / "logs").mkdir(exist_ok=True)
-    log = home / "logs" / "daemon.log"
+    logs_dir(home).mkdir(exist_ok=True)
+    log = logs_dir(home) / DAEMON_LOG
     args = [sys.executable, "-m", "piloop_common.cli", "--home", str(home), "serve"]
     if listen:
         args += ["--listen", listen]

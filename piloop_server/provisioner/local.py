@@ -25,6 +25,13 @@ from piloop_server.provisioner.base import NAME_ENV, TAG_ENV, Handle, StartRefus
 POOL_ENV = "PILOOP_PROVISIONED_POOL"
 STOP_GRACE_SECONDS = 5.0  # SIGTERM (the worker detaches), then SIGKILL
 HANG = "import time\nwhile True: time.sleep(60)"
+HOMES = "provisioned"  # under the server's home: one home per started worker, removed once it stopped
+WORKER_LOG = "worker.log"  # in a started worker's home: its stdout and stderr
+
+
+def homes(server_home: Path) -> Path:
+    """Where the started workers' homes are."""
+    return server_home / HOMES
 
 
 class LocalProvider:
@@ -33,7 +40,7 @@ class LocalProvider:
         self.cas_plugins = cas_plugins
 
     def _home(self, name: str) -> Path:
-        return self.home / "provisioned" / name
+        return homes(self.home) / name
 
     def start(self, name: str, token: str | None, env: dict[str, str]) -> Handle:
         if self.compute.refuse:
@@ -66,7 +73,7 @@ class LocalProvider:
                 "--name",
                 name,
             ]
-        pid = _spawn_detached(argv, penv, home / "worker.log")
+        pid = _spawn_detached(argv, penv, home / WORKER_LOG)
         return Handle(name, self.pool, _id(pid))
 
     def stop(self, handle: Handle) -> None:

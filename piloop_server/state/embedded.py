@@ -35,6 +35,10 @@ def socket_path(home: Path) -> Path:
     return home / "redis" / "redis.sock"
 
 
+def log_path(home: Path) -> Path:
+    return home / "redis" / "redis.log"
+
+
 def url(home: Path) -> str:
     return f"unix://{socket_path(home)}"
 
@@ -79,7 +83,7 @@ def start(home: Path, timeout: float = 15.0) -> subprocess.Popen[bytes] | None:
         "--daemonize",
         "no",
         "--logfile",
-        str(d / "redis.log"),
+        str(log_path(home)),
         "--pidfile",
         str(d / "redis.pid"),
     ]
@@ -89,12 +93,12 @@ def start(home: Path, timeout: float = 15.0) -> subprocess.Popen[bytes] | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise Unavailable(f"the embedded redis-server exited with {proc.returncode}; see {d / 'redis.log'}")
+            raise Unavailable(f"the embedded redis-server exited with {proc.returncode}; see {log_path(home)}")
         if _answers(sock):
             return proc
         time.sleep(0.05)
     proc.kill()
-    raise Unavailable(f"the embedded redis-server did not answer within {timeout:g}s; see {d / 'redis.log'}")
+    raise Unavailable(f"the embedded redis-server did not answer within {timeout:g}s; see {log_path(home)}")
 
 
 def stop(home: Path, proc: subprocess.Popen[bytes] | None) -> None:
