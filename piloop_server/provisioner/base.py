@@ -50,6 +50,10 @@ class Provider(Protocol):
     def list(self, tag: str) -> list[Handle]:
         """Every worker on the platform tagged with `tag` (this server's id), whoever started it."""
 
+    def unused_homes(self) -> dict[str, Path]:
+        """What the server keeps on its own disk for started workers that no process of theirs uses, by worker
+        name: their homes (local), or nothing (a platform whose workers keep theirs)."""
+
 
 def open_provider(
     pool: str, compute: LocalCompute | ModalCompute, *, url: str, home: Path, tag: str, cas_plugins: dict

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -27,6 +28,7 @@ STOP_GRACE_SECONDS = 5.0  # SIGTERM (the worker detaches), then SIGKILL
 HANG = "import time\nwhile True: time.sleep(60)"
 HOMES = "provisioned"  # under the server's home: one home per started worker, removed once it stopped
 WORKER_LOG = "worker.log"  # in a started worker's home: its stdout and stderr
+NAMED = re.compile(r".+-\d+")  # a started worker's name, `<pool>-<n>` (ProvisionedState.new_name)
 
 
 def homes(server_home: Path) -> Path:
@@ -73,7 +75,11 @@ class LocalProvider:
                 "--name",
                 name,
             ]
-        pid = _spawn_detached(argv, penv, home / WORKER_LOG)
+        try:
+            pid = _spawn_detached(argv, penv, home / WORKER_LOG)
+        except OSError:
+            shutil.rmtree(home, ignore_errors=True)  # no worker ever ran in it: nothing to keep for a re-attach
+            raise
         return Handle(name, self.pool, _id(pid))
 
     def stop(self, handle: Handle) -> None:
@@ -93,13 +99,24 @@ class LocalProvider:
         if _same(handle.id) is None and handle.name and handle.pool == self.pool:
             shutil.rmtree(self._home(handle.name), ignore_errors=True)
 
+    def unused_homes(self) -> dict[str, Path]:
+        """Every started worker's home (a directory named like one, `<pool>-<n>`, of any pool) that no process of
+        ours runs in: none has it as its PILOOP_HOME, whatever its tag (a job's shim inherits it from its worker)."""
+        try:
+            found = {d.name: d for d in homes(self.home).iterdir() if NAMED.fullmatch(d.name) and d.is_dir()}
+        except FileNotFoundError:
+            return {}
+        if found:
+            in_use = set()
+            for p in _ours():
+                with contextlib.suppress(psutil.Error, OSError):
+                    in_use.add(p.environ().get("PILOOP_HOME", ""))
+            found = {name: d for name, d in found.items() if str(d) not in in_use}
+        return found
+
     def list(self, tag: str) -> list[Handle]:
-        me = os.getuid()
         found: dict[int, tuple[str, str, int]] = {}
-        for p in psutil.process_iter(["pid", "ppid", "uids"]):
-            uids = p.info.get("uids")
-            if uids is None or uids.real != me:
-                continue
+        for p in _ours():
             try:
                 env = p.environ()
                 if p.status() == psutil.STATUS_ZOMBIE:
@@ -116,6 +133,12 @@ class LocalProvider:
             with contextlib.suppress(psutil.Error):
                 out.append(Handle(name, pool, _id(pid)))
         return out
+
+
+def _ours() -> list[psutil.Process]:
+    """The processes of this user."""
+    me = os.getuid()
+    return [p for p in psutil.process_iter(["pid", "ppid", "uids"]) if (u := p.info.get("uids")) and u.real == me]
 
 
 def _plugins(cas: dict, env: dict[str, str]) -> str:

@@ -9,6 +9,7 @@ made from the server's id and the worker's, so a retried start never makes a sec
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
 
 from piloop_common.config import ModalCompute
@@ -99,3 +100,6 @@ class ModalProvider:
             tags = sb.get_tags()
             out.append(Handle(tags.get(TAG_WORKER, ""), tags.get(TAG_POOL, ""), sb.object_id))
         return out
+
+    def unused_homes(self) -> dict[str, Path]:
+        return {}  # a sandbox's disk goes with it

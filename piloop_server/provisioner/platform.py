@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,8 @@ def list_pool(rt: Runtime, pool: str, _: str = "") -> None:
         return
     st = _state(rt)
     try:
+        # the homes before the records: a home made after them is of a worker they would not name yet
+        homes = prov.unused_homes()
         handles = prov.list(rt.server_id)
         recs = st.records()
         for h in handles:
@@ -226,9 +229,22 @@ def list_pool(rt: Runtime, pool: str, _: str = "") -> None:
     except PlatformAuthError as e:
         auth_failed(rt, pool, e)
         return
+    _remove_homes(rt, homes, set(recs))
     ids = {h.id for h in handles}
     for name, rec in recs.items():
         if rec.pool != pool or rec.state not in ("starting", "running", "draining"):
             continue
         if rec.handle and rec.handle.get("id") not in ids:
             st.update(name, lost=True)
+
+
+def _remove_homes(rt: Runtime, homes: dict[str, Path], keep: set[str]) -> None:
+    """Remove the home of every started worker gone for good: no process runs in it (not even a job's shim) and no
+    record names it (the server forgot it, or Redis lost it). A worker the provisioner stopped had its home removed
+    by that stop already; this finds those whose stop never came."""
+    for name, home in sorted(homes.items()):
+        if name in keep:
+            continue
+        shutil.rmtree(home, ignore_errors=True)
+        rt.events.add("provisioner.home_removed", BY, worker=name)
+        log.info("event=provisioner.home_removed worker=%s home=%s (no record, no process)", name, home)

@@ -112,6 +112,43 @@ def test_waiting_jobs_start_workers_up_to_max_and_idle_ones_drain_and_stop(start
     assert (st["max"], st["starting"], st["running"], st["draining"]) == (2, 0, 0, 0)
 
 
+def test_a_started_workers_home_is_kept_while_it_runs_and_removed_once_it_stopped(started):
+    d = started("max = 1\nidle_seconds = 1\n")
+    job = _submit(d, "sleep", "2")
+    wait_for(lambda: _job(d, job)["state"] == "running", 60, interval=0.1, what="the job runs on a started worker")
+    worker = _job(d, job)["worker"]
+    home = d.home / "provisioned" / worker
+    assert (home / "worker.log").stat().st_size > 0 and (home / "work").is_dir()
+    wait_for(lambda: _job(d, job)["state"] == "succeeded", 30, interval=0.1, what="the job ends")
+    assert home.is_dir()  # idle but running: it may still take a job
+    wait_for(lambda: _events(d, "provisioner.stopped"), 30, interval=0.1, what="the idle worker stops")
+    assert not home.exists()
+    wait_for(lambda: not _prov(d)["stopping"] and not _gpu_workers(d), 30, interval=0.1, what="its record ends")
+    assert list((d.home / "provisioned").iterdir()) == []
+
+
+def test_a_home_no_record_names_and_no_process_runs_in_is_removed_by_the_listing(started):
+    d = started("max = 1\n")  # no job waits: the listing alone runs, every 2 s
+    provisioned = d.home / "provisioned"
+    left, used, notes = provisioned / "gpu-77", provisioned / "gpu-78", provisioned / "notes"
+    for h in (left, used, notes):
+        (h / "work").mkdir(parents=True)
+        (h / "worker.log").write_bytes(b"event=worker.started\n")
+    # a job's shim of a worker that is gone still runs in its home, under another server's tag: kept while it does
+    env = {**os.environ, "PILOOP_HOME": str(used), "PILOOP_PROVISIONER_TAG": "another-server"}
+    proc = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(60)"], env=env)
+    try:
+        wait_for(lambda: not left.exists(), 20, interval=0.1, what="the left-over home is removed")
+        wait_for(lambda: _events(d, "provisioner.home_removed"), 10, what="the provisioner.home_removed event")
+        assert [e["worker"] for e in _events(d, "provisioner.home_removed")] == ["gpu-77"]
+        assert used.is_dir() and notes.is_dir()
+    finally:
+        proc.kill()
+        proc.wait(5)
+    wait_for(lambda: not used.exists(), 20, interval=0.1, what="the home is removed once nothing runs in it")
+    assert notes.is_dir()  # not named like a started worker: never touched
+
+
 def test_max_0_drains_the_pool_and_stops_a_worker_only_once_it_holds_no_lease(started):
     d = started("max = 1\nidle_seconds = 600\n")
     job = _submit(d, "sleep", "3")
