@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_HOME ?= $(CURDIR)/.piloop-demo
 
-.PHONY: venv demo lint test bench clean
+.PHONY: venv demo lint test test-redis7 bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,15 @@ lint: venv
 
 test: lint
 	$(BIN)/pytest -q $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS))
+
+# the tests that exercise Redis itself (scripts, expiry, streams, its faults) on Debian's redis-server 7.x beside the
+# embedded 6.2 that `make test` uses; .ci/run installs it (apt-get install redis-server)
+REDIS7 ?= /usr/bin/redis-server
+REDIS7_TESTS := tests/integration/test_redis_version.py tests/integration/test_lease_machine.py \
+	tests/integration/test_leases.py tests/integration/test_heartbeats.py tests/integration/test_retention.py \
+	tests/integration/test_events_state.py tests/faults/test_redis_faults.py tests/adversarial/test_bounded_writes.py
+test-redis7: venv
+	PILOOP_TEST_REDIS_SERVER=$(REDIS7) PILOOP_TEST_REDIS_MAJOR=7 $(BIN)/pytest -q -n $(TEST_JOBS) $(REDIS7_TESTS)
 
 # piloop beside rq and Celery on one Redis, one table (docs/performance.md); BENCH_ARGS=--quick for a one-minute run
 bench: venv

