@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from piloop_common.bytecaps import LOG_MAX_BYTES, RESULT_MAX_BYTES
 from piloop_common.cas.config import CasConfig, LocalCasConfig
 from piloop_common.errors import ConfigError
 
@@ -248,6 +249,19 @@ class StateConfig(_Model):
         ge=4096,
         description="The largest result a report may carry, its log's "
         "chunk list aside; a larger report is refused naming this key.",
+    )
+    log_max_bytes: int = Field(
+        LOG_MAX_BYTES,
+        ge=4096,
+        description="The bytes of a job's log it keeps (output.log as the worker ships it): a day of an agent "
+        "printing 10 KiB/s is under 1 GiB, an evaluation's log far less. Past it the worker stops shipping and "
+        "ends the log with a marker; the server keeps no chunk past it, and `job show` says the log was truncated.",
+    )
+    result_max_bytes: int = Field(
+        RESULT_MAX_BYTES,
+        ge=1024,
+        description="The largest result a Python task may return (its `result.json` or `result.pickle`); a task "
+        "whose result is larger fails, naming this key and the size, and its result is not kept.",
     )
     progress_keep: int = Field(200, ge=1, description="The newest progress notes a job keeps.")
 

@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from piloop_common.bytecaps import LOG_MAX_BYTES, RESULT_MAX_BYTES
+
 PROTOCOL = 1
 API = "/v1"
 # A job's relay (on its worker) names the job and its lease on every call it forwards.
@@ -87,6 +89,13 @@ class Timing(Message):
     )
     memory_held_seconds: float = Field(
         60, description="A job held at its memory limit this long is stopped, out of memory."
+    )
+    log_max_bytes: int = Field(
+        LOG_MAX_BYTES,
+        description="[plugins.state] log_max_bytes: the worker ships no more of a job's log, then a marker.",
+    )
+    result_max_bytes: int = Field(
+        RESULT_MAX_BYTES, description="[plugins.state] result_max_bytes: a task's result over it fails the task."
     )
 
 
@@ -317,7 +326,8 @@ class LogAppend(Message):
 
 class LogAnswer(Message):
     dropped: int = Field(
-        0, description="Chunks of this call past the job's cap ([plugins.state] log_chunks_max), not kept."
+        0,
+        description="Chunks of this call past the job's caps ([plugins.state] log_chunks_max, log_max_bytes), not kept.",
     )
 
 
@@ -384,6 +394,12 @@ class JobView(Message):
     spec: dict[str, Any] = Field(default_factory=dict)
     result: dict[str, Any] = Field(default_factory=dict)
     log: list[str] = Field(default_factory=list)
+    log_dropped: int = Field(
+        0, description="Log chunks not kept, past [plugins.state] log_chunks_max or log_max_bytes."
+    )
+    log_truncated: int = Field(
+        0, description="The log was cut at this many bytes ([plugins.state] log_max_bytes); 0: it is whole."
+    )
     progress: list[dict[str, Any]] = Field(default_factory=list, description="The job's own notes: note, by, at_ms.")
     memory_mb: int = Field(0, description="The grant (MiB) of the job's current or next attempt; 0: none of its own.")
     retry_ms: int = Field(0, description="A failed job waiting to be tried again: when it goes back to the queue.")

@@ -31,3 +31,11 @@ def format_memory(mb: int | None) -> str:
     if not mb:
         return "-"
     return f"{mb / 1024:.1f} GiB" if mb >= 1024 else f"{mb} MiB"
+
+
+def format_bytes(n: int) -> str:
+    """`64 MiB` for a whole number of a unit, `80.0 MiB` otherwise, `512 bytes` under a KiB: a size in a message."""
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n // size} {unit}" if n % size == 0 else f"{n / size:.1f} {unit}"
+    return f"{n} bytes"

@@ -81,6 +81,8 @@ def view(rt: Runtime, job_id: str) -> JobView:
         spec=j.spec_dict(),
         result=result,
         log=result.get("log") or got.log,
+        log_dropped=int(result.get("log_dropped") or 0) if result.get("log") else j.log_dropped,
+        log_truncated=int(result.get("log_truncated") or 0) if result.get("log") else j.log_truncated,
         progress=[json.loads(n) for n in got.progress],
         memory_mb=j.grant_mb,
         retry_ms=j.retry_at,

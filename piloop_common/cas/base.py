@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 from piloop_common.cas.address import address_of, hash_file, parse_address
 from piloop_common.cas.spool import spool
-from piloop_common.errors import Corrupt, StoreError
+from piloop_common.errors import BlobMissing, Corrupt, StoreError
 from piloop_common.files import temp_beside
 
 
@@ -178,6 +178,17 @@ class Store(ABC):
 
     def size(self, address: str) -> int:
         return self._size(parse_address(address))
+
+    def sizes(self, addresses: Iterable[str]) -> dict[str, int]:
+        """The sizes of those of `addresses` the store holds (one it lacks is left out): one lookup each (a stat for
+        `local`, a HEAD for `s3` and `http`)."""
+        out = {}
+        for a in dict.fromkeys(parse_address(a) for a in addresses):
+            try:
+                out[a] = self._size(a)
+            except BlobMissing:
+                continue
+        return out
 
     def blobs(self, after: str | None = None) -> Iterator[Listed]:
         """Every blob the store holds, by address in order, from the first one after `after`."""

@@ -50,10 +50,13 @@ def follow(api, job_id: str, out, poll: float = POLL_SECONDS) -> dict[str, Any]:
 @click.pass_obj
 def attach(obj, job_id: str) -> None:
     """Print a job's log from the start, then as it comes; exit with the job's outcome."""
+    from piloop_common.cli.jobs import log_note
     from piloop_common.client import ApiClient
 
     with ApiClient.from_env(obj.home, timeout=30.0) as api:
         job = follow(api, job_id, sys.stdout.buffer)
+    if note := log_note(job):
+        click.echo(f"piloop: {job_id}: the log was cut: {note}", err=True)
     status = exit_status(job)
     if status:
         why = job["reason"] or job["state"]

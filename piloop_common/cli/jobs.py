@@ -201,6 +201,8 @@ def show(obj, job_id, as_json) -> None:
         lines.insert(-2, ("retry at", when(j["retry_ms"])))
     if j.get("waiting"):
         lines.insert(4, ("waiting", j["waiting"]))  # under its state
+    if note := log_note(j):
+        lines.append(("log cut", note))
     for name, addr in (r.get("outputs") or {}).items():
         lines.append((f"output {name}", addr))
     for n in j.get("progress") or []:
@@ -208,6 +210,16 @@ def show(obj, job_id, as_json) -> None:
     width = max(len(k) for k, _ in lines)
     for k, v in lines:
         click.echo(f"{k.ljust(width)}  {v}")
+
+
+def log_note(j: dict[str, Any]) -> str:
+    """Where a job's log was cut, naming the cap; '' for a whole log."""
+    out = []
+    if j.get("log_truncated"):
+        out.append(f"truncated at {j['log_truncated']} bytes ([plugins.state] log_max_bytes)")
+    if j.get("log_dropped"):
+        out.append(f"{j['log_dropped']} chunk(s) past the cap not kept")
+    return "; ".join(out)
 
 
 def _grant(j: dict[str, Any]) -> str:

@@ -83,6 +83,8 @@ def _timing(rt: Runtime, pool_name: str) -> Timing:
         memory_pressure_max=ex.memory_pressure_max,
         memory_reserve_mb=pool.memory_reserve_mb,
         memory_held_seconds=pool.memory_held_seconds,
+        log_max_bytes=rt.leases.caps.log_bytes,
+        result_max_bytes=rt.leases.caps.result_bytes,
     )
 
 
@@ -271,7 +273,7 @@ def _reports(body: ReportsRequest, rt: Runtime, caller: Caller) -> tuple[list[Re
         batch.append(_as_report(one, caller.name, present))
         at.append(i)
     wake = False
-    for i, got in zip(at, rt.leases.report_many(batch, _memory_caps(rt)) if batch else [], strict=True):
+    for i, got in zip(at, rt.leases.report_many(batch, _memory_caps(rt), rt.store.sizes) if batch else [], strict=True):
         if isinstance(got, PiloopError):
             answers[i] = ReportAnswer(error=got.code, message=got.message)
             continue
@@ -333,7 +335,16 @@ def _as_report(body: ReportRequest, name: str, present: set[str]) -> Report:
 def _report(body: ReportRequest, rt: Runtime, name: str, present: set[str]) -> ReportResponse:
     r = _as_report(body, name, present)
     answer = rt.leases.report(
-        r.report_id, r.job, r.token, r.worker, r.outcome, r.result, r.reason, oom=r.oom, memory_caps=_memory_caps(rt)
+        r.report_id,
+        r.job,
+        r.token,
+        r.worker,
+        r.outcome,
+        r.result,
+        r.reason,
+        oom=r.oom,
+        memory_caps=_memory_caps(rt),
+        sizes=rt.store.sizes,
     )
     return ReportResponse.model_validate(answer)
 
@@ -341,4 +352,5 @@ def _report(body: ReportRequest, rt: Runtime, name: str, present: set[str]) -> R
 @router.post("/log", response_model=LogAnswer)
 def log(body: LogAppend, rt: RuntimeDep, caller: WorkerDep) -> Response:
     _check(rt, caller, body)
-    return _json(LogAnswer(dropped=rt.leases.append_log(body.job, body.token, caller.name, body.chunks)))
+    dropped = rt.leases.append_log(body.job, body.token, caller.name, body.chunks, rt.store.sizes)
+    return _json(LogAnswer(dropped=dropped))

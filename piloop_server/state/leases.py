@@ -8,8 +8,11 @@ from typing import Any
 
 import redis
 
+from piloop_common.bytecaps import LOG_MARKER_ROOM
 from piloop_common.errors import NotFound, PiloopError, TooLarge
+from piloop_server.state import logcap
 from piloop_server.state.keys import Keys
+from piloop_server.state.logcap import Live, Sizes
 from piloop_server.state.records.codec import text as _s
 from piloop_server.state.records.job import FIELDS as JF
 from piloop_server.state.records.job import HISTORY_KEEP
@@ -226,29 +229,51 @@ class Leases:
         *,
         oom: bool = False,
         memory_caps: dict[str, int | None] | None = None,
+        sizes: Sizes | None = None,
     ) -> dict[str, Any]:
         """Finish a lease; a failed attempt may be retried (report.lua). `memory_caps`: pool -> its cap on a
-        grant raised after an out-of-memory attempt."""
-        got = self.report_many([Report(report_id, job_id, token, worker, outcome, result, reason, oom)], memory_caps)[0]
+        grant raised after an out-of-memory attempt; `sizes`: the CAS's sizes of blobs (none: each counts 0)."""
+        rep = Report(report_id, job_id, token, worker, outcome, result, reason, oom)
+        got = self.report_many([rep], memory_caps, sizes)[0]
         if isinstance(got, PiloopError):
             raise got
         return got
 
     def report_many(
-        self, reports: list[Report], memory_caps: dict[str, int | None] | None = None
+        self, reports: list[Report], memory_caps: dict[str, int | None] | None = None, sizes: Sizes | None = None
     ) -> list[dict[str, Any] | PiloopError]:
-        """`report` for each, in order, in two round trips (the jobs' kind and pool, then the scripts): each answer,
-        or the PiloopError that report met (an unknown job, a lease lost), the others standing."""
+        """`report` for each, in order, in two round trips (the jobs' kind and pool, then the scripts) and one CAS
+        lookup (`sizes`: of the logs' chunks not sized at their append, and of the tasks' results): each answer, or
+        the PiloopError that report met (an unknown job, a lease lost), the others standing."""
         k = self.k
         pipe = self.r.pipeline(transaction=False)
         for rep in reports:
-            pipe.hmget(k.job(rep.job), JF["kind"], JF["pool"], JF["spec"])
+            pipe.hmget(
+                k.job(rep.job),
+                JF["kind"],
+                JF["pool"],
+                JF["spec"],
+                JF["log_bytes"],
+                JF["log_dropped"],
+                JF["log_truncated"],
+            )
+            pipe.lrange(k.job_log(rep.job), -max(len(rep.result.get("log") or []), 1), -1)
+        got = pipe.execute()
+        rows = [got[i] for i in range(0, len(got), 2)]
+        lives = [Live.of(row[3:], got[2 * i + 1]) for i, row in enumerate(rows)]
+        ask = [
+            a
+            for rep, row, live in zip(reports, rows, lives, strict=True)
+            for a in logcap.unsized(rep, row[2], live, self.caps)
+        ]
+        known = sizes(sorted(set(ask))) if sizes is not None and ask else {}
         out: list[Any] = [None] * len(reports)
         calls, at = [], []
-        for i, (rep, (kind_b, pool_b, spec)) in enumerate(zip(reports, pipe.execute(), strict=True)):
+        for i, (rep, (kind_b, pool_b, spec, *_), live) in enumerate(zip(reports, rows, lives, strict=True)):
             if kind_b is None:
                 out[i] = NotFound(f"job {rep.job} does not exist")
                 continue
+            rep = logcap.bounded(rep, logcap.spec_of(spec), live, known, self.caps)
             result = json.dumps(rep.result)
             body = len(result) - len(json.dumps(rep.result.get("log") or []))
             if body > self.caps.report_bytes:
@@ -282,7 +307,7 @@ class Leases:
                         rep.token,
                         rep.worker,
                         rep.outcome,
-                        self._capped_log(result, rep.result),
+                        result,
                         REPORT_TTL_SECONDS,
                         self.t.max_lost,
                         rep.reason,
@@ -297,15 +322,6 @@ class Leases:
         for i, reply in zip(at, self.scripts.run_many("report", calls) if calls else [], strict=True):
             out[i] = reply if isinstance(reply, PiloopError) else json.loads(_s(reply))
         return out
-
-    def _capped_log(self, result_json: str, result: dict[str, Any]) -> str:
-        """The result as the job keeps it: a log past the cap keeps its first chunks and says how many it dropped."""
-        log = result.get("log") or []
-        if len(log) <= self.caps.log_chunks:
-            return result_json
-        return json.dumps(
-            {**result, "log": log[: self.caps.log_chunks], "log_dropped": len(log) - self.caps.log_chunks}
-        )
 
     def due(self) -> int:
         """Put failed jobs whose backoff has passed back in their queues (the pass); how many."""
@@ -331,15 +347,26 @@ class Leases:
 
     # -- logs and cancels --------------------------------------------------------------
 
-    def append_log(self, job_id: str, token: str, worker: str, chunks: list[str]) -> int:
-        """Add chunks to the holder's job's log; how many were dropped past the cap. LeaseLost when `worker` does not
-        hold the job's lease under `token`."""
+    def append_log(self, job_id: str, token: str, worker: str, chunks: list[str], sizes: Sizes | None = None) -> int:
+        """Add chunks to the holder's job's log; how many were dropped past a cap. LeaseLost when `worker` does not
+        hold the job's lease under `token`; BadRequest when `sizes` (the CAS's) lacks a chunk (none: each counts 0)."""
         k = self.k
+        known = sizes(chunks) if sizes is not None else dict.fromkeys(chunks, 0)
         return int(
             self.scripts.run(
                 "append_log",
                 [k.lease(job_id), k.job(job_id), k.job_log(job_id), k.events()],
-                [job_id, token, worker, self.caps.log_chunks, len(chunks), *chunks],
+                [
+                    job_id,
+                    token,
+                    worker,
+                    self.caps.log_chunks,
+                    self.caps.log_bytes,
+                    LOG_MARKER_ROOM,
+                    len(chunks),
+                    *chunks,
+                    *(known.get(c, -1) for c in chunks),
+                ],
             )
         )
 

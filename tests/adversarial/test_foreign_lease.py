@@ -17,6 +17,7 @@ import httpx
 import pytest
 import redis
 
+from piloop_common.cas.local import LocalStore
 from piloop_common.protocol import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
 from piloop_server.state.keys import Keys
 from tests.helpers.workers import HandWorker, events, kill_tree_of, submit, tcp_server, token, view
@@ -208,7 +209,8 @@ def test_the_holder_still_reports_and_the_job_ends_once(world):
     # A's own lease is whole: its heartbeat renews it, its log append is kept, its report ends the job
     beat = holder.post("heartbeat", holder.hello([{"job": job, "token": tok}]))
     assert beat.status_code == 200 and beat.json()["jobs"] == {job: "ok"}, beat.text
-    logged = holder.post("log", {"job": job, "token": tok, "chunks": [ADDR]})
+    chunk = LocalStore(world.d.home / "cas").put_bytes(b"the holder's log\n")  # a chunk is sized in the CAS
+    logged = holder.post("log", {"job": job, "token": tok, "chunks": [chunk]})
     assert logged.status_code == 200 and logged.json() == {"dropped": 0}, logged.text
     rid = "r" + uuid.uuid4().hex[:12]
     body = {"report_id": rid, "job": job, "token": tok, "outcome": "succeeded", "exit_code": 0}
@@ -221,7 +223,7 @@ def test_the_holder_still_reports_and_the_job_ends_once(world):
     late = holder.post("report", {**body, "report_id": rid + "x"})
     assert late.json()["answer"] == "stale", late.text
     v = view(world.d, job)
-    assert v["state"] == "succeeded" and v["attempts"] <= 1 and v["log"] == [ADDR], v
+    assert v["state"] == "succeeded" and v["attempts"] <= 1 and v["log"] == [chunk], v
     assert v["worker"] in ("gpua", ""), v
     ends = [e for e in events(world.d) if e.get("job") == job and e["type"] in ("job.succeeded", "job.ended")]
     assert len(ends) <= 1, ends

@@ -42,6 +42,8 @@ FIELDS: dict[str, str] = {
     "result": "result",  # JSON: what the last report said
     "reason": "reason",
     "log_dropped": "log_dropped",  # log chunks past the cap, not kept
+    "log_bytes": "log_bytes",  # the bytes of the chunks kept (their sizes as the CAS holds them)
+    "log_truncated": "log_truncated",  # the byte cap the log was cut at (0: whole)
     "campaign_error": "campaign_error",
     "relayed": "relayed",  # an agent's: the evaluations it queued through its relay (relay_submit.lua caps them)
 }
@@ -85,6 +87,8 @@ class Job:
     result: str = ""
     reason: str = ""
     log_dropped: int = 0
+    log_bytes: int = 0
+    log_truncated: int = 0
     campaign_error: str = ""
     relayed: int = 0
 

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from piloop_common.bytecaps import LOG_MAX_BYTES, RESULT_MAX_BYTES
 from piloop_common.protocol import JobSpec
 from piloop_server.state.scripts import EventCap
 
@@ -28,11 +29,18 @@ class Caps:
     log_chunks: int = 20_000
     report_bytes: int = 256 * 1024
     progress_keep: int = 200  # the newest notes of a job that the server keeps
+    log_bytes: int = LOG_MAX_BYTES
+    result_bytes: int = RESULT_MAX_BYTES
 
     @classmethod
     def from_state(cls, st: Any) -> Caps:
         return cls(
-            EventCap(st.events_max, st.event_value_bytes), st.log_chunks_max, st.report_max_bytes, st.progress_keep
+            EventCap(st.events_max, st.event_value_bytes),
+            st.log_chunks_max,
+            st.report_max_bytes,
+            st.progress_keep,
+            st.log_max_bytes,
+            st.result_max_bytes,
         )
 
 
