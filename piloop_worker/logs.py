@@ -1,13 +1,15 @@
 """A job's `output.log` to the CAS in chunks, a few seconds after it is written (so at least every 30 s).
 
 `log.json` in the job's dir keeps how far the log is in the CAS and which chunks the server has, so a
-restarted worker neither resends nor skips bytes.
+restarted worker neither resends nor skips bytes. Past [plugins.state] log_max_bytes nothing more is shipped but
+one marker chunk (`protocol.log_marker`): the server would keep no more, and the CAS holds none of it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from piloop_common.bytecaps import LOG_MAX_BYTES, log_marker
 from piloop_common.cas import Store
 from piloop_worker import clock
 from piloop_worker.jobdir import JobDir, atomic_json, read_json
@@ -23,17 +25,22 @@ class LogShipper:
         self.offset: int = int(st.get("offset", 0))
         self.chunks: list[str] = list(st.get("chunks", []))
         self.posted: int = int(st.get("posted", 0))
+        self.truncated: bool = bool(st.get("truncated", False))
         self._seen_size = self.offset
         self._pending_since: float | None = None
 
     def _save(self) -> None:
         # not fsynced: after a crash of the machine a lost state means chunks put again (the CAS dedups them)
         atomic_json(
-            self.jd.log_state, {"offset": self.offset, "chunks": self.chunks, "posted": self.posted}, durable=False
+            self.jd.log_state,
+            {"offset": self.offset, "chunks": self.chunks, "posted": self.posted, "truncated": self.truncated},
+            durable=False,
         )
 
     def due(self, now: float | None = None) -> bool:
         """Whether new bytes wait and the job has been quiet a little, or they have waited long enough."""
+        if self.truncated:
+            return self.posted < len(self.chunks)
         now = clock.now() if now is None else now
         try:
             size = self.jd.output_log.stat().st_size
@@ -47,17 +54,23 @@ class LogShipper:
             return self.posted < len(self.chunks)
         return self._pending_since is not None and now - self._pending_since >= SHIP_AFTER_SECONDS
 
-    def upload(self, store: Store) -> list[str]:
-        """Put the log's new bytes in the CAS; the chunks the server has not been told of yet."""
+    def upload(self, store: Store, max_bytes: int = LOG_MAX_BYTES) -> list[str]:
+        """Put the log's new bytes in the CAS, its first `max_bytes` and then a marker if it has more; the chunks the
+        server has not been told of yet."""
         try:
             with open(self.jd.output_log, "rb") as f:
                 f.seek(self.offset)
-                while True:
-                    data = f.read(CHUNK_MAX)
-                    if not data:
+                while not self.truncated:
+                    room = max_bytes - self.offset
+                    data = f.read(min(CHUNK_MAX, room)) if room > 0 else b""
+                    if data:
+                        self.chunks.append(store.put_bytes(data))
+                        self.offset += len(data)
+                    elif room <= 0 and f.read(1):
+                        self.chunks.append(store.put_bytes(log_marker(max_bytes)))
+                        self.truncated = True
+                    else:
                         break
-                    self.chunks.append(store.put_bytes(data))
-                    self.offset += len(data)
                     self._save()
         except FileNotFoundError:
             pass

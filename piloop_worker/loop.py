@@ -300,7 +300,7 @@ class Worker(Claiming, JobStarts, Reporting):
 
     def _ship_log(self, h: Held) -> None:
         try:
-            new = h.shipper.upload(self.store)
+            new = h.shipper.upload(self.store, self.timed.log_max_bytes)
             if new:
                 self.api.call(
                     "POST",

@@ -29,6 +29,7 @@ from piloop_worker.held import Held, report_id_for
 from piloop_worker.jobdir import JobDir, files_under
 from piloop_worker.parts import Part
 from piloop_worker.repos import parse_score
+from piloop_worker.results import within_cap
 from piloop_worker.shimproto import ExitRecord, StopReason
 
 log = logging.getLogger("piloop.worker")
@@ -44,8 +45,11 @@ class Reporting(Part):
         outcome, reason = rec.outcome()
         try:
             outcome, reason, campaign = self._campaign_results(h, outcome, reason)
-            h.shipper.upload(self.store)
-            outputs = {name: self.store.put_file(path) for name, path in files_under(h.jd.outputs)}
+            h.shipper.upload(self.store, self.timed.log_max_bytes)
+            files, too_big = within_cap(h.jd.record() or {}, files_under(h.jd.outputs), self.timed.result_max_bytes)
+            if too_big and outcome == "succeeded":
+                outcome, reason = "failed", too_big
+            outputs = {name: self.store.put_file(path) for name, path in files}
             metrics = self.store.put_file(h.jd.metrics) if h.jd.metrics.exists() else None
         except (StoreError, PiloopError, OSError) as e:
             log.warning("event=job.report_deferred job=%s error=%s", h.job, e)

@@ -44,3 +44,9 @@ def chatty(n):
     for i in range(n):
         print("step", i)
     return n
+
+
+@task
+def text(n):
+    """A result of about `n` bytes."""
+    return "x" * n
