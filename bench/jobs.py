@@ -561,8 +561,13 @@ def rq_latency(rp: RedisProcess, k: int, gap: float, cls: str, tmp: Path) -> Lat
 CELERY_TASK = {"python": "bench.noop", "subprocess": "bench.true"}
 
 
-def _celery_workers(rp: RedisProcess, queue: str, pool: str, tmp: Path) -> list[subprocess.Popen]:
+def _celery_workers(
+    rp: RedisProcess, queue: str, pool: str, tmp: Path, backend: str | None = None
+) -> list[subprocess.Popen]:
+    """Celery workers of `bench.tasks` on `queue`; with `backend` (a Redis URL), results stored there."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PILOOP_BENCH_BROKER": rp.url, "PILOOP_BENCH_QUEUE": queue}
+    if backend:
+        env["PILOOP_BENCH_BACKEND"] = backend
     base = [
         str(BIN / "celery"),
         "-A",

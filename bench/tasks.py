@@ -2,7 +2,8 @@
 
 The app is built from `PILOOP_BENCH_BROKER` (a Redis URL) and `PILOOP_BENCH_QUEUE` when this module is imported
 by `celery -A bench.tasks worker`; a finished no-op counts itself in `<queue>:done` (one INCR), since the bench
-runs Celery without a result backend.
+runs Celery without a result backend. `PILOOP_BENCH_BACKEND` (a Redis URL) gives it one, results stored
+(the retention soak, bench/soak.py, measures what they hold).
 """
 
 from __future__ import annotations
@@ -13,16 +14,17 @@ from bench import noop as jobs
 
 BROKER = os.environ.get("PILOOP_BENCH_BROKER", "redis://127.0.0.1:6379/0")
 QUEUE = os.environ.get("PILOOP_BENCH_QUEUE", "bench")
+BACKEND = os.environ.get("PILOOP_BENCH_BACKEND") or None
 
 try:
     from celery import Celery
 except ImportError:  # rq's side needs no Celery
     app = None
 else:
-    app = Celery("bench", broker=BROKER)
+    app = Celery("bench", broker=BROKER, backend=BACKEND)
     app.conf.update(
         task_default_queue=QUEUE,
-        task_ignore_result=True,
+        task_ignore_result=BACKEND is None,
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
         worker_send_task_events=False,
