@@ -1,8 +1,9 @@
-"""`python -m bench --quick` runs and prints its table (a smoke test: no figure is asserted, benchmarks are not
-tests). Only the server figures, with few simulated workers, to stay well under 30 s."""
+"""`python -m bench --quick` runs and prints its table, and `python -m bench.soak` its figures (smoke tests: no
+figure is asserted, benchmarks are not tests). Few simulated workers, few jobs, to stay well under 30 s each."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -23,3 +24,22 @@ def test_python_m_bench_quick_prints_its_table():
     assert lines[0].startswith("| figure ") and "piloop/best" in lines[0], got.stdout
     assert any(line.startswith("| heartbeats/s, 10 workers") for line in lines), got.stdout
     assert any("load average" in line for line in lines), got.stdout
+
+
+def test_python_m_bench_soak_names_its_figures_and_retention_removes_the_jobs():
+    """The retention soak, tiny: 300 jobs under a 2 s retention, rq and Celery at 20 jobs each. Facts only: the
+    figures are named, and retention removed every job (what is left is far below 300 jobs' hashes)."""
+    tiny = ["--jobs", "300", "--retention-seconds", "2", "--rate", "50", "--peer-jobs", "20", "--json"]
+    got = subprocess.run(
+        [sys.executable, "-m", "bench.soak", *tiny], cwd=ROOT, capture_output=True, text=True, timeout=150
+    )
+    assert got.returncode == 0, got.stderr[-2000:]
+    f = json.loads(got.stdout)
+    for key in ("piloop_bytes_per_job", "rq_bytes_per_job", "celery_bytes_per_job", "slope_bytes_per_second"):
+        assert isinstance(f[key], int | float), (key, f[key])
+    assert f["slope_bytes_per_1000_jobs"] is not None and f["slope_window"], f
+    assert f["removed"] == 300 and f["retained_at_end"] == 0, f
+    assert f["left"]["job_keys"] == 0, f["left"]
+    # a retained job holds its hash and its report answer: 300 of them would be over 600 keys; the answers stay
+    assert f["keys_end"] < f["keys_base"] + 300 + 20, (f["keys_base"], f["keys_end"])
+    assert max(row[3] for row in f["series"]) > f["keys_end"], "the key count fell once the jobs were removed"
