@@ -218,6 +218,20 @@ class NetworkConfig(_Model):
         "collector's: the daemon's `[plugins.cas] token` when its CAS is `http`); any other token only reads and "
         "writes.",
     )
+    metrics_listen: str = Field(
+        "127.0.0.1:9464",
+        description="HOST:PORT where the daemon serves `/metrics` without a token (docs/metrics.md); empty: not "
+        "served apart (the main listener's `/metrics` still answers an operator).",
+    )
+
+    @model_validator(mode="after")
+    def _metrics_listen(self) -> NetworkConfig:
+        host, _, port = self.metrics_listen.rpartition(":")
+        if self.metrics_listen and not (host and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(
+                f'metrics_listen = {self.metrics_listen!r}: give HOST:PORT, like 127.0.0.1:9464, or "" for none'
+            )
+        return self
 
 
 # --- state -------------------------------------------------------------------------------

@@ -11,9 +11,10 @@ from starlette.exceptions import HTTPException
 
 from piloop_common import __version__
 from piloop_common.errors import PiloopError
-from piloop_server.api import admin, blobs, campaigns, joblog, jobs, relay, secrets, worker
+from piloop_server.api import admin, blobs, campaigns, joblog, jobs, metrics, relay, secrets, worker
 from piloop_server.api.answers import error_answer, replaying
 from piloop_server.auth import SOCKET_SCOPE
+from piloop_server.metrics import Metrics
 from piloop_server.runtime import Runtime
 from piloop_server.state.connection import UNREACHABLE
 
@@ -22,6 +23,7 @@ def create_app(rt: Runtime, daemon_info: dict[str, Any] | None = None) -> FastAP
     app = FastAPI(title="piloop", version=__version__, docs_url=None, redoc_url=None)
     app.state.runtime = rt
     app.state.daemon_info = daemon_info or {}
+    app.state.metrics = Metrics(rt)
     for r in (
         worker.router,
         jobs.router,
@@ -32,6 +34,7 @@ def create_app(rt: Runtime, daemon_info: dict[str, Any] | None = None) -> FastAP
         relay.router,
         campaigns.router,
         campaigns.worker_router,
+        metrics.router,
     ):
         app.include_router(r)
     app.add_middleware(BodyLimit, max_body=rt.settings.plugins.network.max_body_mb * 1024 * 1024)

@@ -114,3 +114,13 @@ def require_act(caller: Caller) -> Caller:
     if caller.kind == "worker":
         raise Forbidden("workers can only register, heartbeat, claim, report, release and log")
     return caller
+
+
+def require_operator(caller: Caller, what: str) -> Caller:
+    """An operator: the socket's user, or an `act` caller of the proxy network (no viewer role yet)."""
+    if caller.kind == "worker":
+        raise Forbidden(
+            f"{what} needs an operator (the unix socket, or an `act` caller on the proxy network); "
+            "workers can only register, heartbeat, claim, report, release and log"
+        )
+    return caller

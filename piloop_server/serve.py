@@ -13,8 +13,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from wsgiref.simple_server import WSGIServer
 
 import uvicorn
+from fastapi import FastAPI
+from prometheus_client import start_http_server
 
 try:  # uvicorn[standard] brings it (not on Windows or PyPy): a cheaper loop than asyncio's own
     import uvloop
@@ -26,7 +29,7 @@ from piloop_common.cas import open_store
 from piloop_common.client import SERVER_KEEPALIVE_SECONDS, SOCKET_NAME
 from piloop_common.config import Settings
 from piloop_common.errors import Unavailable
-from piloop_common.listen import check_listen, uvicorn_tls
+from piloop_common.listen import check_listen, is_loopback, parse_listen, uvicorn_tls
 from piloop_common.logformat import LogFormat
 from piloop_common.prctl import PARENT_ENV, set_name
 from piloop_server.api import wakeup
@@ -142,6 +145,25 @@ class WorkerChild:
         self.log.close()
 
 
+def _metrics_listener(settings: Settings, api: FastAPI) -> WSGIServer | None:
+    """`[plugins.network] metrics_listen`: the app's registry without a token, in a thread of its own (a scrape reads
+    Redis, never on the API's loop). Not served (one warning) when the address is taken: metrics never stop a
+    daemon from running jobs."""
+    addr = settings.plugins.network.metrics_listen
+    if not addr:
+        return None
+    host, port = parse_listen(addr)
+    if not is_loopback(host):
+        log.warning("event=metrics.public listen=%s (served without a token: whoever reaches it reads them)", addr)
+    try:
+        server, _ = start_http_server(port, host, registry=api.state.metrics.registry)
+    except OSError as e:
+        log.warning("event=metrics.unavailable listen=%s error=%s (not served apart)", addr, e.strerror)
+        return None
+    log.info("event=metrics.listening listen=%s", addr)
+    return server
+
+
 def _worker_url(settings: Settings, tcp_addr: tuple[str, int] | None) -> str | None:
     """What started workers dial: `[plugins.network] url`, else the address of `--listen`."""
     net = settings.plugins.network
@@ -189,6 +211,7 @@ def run(settings: Settings, home: Path, listen: str | None, log_format: LogForma
         }
         api = create_app(rt, info)
         app = api
+        metrics_server = _metrics_listener(settings, api)
         the_pass.wake = lambda: wakeup.notify(api)
         servers = [
             _Server(
@@ -251,6 +274,8 @@ def run(settings: Settings, home: Path, listen: str | None, log_format: LogForma
                 child.stop()
             pass_thread.join(10)
             the_pass.provisioner.close()
+            if metrics_server is not None:
+                metrics_server.shutdown()
             background.stop()
             with contextlib.suppress(FileNotFoundError):
                 sock_path.unlink()

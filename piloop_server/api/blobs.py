@@ -7,6 +7,8 @@ verifies it, as every read does). `piloop cas serve` is the whole CAS, for worke
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import anyio.to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -20,19 +22,30 @@ router = APIRouter(prefix="/v1/cas", tags=["cas"])
 
 
 @router.get("/blobs/{address}")
-def get_blob(address: str, rt: RuntimeDep, caller: ActorDep) -> StreamingResponse:
+def get_blob(address: str, rt: RuntimeDep, caller: ActorDep, request: Request) -> StreamingResponse:
     opened = rt.store.open(parse_address(address))
     blob = opened.__enter__()  # BlobMissing here, before the response starts
+    sent = request.app.state.metrics.cas_bytes.labels("read")
     return StreamingResponse(
-        _relay(opened, blob), media_type="application/octet-stream", headers={"content-length": str(blob.size)}
+        _counted(_relay(opened, blob), sent.inc),
+        media_type="application/octet-stream",
+        headers={"content-length": str(blob.size)},
     )
+
+
+def _counted(chunks: Iterator[bytes], add: Callable[[int], None]) -> Iterator[bytes]:
+    for chunk in chunks:
+        add(len(chunk))
+        yield chunk
 
 
 @router.put("/blobs/{address}", status_code=201)
 async def put_blob(address: str, request: Request, rt: RuntimeDep, caller: ActorDep) -> dict[str, str]:
     address = parse_address(address)
+    body = _Body(request.stream())
     try:
-        await anyio.to_thread.run_sync(rt.store.put_stream, _Body(request.stream()), address)
+        await anyio.to_thread.run_sync(rt.store.put_stream, body, address)
     except Corrupt as e:
         raise BadRequest(f"the body does not hash to {address}: {e.message}", address=address) from e
+    request.app.state.metrics.cas_bytes.labels("written").inc(body.size)
     return {"address": address}

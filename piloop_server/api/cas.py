@@ -128,6 +128,7 @@ class _Body(io.RawIOBase):
         self._chunks = chunks
         self._buffer = b""
         self._done = False
+        self.size = 0  # bytes read so far
 
     def readable(self) -> bool:
         return True
@@ -142,6 +143,7 @@ class _Body(io.RawIOBase):
         if size < 0:
             size = len(self._buffer)
         out, self._buffer = self._buffer[:size], self._buffer[size:]
+        self.size += len(out)
         return out
 
     async def _next(self) -> bytes | None:

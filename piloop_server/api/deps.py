@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from piloop_server.auth import Caller, identify_async, require_act, require_worker
+from piloop_server.auth import Caller, identify_async, require_act, require_operator, require_worker
 from piloop_server.runtime import Runtime
 
 
@@ -23,6 +23,11 @@ async def _actor(request: Request) -> Caller:
     return require_act(await identify_async(request))
 
 
+async def _operator(request: Request) -> Caller:
+    return require_operator(await identify_async(request), f"{request.method} {request.url.path}")
+
+
 RuntimeDep = Annotated[Runtime, Depends(_runtime)]
 WorkerDep = Annotated[Caller, Depends(_worker)]
 ActorDep = Annotated[Caller, Depends(_actor)]
+OperatorDep = Annotated[Caller, Depends(_operator)]

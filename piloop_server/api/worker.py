@@ -35,6 +35,7 @@ from piloop_server import pools
 from piloop_server.api import wakeup
 from piloop_server.api.deps import RuntimeDep, WorkerDep
 from piloop_server.auth import Caller
+from piloop_server.metrics import Metrics
 from piloop_server.runtime import Runtime
 from piloop_server.state.records.lease import KINDS, Lease, Report
 
@@ -109,8 +110,13 @@ def register(body: RegisterRequest, rt: RuntimeDep, caller: WorkerDep) -> Respon
 
 
 @router.post("/heartbeat", response_model=HeartbeatResponse)
-def heartbeat(body: WorkerHello, rt: RuntimeDep, caller: WorkerDep) -> Response:
-    return _json(_beat(body, rt, caller))
+def heartbeat(body: WorkerHello, rt: RuntimeDep, caller: WorkerDep, request: Request) -> Response:
+    with _metrics(request).timed("heartbeat"):
+        return _json(_beat(body, rt, caller))
+
+
+def _metrics(request: Request) -> Metrics:
+    return request.app.state.metrics
 
 
 def _beat(body: WorkerHello, rt: Runtime, caller: Caller) -> HeartbeatResponse:
@@ -147,11 +153,15 @@ async def _claim_for(body: ClaimRequest, rt: Runtime, caller: Caller, request: R
     """`_claim`, and the leases given back at once should the caller be gone by then. The check before a claim can
     miss a caller that gave up: with its token known without a thread hop, the handler may run before the event loop
     has read the connection's end (a server resumed after a pause, its backlog stale); the claim's own hop lets it."""
-    resp = await run_in_threadpool(_claim, body, rt, caller)
+    m = _metrics(request)
+    with m.timed("claim"):
+        resp = await run_in_threadpool(_claim, body, rt, caller)
     if resp.leases and await request.is_disconnected():
         await run_in_threadpool(_give_back, rt, caller, resp.leases)
         wakeup.notify(request.app)
         return ClaimResponse(reason="nothing")
+    for a in resp.leases:
+        m.leases_granted.labels(m.pool(a.pool), a.kind).inc()
     return resp
 
 
@@ -230,7 +240,11 @@ def release(body: ReleaseRequest, rt: RuntimeDep, caller: WorkerDep, request: Re
 @router.post("/report", response_model=ReportResponse)
 def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> Response:
     _check(rt, caller, body)
-    resp = _report(body, rt, caller.name, _present(rt, [body]))
+    m = _metrics(request)
+    with m.timed("report"):
+        resp = _report(body, rt, caller.name, _present(rt, [body]))
+    m.report(body.outcome, resp.answer)
+    m.fetched_bytes.inc(body.fetched_bytes)
     if resp.state == "queued":
         wakeup.notify(request.app)
     return _json(resp)
@@ -241,7 +255,12 @@ async def reports(body: ReportsRequest, rt: RuntimeDep, caller: WorkerDep, reque
     """Several reports in one call, each answered on its own: one refused (a bad report) leaves the others be; then
     the claim the call carries, if any, into the slots they freed (one round trip a round for a busy worker)."""
     _check(rt, caller, body)
-    answers, wake = await run_in_threadpool(_reports, body, rt, caller)
+    m = _metrics(request)
+    with m.timed("report"):
+        answers, wake = await run_in_threadpool(_reports, body, rt, caller)
+    for one, a in zip(body.reports, answers, strict=True):
+        m.report(one.outcome, a.answer or "")
+        m.fetched_bytes.inc(one.fetched_bytes)
     if wake:
         wakeup.notify(request.app)
     got = None

@@ -135,7 +135,9 @@ def fail(rt: Runtime, pool: str, why: str, *, refused: bool) -> None:
     refusals = b.refusals + 1 if refused else 0
     until = st.now_ms() + int(delay * 1000)
     st.set_backoff(pool, delay=delay, until=until, refusals=refusals, why=why)
-    rt.events.add("provisioner.backoff", BY, pool=pool, seconds=delay, until_ms=until, reason=why)
+    rt.events.add(
+        "provisioner.backoff", BY, pool=pool, seconds=delay, until_ms=until, reason=why, refused="1" if refused else "0"
+    )
     log.warning("event=provisioner.backoff pool=%s seconds=%g reason=%r", pool, delay, why)
     if refused and refusals == REFUSALS_ESCALATE:
         rt.events.escalate(

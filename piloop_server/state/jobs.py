@@ -71,3 +71,35 @@ class JobsState:
                 pipe.scard(self.k.active(pool, kind))
         got = iter(pipe.execute())
         return {(pool, kind): (int(next(got)), int(next(got))) for pool in pools for kind in kinds}
+
+    def queues(self, pools: list[str], kinds: tuple[str, ...]) -> dict[tuple[str, str], QueueView]:
+        """Per (pool, kind): the queue's depth and its first in line's score, and the leased jobs by state (two
+        round trips; the second reads one field of each job holding a lease, so it is bounded by the slots)."""
+        pipe = self.r.pipeline(transaction=False)
+        for pool in pools:
+            for kind in kinds:
+                pipe.zcard(self.k.queue(pool, kind))
+                pipe.zrange(self.k.queue(pool, kind), 0, 0, withscores=True)
+                pipe.smembers(self.k.active(pool, kind))
+        got = iter(pipe.execute())
+        heads: dict[tuple[str, str], tuple[int, int | None, list[str]]] = {}
+        for pool in pools:
+            for kind in kinds:
+                depth, first, active = int(next(got)), next(got), sorted(_s(j) for j in next(got))
+                heads[(pool, kind)] = (depth, int(first[0][1]) if first else None, active)
+        states = iter(self.field_of([j for _, _, ids in heads.values() for j in ids], "state"))
+        out = {}
+        for key, (depth, oldest, ids) in heads.items():
+            held = [next(states) for _ in ids]
+            out[key] = QueueView(depth, oldest, held.count("leased"), len(held) - held.count("leased"))
+        return out
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """One (pool, kind)'s queue and leases, for the metrics."""
+
+    queued: int
+    oldest_ms: int | None  # the first in line's queue score: when it was first queued (ms, Redis's clock)
+    leased: int
+    running: int  # holding a lease and started (or gone from its hash since the read: counted here)
