@@ -223,6 +223,11 @@ class NetworkConfig(_Model):
         description="HOST:PORT where the daemon serves `/metrics` without a token (docs/metrics.md); empty: not "
         "served apart (the main listener's `/metrics` still answers an operator).",
     )
+    api_docs: Literal["token", "off"] = Field(
+        "token",
+        description="`/docs` and `/openapi.json`: `token` answers an operator (the socket, an `act` caller) only; "
+        "`off`: not served (404).",
+    )
 
     @model_validator(mode="after")
     def _metrics_listen(self) -> NetworkConfig:

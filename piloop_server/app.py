@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException
 
 from piloop_common import __version__
 from piloop_common.errors import PiloopError
-from piloop_server.api import admin, blobs, campaigns, joblog, jobs, metrics, relay, secrets, worker
+from piloop_server.api import admin, blobs, campaigns, docs, joblog, jobs, metrics, relay, secrets, worker
 from piloop_server.api.answers import error_answer, replaying
 from piloop_server.auth import SOCKET_SCOPE
 from piloop_server.metrics import Metrics
@@ -20,7 +20,8 @@ from piloop_server.state.connection import UNREACHABLE
 
 
 def create_app(rt: Runtime, daemon_info: dict[str, Any] | None = None) -> FastAPI:
-    app = FastAPI(title="piloop", version=__version__, docs_url=None, redoc_url=None)
+    # the schema and its page are routes of ours (api/docs.py), behind the operator's check, or absent
+    app = FastAPI(title="piloop", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.runtime = rt
     app.state.daemon_info = daemon_info or {}
     app.state.metrics = Metrics(rt)
@@ -37,6 +38,8 @@ def create_app(rt: Runtime, daemon_info: dict[str, Any] | None = None) -> FastAP
         metrics.router,
     ):
         app.include_router(r)
+    if rt.settings.plugins.network.api_docs == "token":
+        app.include_router(docs.router)
     app.add_middleware(BodyLimit, max_body=rt.settings.plugins.network.max_body_mb * 1024 * 1024)
 
     @app.exception_handler(PiloopError)

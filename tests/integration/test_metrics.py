@@ -1,5 +1,5 @@
 """`/metrics` against a real `piloop serve` with real jobs and workers: the values beside `piloop status --json`,
-the counters moving after a claim and a report, the token-free listener."""
+the counters moving after a claim and a report, the token-free listener; `/docs` and `/openapi.json` behind it."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def test_a_real_worker_running_a_job_shows_as_piloop_status_says(served):
 def test_main_listener_needs_an_operator(served):
     d = served
     tok = d.cli("token", "create", "m2", check=True).stdout.strip()
-    for path in ("/metrics",):
+    for path in ("/metrics", "/openapi.json", "/docs"):
         anon = httpx.get(d.url + path)  # type: ignore[attr-defined]
         assert anon.status_code == 401, (path, anon.text)
         worker = httpx.get(d.url + path, headers={"authorization": f"Bearer {tok}"})  # type: ignore[attr-defined]
@@ -154,3 +154,17 @@ def test_main_listener_needs_an_operator(served):
     with _socket(d) as s:
         r = s.get("/metrics")
         assert r.status_code == 200 and "piloop_queue_depth" in r.text
+        assert s.get("/openapi.json").json()["paths"]["/v1/jobs"]
+        assert "swagger-ui" in s.get("/docs").text
+
+
+def test_api_docs_off_are_not_served(redis_server):
+    d = _daemon(redis_server, 'api_docs = "off"\nmetrics_listen = ""\n')
+    try:
+        with _socket(d) as s:
+            assert s.get("/openapi.json").status_code == 404
+            assert s.get("/docs").status_code == 404
+            assert s.get("/metrics").status_code == 200
+        assert httpx.get(d.url + "/openapi.json").status_code == 404  # type: ignore[attr-defined]
+    finally:
+        d.cleanup()
