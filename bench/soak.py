@@ -9,7 +9,7 @@ at `--rate`, in batches; each second the daemon's own retention (`Pass.retain`: 
 and `INFO memory` used_memory and `DBSIZE` are sampled. Past the horizon jobs leave as fast as they come, so used
 memory should stop growing: the slope (least squares) from the horizon plus a margin to the last job says by how
 much it does not. After the last job the soak goes on until retention has removed every job, and says what
-outlives the jobs: their report answers (kept REPORT_TTL_SECONDS, 7 days, whatever the retention) and the events
+outlives the jobs: their report answers (kept as long as the retention) and the events
 stream (its newest `events_max`).
 
 Beside it, on the same redis-server once the soak is done: what a finished no-op job costs in rq (an rq
@@ -69,6 +69,7 @@ class Soak:
     rate: float
     retention_seconds: float
     margin_seconds: float
+    horizon_seconds: float = 0.0  # the longest horizon: the jobs' retention, or their report answers' TTL
     base_used: int = 0
     base_keys: int = 0
     samples: list[Sample] = field(default_factory=list)
@@ -77,12 +78,19 @@ class Soak:
     left: dict[str, int] = field(default_factory=dict)  # what the namespace still holds once every job was removed
 
 
+# the stream's own bound, reached within seconds, so what the slope shows is retention's; at the default 100,000 the
+# stream grows for its first ~33,000 jobs (three events a job), ~130 B an event
+EVENTS_MAX = 10_000
+
+
 def config(namespace: str, url: str, retention: float) -> str:
     return f"""namespace = "{namespace}"
 [plugins.state]
 url = "{url}"
+events_max = {EVENTS_MAX}
 [plugins.retention]
 finished_seconds = {retention}
+failed_seconds = {retention}
 [plugins.executor.pools.serve]
 agents = 0
 evaluations = 0
@@ -143,7 +151,9 @@ def run_soak(rp: RedisProcess, home: Path, n: int, rate: float, retention: float
     rt = runtime(rp, home, retention)
     the_pass = Pass(rt, GenerationRecord(home / "generation.json"))
     spec = JobSpec(argv=["true"])
-    s = Soak(n, rate, retention, margin_seconds=max(2.0, retention / 4))
+    # past the longest horizon: the jobs', or their report answers'
+    longest = max(retention, rt.caps.report_answer_seconds)
+    s = Soak(n, rate, retention, margin_seconds=max(2.0, longest / 4), horizon_seconds=longest)
     first = sample(rt.redis, 0, 0)
     s.base_used, s.base_keys = first.used, first.keys
     retained = rt.retention.retained
@@ -178,7 +188,7 @@ def run_soak(rp: RedisProcess, home: Path, n: int, rate: float, retention: float
 
 
 def left_behind(rt: Runtime) -> dict[str, int]:
-    """What outlives the jobs: the report answers (their own TTL, REPORT_TTL_SECONDS) and the events stream (its
+    """What outlives the jobs: the report answers (their own TTL, `report_answer_seconds`) and the events stream (its
     newest `events_max`), with the bytes each holds (MEMORY USAGE)."""
     r, k = rt.redis, rt.keys
     answers = list(r.scan_iter(match=k.report("*"), count=1000))
@@ -204,7 +214,8 @@ def figures(s: Soak, peers: dict[str, PeerCost]) -> dict[str, Any]:
     """What the soak shows: piloop's bytes a retained job, the slope past the horizon, the peers' bytes a job."""
     before = [x for x in s.samples if x.t < s.retention_seconds and x.done]
     held = before[-1] if before else s.samples[0]
-    steady = [x for x in s.samples if s.retention_seconds + s.margin_seconds <= x.t <= s.seconds]
+    start = max(s.retention_seconds, s.horizon_seconds) + s.margin_seconds
+    steady = [x for x in s.samples if start <= x.t <= s.seconds]
     per_s = slope([x.t for x in steady], [float(x.used) for x in steady])
     per_job = slope([float(x.done) for x in steady], [float(x.used) for x in steady])
     keys_per_job = slope([float(x.done) for x in steady], [float(x.keys) for x in steady])
@@ -264,7 +275,7 @@ def table(f: dict[str, Any], every: float = 10.0) -> str:
     if f["slope_window"]:
         lines.append(
             f"(slopes over t = {f['slope_window'][0]:.0f}..{f['slope_window'][1]:.0f} s: the horizon and a "
-            "margin to the last job)"
+            "margin (the jobs' or their report answers', the longer) to the last job)"
         )
     left = f["left"]
     lines.append(

@@ -30,7 +30,6 @@ from piloop_server.state.records.lease import (
 )
 from piloop_server.state.scripts import Scripts
 
-REPORT_TTL_SECONDS = 7 * 24 * 3600
 CLAIM_SCAN_DEPTH = 200
 EXPIRE_BATCH = 500
 TOKEN_RANDOM_BYTES = 16  # 128 bits a token beside its fencing order
@@ -308,7 +307,7 @@ class Leases:
                         rep.worker,
                         rep.outcome,
                         result,
-                        REPORT_TTL_SECONDS,
+                        self.caps.report_answer_seconds,
                         self.t.max_lost,
                         rep.reason,
                         self.t.grace_ms,
