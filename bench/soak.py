@@ -38,7 +38,7 @@ import redis  # noqa: E402
 from bench.jobs import say  # noqa: E402
 from bench.peers_memory import PeerCost, celery_cost, rq_cost  # noqa: E402
 from piloop_common.cas import open_store  # noqa: E402
-from piloop_common.config import load_settings  # noqa: E402
+from piloop_common.configload import load_settings  # noqa: E402
 from piloop_common.protocol import PROTOCOL, JobSpec, ReportRequest, SubmitRequest  # noqa: E402
 from piloop_server import jobs  # noqa: E402
 

@@ -1,26 +1,16 @@
-"""piloop's settings: the whole `config.toml` tree, and where each value comes from.
-
-Sources, later wins: the models' defaults, `$PILOOP_HOME/config.toml`, `PILOOP_*` env
-(`PILOOP_REDIS_URL`, `PILOOP_NAMESPACE`, and `PILOOP_<SECTION>__<KEY>` for any plugin key),
-then the `PILOOP_PLUGINS` JSON env. A wrong or unknown key is one `ConfigError` naming the
-source, the key and what is allowed.
-"""
+"""piloop's settings: the whole `config.toml` tree, each key typed and described once (`configload.load_settings`
+reads it from its sources; `configref` writes docs/configuration.md from it)."""
 
 from __future__ import annotations
 
-import json
-import os
-import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
-from pydantic_core import ErrorDetails
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from piloop_common.bytecaps import LOG_MAX_BYTES, RESULT_MAX_BYTES
 from piloop_common.cas.config import CasConfig, LocalCasConfig
-from piloop_common.errors import ConfigError
 
 CONFIG_FILE = "config.toml"
 
@@ -381,156 +371,3 @@ class Settings(BaseSettings):
     @property
     def executor(self) -> ExecutorConfig:
         return self.plugins.executor
-
-
-# --- loading -----------------------------------------------------------------------------
-
-
-def default_home() -> Path:
-    return Path(os.environ.get("PILOOP_HOME") or Path.home() / ".piloop").expanduser()
-
-
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _deep_merge(out[k], v)
-        else:
-            out[k] = v
-    return out
-
-
-def _env_value(raw: str) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
-
-
-def _env_source(env: dict[str, str]) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
-    """The settings PILOOP_* env gives, and which variable gave each path."""
-    data: dict[str, Any] = {}
-    origin: dict[tuple[str, ...], str] = {}
-    if env.get("PILOOP_NAMESPACE"):
-        data["namespace"] = env["PILOOP_NAMESPACE"]
-        origin[("namespace",)] = "env PILOOP_NAMESPACE"
-    if env.get("PILOOP_REDIS_URL"):
-        data = _deep_merge(data, {"plugins": {"state": {"url": env["PILOOP_REDIS_URL"]}}})
-        origin[("plugins", "state")] = "env PILOOP_REDIS_URL"
-    for name in sorted(env):
-        if not name.startswith("PILOOP_") or "__" not in name:
-            continue
-        path = tuple(p.lower() for p in name[len("PILOOP_") :].split("__"))
-        node: dict[str, Any] = {}
-        cur = node
-        for p in path[:-1]:
-            cur[p] = {}
-            cur = cur[p]
-        cur[path[-1]] = _env_value(env[name])
-        data = _deep_merge(data, {"plugins": node})
-        origin[("plugins", *path)] = f"env {name}"
-    return data, origin
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        return {}
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}", source=str(path)) from e
-
-
-def _has_path(data: dict[str, Any], loc: tuple[str, ...]) -> bool:
-    cur: Any = data
-    for p in loc:
-        if not isinstance(cur, dict) or p not in cur:
-            return False
-        cur = cur[p]
-    return True
-
-
-def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:
-    """The keys a table at `loc` accepts, for 'unknown key' errors."""
-    model: Any = Settings
-    in_dict = False
-    for p in loc:
-        if in_dict:  # a pool's name: the value type is the model
-            in_dict = False
-            continue
-        field = getattr(model, "model_fields", {}).get(p) if model is not None else None
-        if field is None:
-            return []
-        in_dict = getattr(field.annotation, "__origin__", None) is dict
-        model = _model_of(field.annotation)
-    return sorted(getattr(model, "model_fields", {}) or [])
-
-
-def _model_of(ann: Any) -> Any:
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return ann
-    for a in getattr(ann, "__args__", ()) or ():
-        m = _model_of(a)
-        if m is not None:
-            return m
-    meta = getattr(ann, "__origin__", None)
-    return _model_of(meta) if meta not in (None, ann) else None
-
-
-def _describe(err: ErrorDetails, sources: list[tuple[str, dict[str, Any]]], origin: dict[tuple[str, ...], str]) -> str:
-    loc = tuple(
-        str(p) for p in err["loc"] if not (isinstance(p, str) and p in ("local", "s3", "http", "cached", "modal"))
-    )
-    key = ".".join(loc[1:] if loc and loc[0] == "plugins" else loc) or "(top level)"
-    where = "defaults"
-    for i in range(len(loc), 0, -1):
-        if loc[:i] in origin:
-            where = origin[loc[:i]]
-            break
-    else:
-        for name, data in reversed(sources):
-            if _has_path(data, loc[:-1] if err["type"] == "missing" else loc):
-                where = name
-                break
-    if err["type"] == "extra_forbidden":
-        allowed = _allowed_keys(tuple(loc[:-1]))
-        hint = f"; allowed: {', '.join(allowed)}" if allowed else ""
-        return f"{where}: {key}: unknown key{hint}"
-    given = err.get("input")
-    shown = "" if err["type"] == "missing" or isinstance(given, dict) else f" (given: {given!r})"
-    return f"{where}: {key}: {err['msg']}{shown}"
-
-
-def load_settings(home: Path | None = None, env: dict[str, str] | None = None, path: Path | None = None) -> Settings:
-    """Settings from every source; a ConfigError names what is wrong and where."""
-    env = dict(os.environ if env is None else env)
-    home = Path(home or env.get("PILOOP_HOME") or Path.home() / ".piloop").expanduser()
-    file = path or home / CONFIG_FILE
-    file_data = _read_toml(file)
-    env_data, origin = _env_source(env)
-    plugins_json: dict[str, Any] = {}
-    if env.get("PILOOP_PLUGINS"):
-        try:
-            parsed = json.loads(env["PILOOP_PLUGINS"])
-        except ValueError as e:
-            raise ConfigError(f"env PILOOP_PLUGINS: not valid JSON: {e}") from e
-        if not isinstance(parsed, dict):
-            raise ConfigError('env PILOOP_PLUGINS: must be a JSON object of plugin tables, like {"network": {...}}')
-        plugins_json = {"plugins": parsed}
-    sources = [(str(file), file_data), ("env", env_data), ("env PILOOP_PLUGINS", plugins_json)]
-    merged: dict[str, Any] = {}
-    for _, data in sources:
-        merged = _deep_merge(merged, data)
-    if "home" in merged:
-        raise ConfigError(f"{file}: home: set PILOOP_HOME or --home, not a key in config.toml")
-    try:
-        return Settings(home=home, **merged)
-    except ValidationError as e:
-        lines = [_describe(err, sources, origin) for err in e.errors()]
-        raise ConfigError("; ".join(lines), source=str(file)) from None
-
-
-def settings_schema_keys() -> list[str]:
-    """Every dotted key a limit may set (`executor.pools.<pool>.<key>`)."""
-    return [f"executor.pools.<pool>.{k}" for k in PoolConfig.model_fields if k not in ("runners",)]

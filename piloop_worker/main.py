@@ -57,7 +57,7 @@ def run_worker(
     if not pool:
         return _fail("--pool: name the pool this worker serves")
     try:
-        from piloop_common.config import load_settings
+        from piloop_common.configload import load_settings
 
         settings = load_settings(home)
     except ConfigError as e:

@@ -21,7 +21,7 @@ class Cli:
 
     @cached_property
     def settings(self) -> Settings:
-        from piloop_common.config import load_settings
+        from piloop_common.configload import load_settings
 
         return load_settings(self.home)
 

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from piloop_common.cas import open_store
-from piloop_common.config import load_settings
+from piloop_common.configload import load_settings
 from piloop_common.workspace import load
 from tests.helpers.redis import wait_for
 from tests.helpers.workers import token

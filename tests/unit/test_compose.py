@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from piloop_common.config import Settings, load_settings
+from piloop_common.config import Settings
+from piloop_common.configload import load_settings
 from piloop_common.errors import ConfigError
 from tests.unit.test_configref import resolve
 
