@@ -29,7 +29,8 @@ from typing import Any, Generic, TypeVar
 from piloop_common.cas.address import hash_bytes
 from piloop_common.client import ApiClient, part
 from piloop_common.errors import BadRequest, Corrupt, TaskFailed, WaitTimeout
-from piloop_common.protocol import TERMINAL_STATES, JobView
+from piloop_common.operator_protocol import JobView
+from piloop_common.protocol import TERMINAL_STATES
 
 R = TypeVar("R")
 SERIALIZERS = ("json", "pickle")

@@ -8,7 +8,8 @@ import secrets as _secrets
 
 from piloop_common import envnames
 from piloop_common.errors import BadRequest, NotFound
-from piloop_common.protocol import JOB_ID, TERMINAL_STATES, JobView, SubmitRequest
+from piloop_common.operator_protocol import JobView, SubmitRequest
+from piloop_common.protocol import JOB_ID, TERMINAL_STATES
 from piloop_common.sizes import format_memory
 from piloop_server.runtime import Runtime
 

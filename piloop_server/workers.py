@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from piloop_common.protocol import HostSample, WorkerView
+from piloop_common.operator_protocol import WorkerView
+from piloop_common.protocol import HostSample
 from piloop_server import pools
 from piloop_server.provisioner.manager import records as provisioned_records
 from piloop_server.runtime import Runtime

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request
 
 from piloop_common import __version__
 from piloop_common.errors import BadRequest, NotFound
-from piloop_common.protocol import LimitRequest, LimitView, TokenCreate, TokenCreated, TokenView, WorkerView
+from piloop_common.operator_protocol import LimitRequest, LimitView, TokenCreate, TokenCreated, TokenView, WorkerView
 from piloop_server import campaign_admin, workers
 from piloop_server.api.deps import ActorDep, RuntimeDep
 from piloop_server.provisioner.manager import summary as provisioned_pools

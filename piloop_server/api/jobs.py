@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from piloop_common.protocol import JobView, SubmitRequest, SubmitResponse
+from piloop_common.operator_protocol import JobView, SubmitRequest, SubmitResponse
 from piloop_server import jobs
 from piloop_server.api import wakeup
 from piloop_server.api.deps import ActorDep, RuntimeDep

@@ -17,15 +17,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 
 from piloop_common.errors import BadRequest, Conflict, Forbidden, NotFound
-from piloop_common.protocol import (
-    LEASE_TOKEN,
-    RELAY_JOB_HEADER,
-    RELAY_TOKEN_HEADER,
-    JobView,
-    ProgressNote,
-    RelaySubmit,
-    SubmitResponse,
-)
+from piloop_common.operator_protocol import JobView, ProgressNote, RelaySubmit, SubmitResponse
+from piloop_common.protocol import LEASE_TOKEN, RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
 from piloop_server import campaign_repo, campaigns, jobs
 from piloop_server.api import wakeup
 from piloop_server.api.deps import RuntimeDep, WorkerDep

@@ -1,0 +1,145 @@
+"""The messages of the operator's calls (the CLI and the Python client): submitting and reading jobs, workers,
+limits and tokens; and an agent's own submissions through its relay."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from piloop_common.protocol import HostSample, JobSpec, Kind, Message
+
+
+class SubmitRequest(Message):
+    kind: Kind = "evaluation"
+    pool: str = "serve"
+    campaign: str = ""
+    image: str = ""
+    spec: JobSpec
+
+
+class SubmitResponse(Message):
+    job: str
+
+
+RELAY_COMMIT = r"^[0-9a-f]{7,40}$"
+
+
+class RelaySubmit(Message):
+    """`piloop job submit` inside a campaign's agent: the campaign's evaluation of one commit of its repo.
+
+    The agent names the commit only; the server builds the rest (kind, pool, command, image, env, secrets, inputs,
+    scoring) from the campaign record that the agent's lease points to."""
+
+    commit: str = Field(
+        pattern=RELAY_COMMIT,
+        description=(
+            "A commit of the campaign's repo on the server: its sha, or a prefix of it (7 to 40 lowercase hex digits)."
+        ),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _commit_only(cls, data: Any) -> Any:
+        extra = sorted(set(data) - {"commit"}) if isinstance(data, dict) else []
+        if extra:
+            raise ValueError(
+                f"{', '.join(extra)}: an agent names only the commit to evaluate; its campaign sets "
+                "the pool, command, image, env, secrets, inputs and scoring"
+            )
+        commit = data.get("commit") if isinstance(data, dict) else None
+        if isinstance(commit, str) and not re.fullmatch(RELAY_COMMIT, commit):
+            raise ValueError(f"commit {commit[:80]!r}: not a commit's sha (7 to 40 lowercase hex digits)")
+        return data
+
+
+class JobView(Message):
+    id: str
+    kind: str
+    pool: str
+    campaign: str = ""
+    image: str = ""
+    state: str
+    attempts: int = 0
+    lost: int = 0
+    worker: str = ""
+    token: str = ""
+    created_ms: int = 0
+    updated_ms: int = 0
+    reason: str = ""
+    spec: dict[str, Any] = Field(default_factory=dict)
+    result: dict[str, Any] = Field(default_factory=dict)
+    log: list[str] = Field(default_factory=list)
+    log_dropped: int = Field(
+        0, description="Log chunks not kept, past [plugins.state] log_chunks_max or log_max_bytes."
+    )
+    log_truncated: int = Field(
+        0, description="The log was cut at this many bytes ([plugins.state] log_max_bytes); 0: it is whole."
+    )
+    progress: list[dict[str, Any]] = Field(default_factory=list, description="The job's own notes: note, by, at_ms.")
+    memory_mb: int = Field(0, description="The grant (MiB) of the job's current or next attempt; 0: none of its own.")
+    retry_ms: int = Field(0, description="A failed job waiting to be tried again: when it goes back to the queue.")
+    waiting: str = Field(
+        "",
+        description="Why a queued job has no lease, where the live workers of its pool tell (none "
+        "is live, none runs its image, its grant exceeds every one's room); "
+        "`job show` only.",
+    )
+
+
+class ProgressNote(Message):
+    """`piloop progress "note"` inside a job, through its worker's relay."""
+
+    note: str = Field(min_length=1, max_length=2000)
+
+
+class WorkerView(Message):
+    name: str
+    pool: str
+    image: str = ""
+    seen_seconds: float | None = None
+    reachable: bool
+    draining: bool = False
+    sample: HostSample | None = None
+    agents: int = 0
+    evaluations: int = 0
+    no_lease: str = ""
+    room_mb: int | None = Field(None, description="The memory (MiB) the worker can grant, as its last claim said.")
+    granted_mb: int = Field(0, description="The memory (MiB) granted to the jobs it holds.")
+
+
+class LimitRequest(Message):
+    key: str
+    value: Any
+    reason: str = Field(min_length=1)
+
+
+class LimitView(Message):
+    key: str
+    value: Any
+    reason: str
+    by: str
+    at_ms: int
+
+
+class TokenCreate(Message):
+    name: str = Field(description="Checked by piloop_common.names.check_name, the one name rule.")
+    pool: str | None = None
+    expires_seconds: float | None = Field(None, gt=0)
+    rename: bool = Field(False, description="The worker may choose its own name with --name.")
+
+
+class TokenView(Message):
+    name: str
+    pool: str | None = None
+    created_ms: int
+    expires_ms: int | None = None
+    by: str
+    revoked: bool = False
+    rename: bool = False
+
+
+class TokenCreated(Message):
+    name: str
+    token: str
