@@ -49,13 +49,13 @@ def test_a_host_frozen_past_the_lease_kills_at_once_on_thaw_and_never_overlaps(s
         wait_for(lambda: len(marker_runs(marker).get(job, [])) == 2, 30, interval=0.05, what="the copy on wb")
         _signal(shim["shim"], signal.SIGCONT)
         # sooner than the kill grace (0.5 s): a shim that sent SIGTERM and waited it would not have ended the job yet
-        wait_for(lambda: jd.exit_json.exists(), KILL_GRACE * 0.8, interval=0.01, what="the thawed shim's exit record")
+        # read while its worker is still frozen: thawed, it reports the job and removes the dir
+        rec = wait_for(jd.exit_record, KILL_GRACE * 0.8, interval=0.01, what="the thawed shim's exit record")
     finally:
         for pid, group in frozen:
             _signal(pid, signal.SIGCONT, group)
     wait_for(lambda: not pgid_alive(first["pgid"]), 2, interval=0.02, what="the frozen job to be gone")
-    rec = json.loads(jd.exit_json.read_text())
-    assert rec["stopped"] == "fenced" and rec["signal"] == signal.SIGKILL, rec  # SIGKILL, not SIGTERM and a grace
+    assert rec.stopped == "fenced" and rec.signal == signal.SIGKILL, rec  # SIGKILL, not SIGTERM and a grace
     v = state(d, job, timeout=30)
     assert v["state"] == "succeeded" and v["worker"] == "wb", v
     runs = marker_runs(marker)[job]
