@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -276,19 +278,51 @@ def _spawn(req: ShimRequest, jd: JobDir, cg: JobCgroup | None) -> subprocess.Pop
     as_user: dict[str, Any] = (
         {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)} if user is not None else {}
     )
+    env = job_env(req)
     with open(jd.output_log, "ab") as log, cg.entered() if cg is not None else contextlib.nullcontext(False) as inside:
+        argv = req.argv
+        prepare: Callable[[], None] | None = _in_child(cg if cg is not None and not inside else None, user is not None)
+        if user is None and (cg is None or inside) and (helper := setpriv_path()) is not None:
+            # the parent-death signal set by setpriv before it execs the job, not by a `preexec_fn`: Python then
+            # spawns with vfork, not a fork of the whole shim (bench: 0.8 ms a /bin/true job against 5.5, with the
+            # job's exec 1.8; docs/worker.md)
+            argv, prepare = [helper, "--pdeathsig", "KILL", "--", _found(req.argv[0], env, jd.work), *argv[1:]], None
         proc = subprocess.Popen(
-            req.argv,
+            argv,
             cwd=jd.work,
-            env=job_env(req),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             process_group=0,
-            preexec_fn=_in_child(cg if cg is not None and not inside else None, user is not None),
+            preexec_fn=prepare,
             **as_user,
         )
     return proc
+
+
+@functools.cache
+def setpriv_path() -> str | None:
+    """util-linux's setpriv (2.33+, which has --pdeathsig), or None: then a `preexec_fn` sets the signal."""
+    path = shutil.which("setpriv")
+    if path is None:
+        return None
+    probe = subprocess.run([path, "--pdeathsig", "KILL", "--", "/bin/true"], capture_output=True, check=False)
+    return path if probe.returncode == 0 else None
+
+
+def _found(program: str, env: dict[str, str], cwd: Path) -> str:
+    """`program` as the job will run it, or FileNotFoundError as subprocess would raise it: so a job that names no
+    program fails with the shim's own `cannot start` line, not setpriv's."""
+    if "/" in program:
+        where = cwd / program
+        if os.access(where, os.X_OK) and where.is_file():
+            return program
+        if where.exists():
+            raise PermissionError(13, "Permission denied", program)
+    elif shutil.which(program, path=env.get("PATH", os.defpath)) is not None:
+        return program
+    raise FileNotFoundError(2, "No such file or directory", program)
 
 
 def _in_child(cg: JobCgroup | None, isolate: bool) -> Callable[[], None]:

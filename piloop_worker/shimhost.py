@@ -103,6 +103,7 @@ def main() -> None:
     shim.open_notify()
     fds = socket.socket(fileno=int(os.environ.pop(FDS_ENV)))
     shim.base_env()  # read here, once (after the fds' variables are gone): every shim forked later has it
+    shim.setpriv_path()  # found once, likewise
     serve(sys.stdin.fileno(), fds)
 
 

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
+
+import pytest
 
 from tests.helpers.redis import wait_for
 from tests.helpers.workers import TOLERATION, job_dirs, marker_job, marker_runs, overlapping, pgid_alive, state, token
@@ -57,9 +60,24 @@ def test_a_shim_killed_alone_takes_its_job_with_it_at_once(server, workers, tmp_
     assert "shim died" in w.output()
 
 
-def test_a_worker_and_its_shims_killed_together_leave_no_job_running(server, workers, tmp_path):
+def _path_without_setpriv(tmp_path) -> str:
+    """A PATH of the programs a worker and its jobs run here, less util-linux's setpriv: the shim then sets the
+    job's parent-death signal in a `preexec_fn` (its fallback), not through setpriv."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("sh", "true", "sleep", "ps", "git"):
+        if (found := shutil.which(name)) is not None:
+            (bin_dir / name).symlink_to(found)
+    return str(bin_dir)
+
+
+@pytest.mark.parametrize("spawn", ["setpriv", "preexec"])
+def test_a_worker_and_its_shims_killed_together_leave_no_job_running(server, workers, tmp_path, spawn):
     d, marker = server, tmp_path / "marker"
-    a = workers(d, token(d, "wa")).start()
+    env = {"PATH": _path_without_setpriv(tmp_path)} if spawn == "preexec" else {}
+    if spawn == "setpriv" and shutil.which("setpriv") is None:
+        pytest.skip("no setpriv on PATH")
+    a = workers(d, token(d, "wa"), env=env).start()
     job = marker_job(d, marker, first_forever=True)
     first = _running_on(marker, job)
     shim = _shim_of(a.home / "work" / "wa")
