@@ -43,3 +43,31 @@ def test_python_m_bench_soak_names_its_figures_and_retention_removes_the_jobs():
     # a retained job holds its hash and its report answer: 300 of them would be over 600 keys; the answers stay
     assert f["keys_end"] < f["keys_base"] + 300 + 20, (f["keys_base"], f["keys_end"])
     assert max(row[3] for row in f["series"]) > f["keys_end"], "the key count fell once the jobs were removed"
+
+
+def test_python_m_bench_ops_costs_each_call_once_it_is_made():
+    """Each kind of call measured, each for as many calls as asked (facts of the run, not figures: a call's CPU is
+    above zero and its latency percentiles are ordered)."""
+    got = subprocess.run(
+        [sys.executable, "-m", "bench.ops", "--calls", "20", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert got.returncode == 0, got.stderr[-2000:]
+    ops = {o["name"]: o for o in json.loads(got.stdout)["ops"]}
+    assert set(ops) == {
+        "submit (socket)",
+        "claim (one job)",
+        "log append (one chunk)",
+        "report (one job)",
+        "heartbeat (8 leases)",
+    }
+    assert ops["report (one job)"]["calls"] == 20 - 8 and ops["claim (one job)"]["calls"] == 20, ops
+    for o in ops.values():
+        assert o["server_cpu_ms"] > 0 and o["redis_commands"] >= 1 and 0 < o["p50_ms"] <= o["p99_ms"], o
+    refused = subprocess.run(
+        [sys.executable, "-m", "bench.ops", "--calls", "3"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "--calls must be at least 16" in refused.stderr, refused.stderr
