@@ -32,12 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import cas, claims, jobs
+from bench.children import ending_with_the_run
 from bench.jobs import say
 from tests.helpers.redis import RedisProcess
 from tests.helpers.s3 import start_moto
 
 MiB = 1 << 20
 FIGURES = ("jobs", "latency", "server", "cas")
+RESULTS = Path(__file__).resolve().parent / "results"  # each run's JSON (git ignores it)
 PEERS = ("rq Worker", "rq SimpleWorker", "Celery prefork", "Celery solo")
 RQ = {"rq Worker": "Worker", "rq SimpleWorker": "SimpleWorker"}
 CELERY = {"Celery prefork": "prefork", "Celery solo": "solo"}
@@ -480,6 +482,11 @@ def main() -> None:
     ap.add_argument(
         "--profile", type=Path, help="profile piloop's server and workers in the jobs figures, stats to this directory"
     )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        help="the JSON of the run, written beside the table (default: bench/results/<UTC time>.json)",
+    )
     a = ap.parse_args()
     sizes = dict(QUICK if a.quick else FULL)
     for k in ("jobs", "latency", "workers", "rounds"):
@@ -492,11 +499,12 @@ def main() -> None:
         a.profile.mkdir(parents=True, exist_ok=True)
         a.profile = a.profile.resolve()
         only = ["jobs"]
+    out = a.out or RESULTS / time.strftime("%Y%m%dT%H%M%SZ.json", time.gmtime())
     res: dict[str, Any] = {}
     failed: dict[str, str] = {}
     load = LoadWatch()
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="piloop-bench-") as tmp_s:
+    with ending_with_the_run(), tempfile.TemporaryDirectory(prefix="piloop-bench-") as tmp_s:
         tmp = Path(tmp_s)
         rp = RedisProcess(tmp / "redis").start()
         try:
@@ -520,25 +528,27 @@ def main() -> None:
     load_avg = load.end()
     shown = {k: v for k, v in sizes.items() if k in ("jobs", "rounds", "latency", "workers")}
     rs = rows(res)
+    doc = json.dumps(
+        {
+            "sizes": sizes,
+            "load_average": load_avg,
+            "seconds": time.monotonic() - t0,
+            "cpus": os.cpu_count(),
+            "rows": rs,
+            "raw": res,
+            "failed": failed,
+        },
+        indent=1,
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(doc + "\n")
     if a.json:
-        print(
-            json.dumps(
-                {
-                    "sizes": sizes,
-                    "load_average": load_avg,
-                    "seconds": time.monotonic() - t0,
-                    "cpus": os.cpu_count(),
-                    "rows": rs,
-                    "raw": res,
-                    "failed": failed,
-                },
-                indent=1,
-            )
-        )
+        print(doc)
     else:
         print(table(rs, load_avg, shown))
         for name, why in failed.items():
             print(f"{name}: not measured: {why}")
+        print(f"JSON: {out}")
     if failed:
         sys.exit(1)
 

@@ -71,3 +71,50 @@ def test_python_m_bench_ops_costs_each_call_once_it_is_made():
         [sys.executable, "-m", "bench.ops", "--calls", "3"], cwd=ROOT, capture_output=True, text=True
     )
     assert refused.returncode == 2 and "--calls must be at least 16" in refused.stderr, refused.stderr
+
+
+def test_a_bench_ended_by_sigterm_leaves_no_process_behind(tmp_path):
+    """SIGTERM mid-drain: the bench ends, and every process it started (the server, its workers, their shims and
+    jobs, Redis) ends with it, including any that left its tree."""
+    import signal
+
+    import psutil
+
+    from bench.children import RUN_ENV, marked
+    from tests.helpers.redis import wait_for
+
+    bench = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--quick",
+            "--only",
+            "jobs",
+            "--jobs",
+            "2000",
+            "--out",
+            str(tmp_path / "r.json"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        me = psutil.Process(bench.pid)
+
+        def workers_running() -> list[psutil.Process]:
+            kids = me.children(recursive=True)
+            return kids if any("worker" in " ".join(p.cmdline()) for p in kids if p.is_running()) else []
+
+        kids = wait_for(workers_running, 60, interval=0.2, what="the bench's piloop workers to start")
+        mark = next(m for p in kids if p.is_running() and (m := p.environ().get(RUN_ENV)))
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(30) == 128 + signal.SIGTERM, bench.stderr.read() if bench.stderr else ""
+        gone = wait_for(lambda: not [p for p in kids if p.is_running()] and not marked(mark), 10, what="all to end")
+        assert gone
+        assert not (tmp_path / "r.json").exists()  # a run cut short writes no figures
+    finally:
+        if bench.poll() is None:
+            bench.kill()
