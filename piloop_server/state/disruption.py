@@ -15,7 +15,6 @@ from typing import Any
 
 import redis
 
-from piloop_server.state import tokens as state_tokens
 from piloop_server.state.keys import Keys
 from piloop_server.state.records.codec import text as _s
 from piloop_server.state.records.lease import KINDS
@@ -61,15 +60,6 @@ class Disruption:
         self.k = keys
         self.scripts = Scripts(client, cap)
 
-    def unusable_tokens(self) -> list[str]:
-        """The names of tokens no worker can use again: revoked or expired (a token's expiry is its own clock's)."""
-        now_ms = time.time() * 1000
-        return [
-            t.name
-            for t in state_tokens.every(self.r, self.k)
-            if t.revoked or (t.expires_ms is not None and t.expires_ms < now_ms)
-        ]
-
     def decide(self, policy: Policy) -> Decision:
         """One pass's decision: begins, keeps and ends holds in Redis, and says which pools are held now."""
         k = self.k
@@ -85,7 +75,7 @@ class Disruption:
                 policy.absent_ms,
                 policy.settle_ms,
                 uuid.uuid4().hex,
-                *self.unusable_tokens(),
+                int(time.time() * 1000),  # a token's expiry is by the daemon's clock, which set it
             ],
         )
         pairs = [_s(x) for x in ended]

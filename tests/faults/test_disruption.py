@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 import redis
@@ -16,6 +17,7 @@ from piloop_common.config import ExecutorConfig
 from piloop_server.daemon import disruption_policy
 from piloop_server.state.disruption import Disruption
 from piloop_server.state.keys import Keys
+from piloop_server.state.records.token import Token
 from piloop_server.state.scripts import Scripts
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import Daemon
@@ -182,16 +184,22 @@ def test_a_blip_shorter_than_toleration_ends_its_hold_recovered_and_requeues_not
         beats.close()
 
 
-def test_revoked_and_departed_workers_do_not_count(gpu, disruption, redis_client, namespace):
+@pytest.mark.parametrize("gone", ["revoked", "expired"])
+def test_revoked_and_departed_workers_do_not_count(gpu, disruption, redis_client, namespace, gone):
     d = gpu
     keys = Keys(namespace)
     ws = _workers(d, ["gpu0", "gpu1", "gpu2", "gpu3"])
     jobs = _claim_one_each(d, ws[:3])
     beats = Beats(ws[:1])
     try:
-        with d.api() as api:
-            for w in ws[1:3]:
-                api.call("DELETE", f"/v1/tokens/{w.name}")  # revoked: they cannot come back
+        for w in ws[1:3]:  # they cannot come back
+            if gone == "revoked":
+                with d.api() as api:
+                    api.call("DELETE", f"/v1/tokens/{w.name}")
+            else:  # its expiry passed a moment ago, by the daemon's clock
+                rec = Token.from_redis(redis_client.hget(keys.tokens(), w.name))
+                past = replace(rec, expires_ms=int(time.time() * 1000) - 1000)
+                redis_client.hset(keys.tokens(), w.name, past.to_redis())
         # drained (as the provisioner drains an idle worker), holding no lease: once silent it has departed
         assert Scripts(redis_client).run("drain", [keys.worker("gpu3"), keys.events()], ["gpu3", "human:test", "idle"])
         # three of four are silent; had they counted, the pool would be held at grace and its leases kept

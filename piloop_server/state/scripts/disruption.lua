@@ -5,7 +5,7 @@
 -- (more than)  ARGV[4] the hold's length (ms)  ARGV[5] forget: a silent worker without leases whose last heartbeat
 -- is older than this (ms) leaves the workers set  ARGV[6] absent: a gap since the last pass longer than this (ms)
 -- is the daemon's own absence  ARGV[7] settle (ms)  ARGV[8] escalation nonce (hex)
--- ARGV[9..#ARGV-1] names of tokens that can no longer be used (revoked, expired)  ARGV[#ARGV] the event cap
+-- ARGV[9] now by the daemon's clock (ms), which a token's expiry is set by  ARGV[10] the event cap
 -- What counts: a worker counts in its pool unless it cannot come back: its token is gone (named in ARGV, or no
 -- longer in KEYS[4]), it departed (drained, its alive key gone, no lease held) or the server stopped it (its
 -- provisioned record is `stopping` or `stopped`). A counted worker without an alive key is silent.
@@ -24,8 +24,18 @@ local prefix = ARGV[1]
 local fewest, share, hold_ms = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local forget_ms, absent_ms, settle_ms = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local nonce = ARGV[8]
-local gone_tokens = {}
-for i = 9, #ARGV - 1 do gone_tokens[ARGV[i]] = true end
+local clock_ms = tonumber(ARGV[9])
+
+-- a worker's token that no worker can use again: gone, revoked or expired (its record read for this worker only,
+-- not every token each pass: a namespace may hold thousands)
+local function token_gone(name)
+  local raw = redis.call('HGET', KEYS[4], name)
+  if not raw then return true end
+  local ok, rec = pcall(cjson.decode, raw)
+  if not ok or type(rec) ~= 'table' then return false end
+  if rec.revoked == true then return true end
+  return type(rec.expires_ms) == 'number' and rec.expires_ms < clock_ms
+end
 
 local last = tonumber(redis.call('HGET', KEYS[3], 'last_pass') or '0')
 if last > 0 and now - last > absent_ms then
@@ -56,7 +66,7 @@ for _, w in ipairs(redis.call('SMEMBERS', KEYS[1])) do
     end
     local provisioned = redis.call('HGET', prefix .. 'provisioned:' .. w, 'state')
     local counts = not (
-      (token ~= '' and (gone_tokens[token] or redis.call('HEXISTS', KEYS[4], token) == 0))
+      (token ~= '' and token_gone(token))
       or (f[3] == '1' and not alive and leases == 0)
       or provisioned == 'stopping' or provisioned == 'stopped')
     local p = pool_of(f[1])
