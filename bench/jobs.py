@@ -514,13 +514,15 @@ def rq_drain(rp: RedisProcess, n: int, cls: str, job: str, tmp: Path) -> Drain:
 
         def done() -> bool:
             nonlocal last
-            if any(p.poll() is None for p in procs):
-                last = cpu._now()  # a burst worker's CPU can only be read while it lives
-                return False
-            return True
+            if all(p.poll() is not None for p in procs):
+                return True
+            last = cpu._now()  # a burst worker's CPU can only be read while it lives
+            # the last job's end, not the burst workers' exit, which at times lingers a minute past it
+            return q.finished_job_registry.count + q.failed_job_registry.count >= n
 
         wait_until(done, 3600, "rq to drain", every=0.01, report=lambda: say(f"rq {cls} {job}: {n - len(q)} taken"))
         seconds = time.perf_counter() - t0
+    stop_procs(procs)
     cpu_ms = {k: (last[k] - cpu.start[k]) * 1000 / n for k in last}
     bad = q.failed_job_registry.count
     d = Drain(n, seconds, bad, max(watch.peak.values()), cpu_ms=cpu_ms)
