@@ -191,3 +191,12 @@ class Keys:
         """Hash: each pool's disruption hold (`hold:<pool>` -> JSON: since, until, counts, escalation, ended), and
         `settle_until` (ms) after the daemon's own absence (state/disruption.py)."""
         return self._k("disruption")
+
+    # the web page (piloop_server/ui/): secrets are keyed by their sha256, never by themselves
+    def ui_once(self, secret_hash: str) -> str:
+        """String: a one-time login link's session record (JSON), until used once or its TTL ends."""
+        return self._k("ui", "once", secret_hash)
+
+    def ui_session(self, sid_hash: str) -> str:
+        """String: a page session's record (JSON); its TTL is the idle time left, renewed as the page reads."""
+        return self._k("ui", "session", sid_hash)
