@@ -98,6 +98,7 @@ class WorkerView(Message):
     name: str
     pool: str
     image: str = ""
+    host: str = Field("", description="The host name the worker registered with.")
     seen_seconds: float | None = None
     reachable: bool
     draining: bool = False

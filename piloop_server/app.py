@@ -11,12 +11,14 @@ from starlette.exceptions import HTTPException
 
 from piloop_common import __version__
 from piloop_common.errors import PiloopError
-from piloop_server.api import admin, blobs, campaigns, docs, joblog, jobs, metrics, relay, secrets, worker
+from piloop_server.api import admin, blobs, campaigns, docs, joblog, jobs, metrics, relay, secrets, ui, worker
 from piloop_server.api.answers import error_answer, replaying
 from piloop_server.auth import SOCKET_SCOPE
 from piloop_server.metrics import Metrics
 from piloop_server.runtime import Runtime
 from piloop_server.state.connection import UNREACHABLE
+from piloop_server.ui import pages as ui_pages
+from piloop_server.ui.csrf import CsrfCheck
 
 
 def create_app(rt: Runtime, daemon_info: dict[str, Any] | None = None) -> FastAPI:
@@ -36,11 +38,15 @@ def create_app(rt: Runtime, daemon_info: dict[str, Any] | None = None) -> FastAP
         campaigns.router,
         campaigns.worker_router,
         metrics.router,
+        ui.router,
     ):
         app.include_router(r)
+    app.mount("/ui/static", ui_pages.static_files(), name="ui-static")  # before the page's views, which match it too
+    app.include_router(ui_pages.router)
     if rt.settings.plugins.network.api_docs == "token":
         app.include_router(docs.router)
     app.add_middleware(BodyLimit, max_body=rt.settings.plugins.network.max_body_mb * 1024 * 1024)
+    app.add_middleware(CsrfCheck)
 
     @app.exception_handler(PiloopError)
     async def piloop_error(request: Request, exc: PiloopError) -> JSONResponse:

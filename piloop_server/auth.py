@@ -3,6 +3,7 @@ named by the proxy's claims on the proxy network (`network/proxy.py`)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -15,6 +16,7 @@ from piloop_common.names import check_name
 from piloop_common.protocol import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
 from piloop_server.network.proxy import WORKER_HEADER, identify_proxy
 from piloop_server.state.records.token import Token
+from piloop_server.ui import sessions as ui_sessions
 
 if TYPE_CHECKING:
     from piloop_server.runtime import Runtime
@@ -69,6 +71,8 @@ def _identify(rt: Runtime, scope: Mapping[str, Any], headers: Mapping[str, str],
             # the daemon's own `serve` worker comes this way: the reserved names are its
             return Caller("worker", _worker_name(worker, reserved_ok=True), True)
         return Caller("human", rt.user, True)
+    if "authorization" not in headers and (sid := ui_sessions.cookie(headers, ui_sessions.SESSION_COOKIE)):
+        return session_caller(rt, sid) if read else None
     net = rt.settings.plugins.network
     if net.provider == "proxy":
         # the proxy in front authenticated the caller and stamped its claims: they are the only check
@@ -87,6 +91,23 @@ def _identify(rt: Runtime, scope: Mapping[str, Any], headers: Mapping[str, str],
             raise Refused(f"token {rec.name} does not let a worker choose its name (`piloop token create --rename`)")
         return Caller("worker", _worker_name(named), False, rec)
     return Caller("worker", rec.name, False, rec)
+
+
+def session_caller(rt: Runtime, sid: str) -> Caller:
+    """The caller of the web page's session cookie (piloop_server/ui/): who the `piloop ui` link was made for, or the
+    token that logged in, checked again now (a revoked or expired token ends its sessions)."""
+    rec = ui_sessions.lookup(rt, sid)
+    if rec is None:
+        raise Unauthorized("the page's session ended: log in again (`piloop ui` prints a link)")
+    if not rec.token:
+        return Caller(rec.kind, rec.name, False)
+    tok = rt.tokens.get(rec.token)
+    if tok is None or tok.revoked or tok.hash != rec.token_hash:
+        ui_sessions.end(rt, sid)
+        raise Unauthorized(f"token {rec.token} was revoked: the page's session ended")
+    if tok.expires_ms is not None and tok.expires_ms < time.time() * 1000:
+        raise Unauthorized(f"token {rec.token} expired: the page's session ended")
+    return Caller(rec.kind, rec.name, False, tok)
 
 
 def _worker_name(name: str, *, reserved_ok: bool = False) -> str:

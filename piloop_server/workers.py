@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from piloop_common.operator_protocol import WorkerView
@@ -42,6 +43,7 @@ def views(rt: Runtime) -> list[WorkerView]:
                 name=w.name,
                 pool=w.pool,
                 image=w.image,
+                host=_host(w.info),
                 seen_seconds=max(0.0, (now - w.seen) / 1000) if w.seen else None,
                 reachable=w.alive,
                 draining=w.draining,
@@ -78,6 +80,15 @@ def _granted(rt: Runtime, leases: list[list[str]]) -> list[int]:
     """Each worker's granted memory (MiB): the grants of the jobs it holds leases on, as claim.lua sums them."""
     got = iter(rt.jobs.field_of([j for ids in leases for j in ids], "granted_mb"))
     return [sum(int(next(got) or 0) for _ in ids) for ids in leases]
+
+
+def _host(info: str) -> str:
+    try:
+        got = json.loads(info) if info else {}
+    except ValueError:
+        return ""
+    host = got.get("host") if isinstance(got, dict) else None
+    return host if isinstance(host, str) else ""
 
 
 def pool_summary(rt: Runtime, workers: list[WorkerView]) -> list[dict[str, Any]]:
