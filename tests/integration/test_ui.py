@@ -21,7 +21,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.helpers.redis import free_port
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
@@ -30,6 +30,7 @@ from tests.helpers.workers import RemoteWorker, submit, token, view
 CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 GPU = "\n[plugins.executor.pools.gpu]\nagents = 1\nevaluations = 2\nmax_load = 1000\nmin_memory_gb = 0\n"
+IDLE = "\n[plugins.executor.pools.idle]\nagents = 1\nevaluations = 1\n"  # no worker serves it
 # each run appends its job id and commits; the score is the number of lines, so later runs score higher
 AGENT = 'echo "$PILOOP_JOB" >> runs.txt && git add runs.txt && git commit -qm "run $PILOOP_JOB"'
 EVAL = 'echo "evaluating $(git rev-parse HEAD)"; echo "score=$(wc -l < runs.txt)"'
@@ -52,8 +53,14 @@ class Site:
 
     def text(self, css: str) -> str:
         """The text of the first element matching `css`, or "" when there is none yet."""
-        found = self.driver.find_elements(By.CSS_SELECTOR, css)
-        return found[0].text if found else ""
+        return self.texts(css)[0] if self.texts(css) else ""
+
+    def texts(self, css: str) -> list[str]:
+        """The text of each element matching `css`, read in one script: the page redraws between two calls."""
+        got: list[str] = self.driver.execute_script(
+            "return [...document.querySelectorAll(arguments[0])].map((e) => e.innerText.trim())", css
+        )
+        return got
 
     def shot(self, name: str) -> Path:
         path = self.shots / f"{name}.png"
@@ -92,7 +99,10 @@ def _browser() -> WebDriver:
 def site(redis_server, tmp_path_factory) -> Iterator[Site]:
     tmp = tmp_path_factory.mktemp("ui")
     d = Daemon(
-        short_home(), config=FAST_EXECUTOR + GPU, redis_url=redis_server.url, namespace="t" + uuid.uuid4().hex[:10]
+        short_home(),
+        config=FAST_EXECUTOR + GPU + IDLE,
+        redis_url=redis_server.url,
+        namespace="t" + uuid.uuid4().hex[:10],
     )
     port = free_port()
     d.start(listen=f"127.0.0.1:{port}")
@@ -150,8 +160,17 @@ def test_overview_shows_pools_and_workers(site):
     site.until(lambda b: site.text("[data-worker='gpu1'] .state") == "ready", "gpu1 ready")
     assert site.text("[data-worker='serve'] .state") == "ready"
     assert "gpu" in site.text("[data-pool='gpu']") and "serve" in site.text("[data-pool='serve']")
-    assert site.text("[data-pool='gpu'] .waits")  # why the next job waits, or that nothing does
-    site.shot("overview")
+    assert site.text("[data-pool='idle'] .waits") == "nothing waits"
+    # a job no worker can take: the pool's row says why, without a reload
+    jid = submit(site.d, "true", pool="idle")
+    try:
+        site.until(
+            lambda b: site.text("[data-pool='idle'] .waits") == "no reachable worker in the pool", "why it waits"
+        )
+        site.shot("overview")
+    finally:
+        site.d.cli("job", "cancel", jid, check=True)
+    site.until(lambda b: site.text("[data-pool='idle'] .waits") == "nothing waits", "the idle pool's queue empty")
 
 
 def test_a_job_changes_state_without_a_reload_and_its_log_follows(site, tmp_path):
@@ -176,6 +195,19 @@ def test_a_job_changes_state_without_a_reload_and_its_log_follows(site, tmp_path
     assert site.driver.execute_script("return window.notReloaded") is True
     site.shot("job")
 
+    # the list's filters: by state and pool, and by campaign (the campaign's jobs only)
+    site.get("/ui/jobs?state=succeeded&pool=gpu")
+    site.until(lambda b: site.text(row) == "succeeded", f"{jid} among the succeeded jobs of gpu")
+    assert set(site.texts("[data-job] .state")) == {"succeeded"}
+    site.get("/ui/jobs?state=running")
+    site.until(lambda b: site.text("#jobs"), "the running jobs")
+    assert not site.driver.find_elements(By.CSS_SELECTOR, f"[data-job='{jid}']")
+    site.get("/ui/jobs?campaign=demo")
+    site.until(lambda b: b.find_elements(By.CSS_SELECTOR, "[data-job]"), "the campaign's jobs", timeout=60)
+    assert not site.driver.find_elements(By.CSS_SELECTOR, f"[data-job='{jid}']")
+    assert Select(site.driver.find_element(By.NAME, "state")).first_selected_option.text == "any state"
+    assert site.driver.find_element(By.NAME, "campaign").get_attribute("value") == "demo"
+
 
 def test_cancel_from_the_page_cancels(site):
     jid = submit(site.d, "sleep", "120")
@@ -194,6 +226,24 @@ def test_cancel_from_the_page_cancels(site):
     assert got[0] == 403 and "CSRF" in got[1]["message"], got
     assert view(site.d, other)["state"] != "cancelled"
     site.d.cli("job", "cancel", other, check=True)
+
+
+def test_a_limit_set_and_unset_from_the_page(site):
+    site.get("/ui")
+    form = site.until(lambda b: b.find_element(By.ID, "limit-form"), "the limits form")
+    form.find_element(By.NAME, "key").send_keys("executor.pools.idle.evaluations")
+    form.find_element(By.NAME, "value").send_keys("3")
+    form.find_element(By.NAME, "reason").send_keys("from the page")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    site.until(lambda b: "executor.pools.idle.evaluations" in site.text("#limits"), "the limit listed")
+    with site.d.api() as api:
+        got = {v["key"]: v for v in api.call("GET", "/v1/limits")}
+    limit = got["executor.pools.idle.evaluations"]
+    assert limit["value"] == 3 and limit["reason"] == "from the page" and limit["by"].startswith("human:")
+    site.driver.find_element(By.CSS_SELECTOR, "#limits button").click()
+    site.until(lambda b: site.text("#limits") == "none", "the limit unset")
+    with site.d.api() as api:
+        assert "executor.pools.idle.evaluations" not in {v["key"] for v in api.call("GET", "/v1/limits")}
 
 
 def test_a_campaign_shows_its_best_score_and_its_plot(site):

@@ -49,3 +49,13 @@ export function stateCell(state) {
 export function section(title, id) {
   return [el("h2", {}, title), el("div", { id })];
 }
+
+const drawnFrom = new WeakMap();
+
+// Draw node's content again only when its data changed: a button is not replaced under the user's click.
+export function draw(node, data, build) {
+  const key = JSON.stringify(data);
+  if (drawnFrom.get(node) === key) return;
+  drawnFrom.set(node, key);
+  node.replaceChildren(build());
+}

@@ -1,6 +1,6 @@
 // The event stream as it comes, newest first; and the inbox of escalations, each acknowledged from here.
 import { api, q } from "./api.js";
-import { el, table, td, when } from "./dom.js";
+import { draw, el, table, td, when } from "./dom.js";
 
 const KEEP = 500;
 
@@ -41,7 +41,7 @@ export function inbox() {
     },
     refresh: (refresh = async () => {
       const items = await api("GET", "/v1/inbox");
-      list.replaceChildren(
+      draw(list, items, () =>
         table(
           ["when", "what", "message", ""],
           items.map((x) => [

@@ -1,6 +1,6 @@
 // Jobs: a filtered list, and one job: its fields, its timeline of events, its log as it grows.
 import { api, bytes, q } from "./api.js";
-import { ago, el, stateCell, table, td, when } from "./dom.js";
+import { draw, el, stateCell, table, td, when } from "./dom.js";
 
 const STATES = ["", "queued", "leased", "running", "succeeded", "failed", "lost", "cancelled", "worker_lost"];
 const ENDED = new Set(["succeeded", "failed", "lost", "cancelled", "worker_lost"]);
@@ -46,14 +46,13 @@ export function jobs() {
       const c = campaign.value.trim();
       const got = await api("GET", `/v1/jobs?${q({ state: state.value, pool: pool.value.trim(), limit: c ? 1000 : 200 })}`);
       const rows = got.filter((j) => !c || j.campaign === c).slice(0, 200);
-      const now = Date.now();
-      list.replaceChildren(
+      draw(list, rows, () =>
         table(
           ["job", "kind", "pool", "campaign", "state", "worker", "attempts", "updated", "reason", ""],
           rows.map((j) => [
             el("a", { href: `/ui/jobs/${encodeURIComponent(j.id)}`, class: "mono" }, j.id),
             j.kind, j.pool, j.campaign, stateCell(j.state), j.worker, td({ class: "num" }, j.attempts),
-            ago((now - j.updated_ms) / 1000), j.reason,
+            when(j.updated_ms), j.reason,
             ENDED.has(j.state) ? "" : cancelButton(j.id, refresh, said),
           ]),
           (i) => ({ "data-job": rows[i].id }),
@@ -79,7 +78,7 @@ export function job(id) {
   return {
     mount(main) {
       fields = el("dl", { class: "fields", id: "job-fields" });
-      actions = el("div", { class: "inline" });
+      actions = el("div", { class: "inline" }, cancelButton(id, () => refresh(), said));
       timeline = el("div", { id: "timeline" });
       log = el("pre", { class: "log", id: "log" });
       main.append(el("h2", {}, "Job ", el("span", { class: "mono" }, id)), fields, actions, said,
@@ -95,7 +94,7 @@ export function job(id) {
         ["command", (j.spec.argv || []).join(" ")], ["result", result || "-"],
       ];
       fields.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", { id: `job-${k}` }, v instanceof Node ? v.textContent : v)]));
-      actions.replaceChildren(ENDED.has(j.state) ? "" : cancelButton(id, refresh, said));
+      actions.hidden = ENDED.has(j.state);
       // the log: each chunk once, in order, as the worker uploads it
       while (chunks < j.log.length) {
         log.append(decoder.decode(await bytes(`${path}/log/${chunks}`), { stream: true }));

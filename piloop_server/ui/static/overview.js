@@ -1,6 +1,6 @@
 // Overview: each pool's slots, queue and why its next job waits; each worker; the limits, and setting them.
 import { api } from "./api.js";
-import { ago, el, section, table, td } from "./dom.js";
+import { ago, draw, el, section, table, td } from "./dom.js";
 
 function workerState(w) {
   if (!w.reachable) return w.no_lease === "starting" || w.no_lease === "stopping" ? w.no_lease : "unreachable";
@@ -98,7 +98,7 @@ export function overview() {
           (i) => ({ "data-worker": ws[i].name }),
         ),
       );
-      provisioned.replaceChildren(
+      draw(provisioned, st.provisioners, () =>
         table(
           ["pool", "provider", "max", "starting", "running", "draining", ""],
           st.provisioners.map((p) => [
@@ -110,7 +110,7 @@ export function overview() {
           ]),
         ),
       );
-      limits.replaceChildren(
+      draw(limits, ls, () =>
         table(
           ["key", "value", "reason", "by", ""],
           ls.map((l) => [
