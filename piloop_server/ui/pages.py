@@ -107,12 +107,12 @@ def logout(request: Request) -> Response:
 @router.get("/{view}/{name}")
 def page(request: Request, view: str = "", name: str = "") -> Response:
     """The shell of a view, for a caller the API would answer; else to the login page."""
-    if view not in VIEWS or (name and view not in ("jobs", "campaigns")):
-        return HTMLResponse("<h1>no such page</h1>", 404)
     try:
         require_act(identify(request))
     except Unauthorized:
         return RedirectResponse("/ui/login", 303, headers=NO_STORE)
     except PiloopError as e:
         return HTMLResponse(f"<h1>{html.escape(e.message)}</h1>", e.status, headers=NO_STORE)
+    if view not in VIEWS or (name and view not in ("jobs", "campaigns")):
+        return HTMLResponse("<h1>no such page</h1>", 404, headers=NO_STORE)
     return HTMLResponse(_text("shell.html"), headers=NO_STORE)

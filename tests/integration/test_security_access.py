@@ -24,6 +24,8 @@ WORKER = {
     f"/v1/worker/{r}" for r in ("register", "heartbeat", "claim", "release", "report", "reports", "log", "bundle")
 }
 RELAY = "/v1/relay/"  # workers reach it for the jobs they hold: its own tests check the lease
+# the web page's login and logout take no caller; its views send one without a session to the login (test_ui_login.py)
+PAGE_LOGIN = {"/ui/login", "/ui/logout"}
 
 
 def app_routes(tmp: Path) -> list[tuple[str, str]]:
@@ -78,6 +80,14 @@ def test_every_route_refuses_workers_unless_it_is_theirs_and_everyone_without_a_
         anon = _call(d, method, path, {})
         if path in PUBLIC:
             assert anon.status_code == 200, (method, path, anon.text)
+            continue
+        if path in PAGE_LOGIN:
+            assert anon.status_code in (200, 303, 400), (method, path, anon.text)  # the form, or what it lacks
+            continue
+        if path.startswith("/ui"):  # a view of the page: to the login without a caller, refused to a worker
+            assert anon.status_code == 303 and anon.headers["location"] == "/ui/login", (method, path)
+            got = _call(d, method, path, {"authorization": f"Bearer {d.token}"})
+            assert got.status_code == 403 and "workers can only" in got.text, (method, path, got.text)
             continue
         assert anon.status_code == 401 and anon.json()["error"] == "unauthorized", (method, path, anon.text)
         bad = _call(d, method, path, unknown)
