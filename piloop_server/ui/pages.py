@@ -20,7 +20,12 @@ from piloop_server.ui import sessions
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 MOST_FORM_BYTES = 4096
-NO_STORE = {"cache-control": "no-store"}
+# the page runs only its own files, and no other site may frame it (a click on its buttons through a frame)
+NO_STORE = {
+    "cache-control": "no-store",
+    "content-security-policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
+    "x-frame-options": "DENY",
+}
 VIEWS = ("", "jobs", "campaigns", "events", "inbox")
 
 

@@ -75,7 +75,12 @@ def test_a_session_reads_and_writes_only_with_its_csrf_header(served, redis_clie
     sid = c.cookies["piloop_session"]
     assert c.cookies["piloop_csrf"] == csrf_for(sid)
     assert c.get("/v1/status").status_code == 200
-    assert c.get("/ui/jobs").status_code == 200 and 'src="/ui/static/app.js"' in c.get("/ui/jobs").text
+    page = c.get("/ui/jobs")
+    assert page.status_code == 200 and 'src="/ui/static/app.js"' in page.text
+    assert (
+        "frame-ancestors 'none'" in page.headers["content-security-policy"]
+        and page.headers["x-frame-options"] == "DENY"
+    )
 
     # reading renews the session's idle time
     skey = Keys(d.namespace).ui_session(hashlib.sha256(sid.encode()).hexdigest())  # type: ignore[attr-defined]
