@@ -88,6 +88,10 @@ class Store(ABC):
         """Remove these blobs (not one rewritten since `before`, where the backend tells it cheaply)."""
         raise StoreError(f"the {type(self).__name__} at {self.where} cannot delete blobs")
 
+    def _touch(self, addresses: list[str]) -> set[str]:
+        """Which of `addresses` the store holds, each one's last-put time set to now (what a put of it does)."""
+        raise StoreError(f"the {type(self).__name__} at {self.where} cannot refresh blobs")
+
     # -- the interface ----------------------------------------------------------------------
 
     def put_stream(self, fileobj: BinaryIO, expect: str | None = None) -> str:
@@ -172,6 +176,12 @@ class Store(ABC):
         """Which of `addresses` the store holds, asked in one batch."""
         parsed = list(dict.fromkeys(parse_address(a) for a in addresses))
         return self._has_many(parsed) if parsed else set()
+
+    def touch_many(self, addresses: Iterable[str]) -> set[str]:
+        """Which of `addresses` the store holds, each one's grace restarted as a put of it would (`cas serve`'s
+        answer to an `http` client that skips uploading what the server has)."""
+        parsed = list(dict.fromkeys(parse_address(a) for a in addresses))
+        return self._touch(parsed) if parsed else set()
 
     def has(self, address: str) -> bool:
         return bool(self.has_many([address]))

@@ -78,6 +78,9 @@ class CachedStore(Store):
         # The remote is the truth: a blob it lost is missing, whatever the cache still holds.
         return self.remote._has_many(addresses)
 
+    def _touch(self, addresses: list[str]) -> set[str]:
+        return self.remote._touch(addresses)  # the remote's grace is the one the collector reads
+
     def _list(self, after: str | None) -> Iterator[Listed]:
         return self.remote._list(after)
 

@@ -39,7 +39,8 @@ class HttpStore(Store):
         self._client.close()
 
     def _store(self, address: str, path: Path, owned: bool) -> None:
-        if self._exists(address):
+        # What the server has is not sent again, but its grace restarts there as a put's would.
+        if self._touch([address]):
             return
         self._send("PUT", _blob(address), body=path).close()
 
@@ -64,11 +65,15 @@ class HttpStore(Store):
             present.update(answer.json()["present"])
         return present
 
+    def _touch(self, addresses: list[str]) -> set[str]:
+        present: set[str] = set()
+        for i in range(0, len(addresses), HAS_BATCH):
+            body = {"addresses": addresses[i : i + HAS_BATCH], "touch": True}
+            present.update(self._send("POST", "/v1/cas/has", json=body).json()["present"])
+        return present
+
     def _size(self, address: str) -> int:
         return int(self._send("HEAD", _blob(address)).headers["content-length"])
-
-    def _exists(self, address: str) -> bool:
-        return bool(self._has_many([address]))
 
     def _list(self, after: str | None) -> Iterator[Listed]:
         while True:

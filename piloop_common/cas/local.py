@@ -106,6 +106,9 @@ class LocalStore(Store):
     def _has_many(self, addresses: list[str]) -> set[str]:
         return {a for a in addresses if self.path_of(a).is_file()}
 
+    def _touch(self, addresses: list[str]) -> set[str]:
+        return {a for a in addresses if _refresh(self.path_of(a))}
+
     def _size(self, address: str) -> int:
         try:
             return self.path_of(address).stat().st_size

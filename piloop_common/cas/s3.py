@@ -30,6 +30,8 @@ UPLOAD_THREADS = 10
 LIST_MIN = 8  # below this many addresses, HEADs are as cheap as a page of listing
 LIST_RATIO = 20  # at most one page of listing per this many addresses
 DELETE_BATCH = 1000  # DeleteObjects takes at most this many keys a call
+COPY_MAX = 5 * 2**30  # CopyObject's largest source; a bigger one is copied in parts
+REPUT_ATTEMPTS = 3  # a put refused (exists) whose refresh then finds it gone (collected meanwhile) is tried again
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 _DENIED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden"}
 _PRECONDITION = {"412", "PreconditionFailed", "409", "ConditionalRequestConflict"}
@@ -80,18 +82,58 @@ class S3Store(Store):
 
     def _store(self, address: str, path: Path, owned: bool) -> None:
         key = self.key_of(address)
-        if path.stat().st_size < self._transfer.multipart_threshold:
-            # One conditional request: If-None-Match skips what exists without a HEAD first.
-            try:
-                with self._errors("upload", address), open(path, "rb") as body:
-                    self._client.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*")
-            except _Precondition:
-                pass
-            return
-        if self._exists(address):
+        size = path.stat().st_size
+        if size < self._transfer.multipart_threshold:
+            # One conditional request: If-None-Match skips what exists without a HEAD first. A blob that exists gets
+            # one more, which restarts its grace (a collection between a re-put and the submit must not take it).
+            for _ in range(REPUT_ATTEMPTS):
+                try:
+                    with self._errors("upload", address), open(path, "rb") as body:
+                        self._client.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*")
+                    return
+                except _Precondition:
+                    if self._refresh(address, size):
+                        return  # else a collection removed it between the two requests: put it again
+            raise StoreError(f"cannot upload blob {address} to {self.where}: it kept vanishing", address=address)
+        # The copy stands in for a HEAD: one request either way, and an existing blob's grace restarts.
+        if self._refresh(address, size):
             return
         with self._errors("upload", address):
             self._client.upload_file(str(path), self.bucket, key, Config=self._transfer)
+
+    def _refresh(self, address: str, size: int | None = None) -> bool:
+        """Whether the blob is there, its `LastModified` restarted by a copy onto itself (S3 refuses a self-copy
+        that changes nothing: `REPLACE` is the change). Over 5 GiB a copy must go in parts (`copy`, many requests)."""
+        key = self.key_of(address)
+        source = {"Bucket": self.bucket, "Key": key}
+        try:
+            with self._errors("refresh", address):
+                if size is None or size <= COPY_MAX:
+                    # a checksum of its own: the one a multipart upload left does not match the copy's whole body
+                    self._client.copy_object(
+                        Bucket=self.bucket,
+                        Key=key,
+                        CopySource=source,
+                        MetadataDirective="REPLACE",
+                        ChecksumAlgorithm="CRC32",
+                    )
+                elif self._exists(address):
+                    self._client.copy(source, self.bucket, key, Config=self._transfer)
+                else:
+                    return False
+        except BlobMissing:
+            return False
+        except StoreError as e:
+            if size is None and "larger than the maximum" in str(e):
+                return self._refresh(address, self._size(address))
+            raise
+        return True
+
+    def _touch(self, addresses: list[str]) -> set[str]:
+        if len(addresses) == 1:
+            return set(addresses) if self._refresh(addresses[0]) else set()
+        with ThreadPoolExecutor(HEAD_THREADS) as pool:
+            return {a for a, ok in zip(addresses, pool.map(self._refresh, addresses), strict=True) if ok}
 
     @contextmanager
     def _open(self, address: str) -> Iterator[Blob]:
@@ -271,4 +313,4 @@ class S3Store(Store):
 
 
 class _Precondition(StoreError):
-    """A conditional put found the object already there (only the identity object uses it)."""
+    """A conditional put found the object already there."""

@@ -49,6 +49,7 @@ class DeleteAnswer(BaseModel):
 
 class HasRequest(BaseModel):
     addresses: list[str] = Field(max_length=MAX_HAS)
+    touch: bool = False  # restart the grace of those present, as a put would (a client skipping an upload)
 
 
 class HasAnswer(BaseModel):
@@ -65,7 +66,8 @@ def cas_router(store: Callable[[], Store], auth: Callable[..., Any]) -> APIRoute
 
     @router.post("/has")
     def has(body: HasRequest) -> HasAnswer:
-        return HasAnswer(present=sorted(store().has_many(body.addresses)))
+        ask = store().touch_many if body.touch else store().has_many
+        return HasAnswer(present=sorted(ask(body.addresses)))
 
     @router.head("/blobs/{address}")
     def head(address: str) -> Response:
