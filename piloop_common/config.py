@@ -241,6 +241,12 @@ class StateConfig(_Model):
     events_max: int = Field(
         100_000, ge=1000, description="The events stream keeps about this many of the newest events."
     )
+    inbox_max: int = Field(
+        10_000,
+        ge=100,
+        description="The inbox keeps at most about this many escalations: past it the oldest acknowledged ones go "
+        "first, then the oldest.",
+    )
     event_value_bytes: int = Field(
         1024,
         ge=64,
@@ -296,7 +302,10 @@ class RetentionConfig(_Model):
         30 * DAY, ge=0, description="The same for a job that failed, was lost or lost its worker (0: kept forever)."
     )
     events_seconds: float = Field(
-        7 * DAY, ge=0, description="Events older than this leave the stream (0: only `events_max` bounds it)."
+        7 * DAY,
+        ge=0,
+        description="Events older than this leave the stream, and an acknowledged inbox item this long after its "
+        "acknowledgement (0: only `events_max` and `inbox_max` bound them).",
     )
     cas_grace_seconds: float = Field(
         2 * DAY,

@@ -115,7 +115,8 @@ class Pass:
 
     def retain(self) -> None:
         """Remove what retention no longer keeps: ended jobs past their horizon, a few batches a pass (a backlog
-        after a long stop drains over passes), and events past their age once a minute."""
+        after a long stop drains over passes), and events past their age and acknowledged inbox items past theirs
+        (the inbox cut to `inbox_max`) once a minute."""
         rt = self.rt
         ret = rt.settings.plugins.retention
         horizons = Horizons.of(ret)
@@ -132,6 +133,9 @@ class Pass:
             self.events_trimmed_at = now
             if ret.events_seconds > 0:
                 rt.retention.trim_events(int(ret.events_seconds * 1000))
+            inbox = rt.events.prune_inbox(int(ret.events_seconds * 1000) if ret.events_seconds > 0 else None)
+            if inbox.acked or inbox.over_cap:
+                log.info("event=retention.inbox acked=%d over_cap=%d", inbox.acked, inbox.over_cap)
             self.watch_memory()
 
     def watch_memory(self) -> None:

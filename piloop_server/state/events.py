@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -13,6 +14,8 @@ from piloop_server.state.keys import Keys
 from piloop_server.state.records import codec
 from piloop_server.state.records.codec import text as _s
 from piloop_server.state.scripts import EventCap
+
+INBOX_BATCH = 500  # inbox items read (HSCAN) and removed (HDEL) a call
 
 
 def _entry(eid: Any, f: dict[Any, Any]) -> dict[str, str]:
@@ -57,11 +60,17 @@ class Events:
         return [_entry(eid, f) for eid, f in reversed(entries)]
 
     def escalate(self, what: str, message: str, **fields: Any) -> str:
-        """An escalation: something an operator must look at, kept in the inbox until acknowledged."""
+        """An escalation: something an operator must look at, kept in the inbox until acknowledged (and then for
+        `events_seconds`, `prune_inbox`). A flood past `cap.inbox_most` (and a tenth) is cut back here at once."""
         eid = uuid.uuid4().hex[:12]
         rec = {"id": eid, "what": what, "message": message, "at_ms": int(time.time() * 1000), "acked": False, **fields}
-        self.r.hset(self.k.inbox(), eid, json.dumps(rec))
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(self.k.inbox(), eid, json.dumps(rec))
+        pipe.hlen(self.k.inbox())
+        held = int(pipe.execute()[1])
         self.add("escalation", "service:daemon", what=what, message=message, escalation=eid)
+        if held > self.cap.inbox_most + self.cap.inbox_most // 10:
+            self.prune_inbox(None)
         return eid
 
     def inbox(self, include_acked: bool = False) -> list[dict[str, Any]]:
@@ -73,7 +82,45 @@ class Events:
         if raw is None:
             return False
         rec = json.loads(raw)
-        rec["acked"] = True
-        rec["acked_by"] = by
+        if not rec.get("acked"):  # the first acknowledgement is the one retention counts from
+            rec.update(acked=True, acked_by=by, acked_ms=int(time.time() * 1000))
         self.r.hset(self.k.inbox(), eid, json.dumps(rec))
         return True
+
+    def prune_inbox(self, acked_ms: int | None, batch: int = INBOX_BATCH) -> InboxPruned:
+        """Remove the items acknowledged longer than `acked_ms` ago (None: none by age), then, past `cap.inbox_most`,
+        the oldest acknowledged ones and then the oldest. Read and removed `batch` at a time; the inbox is itself
+        bounded, so one call reads at most about `inbox_most` items. Two daemons at once remove the same items."""
+        now = int(time.time() * 1000)
+        expired: list[str] = []
+        rest: list[tuple[bool, int, str]] = []  # (unacknowledged, at_ms, id): acknowledged and older sort first
+        cursor = 0
+        while True:
+            got: Any = self.r.hscan(self.k.inbox(), cursor, count=batch)  # (cursor, {field: value})
+            cursor, chunk = got
+            for raw_id, raw in chunk.items():
+                eid = _s(raw_id)
+                try:
+                    rec = json.loads(raw)
+                    at, acked = int(rec.get("at_ms", 0)), bool(rec.get("acked"))
+                    when = int(rec.get("acked_ms", at))  # acknowledged before acked_ms was kept: by when it was raised
+                except (ValueError, TypeError, AttributeError):
+                    at, acked, when = 0, True, 0  # not a record piloop wrote: the first to go
+                if acked and acked_ms is not None and now - when > acked_ms:
+                    expired.append(eid)
+                else:
+                    rest.append((not acked, at, eid))
+            if not cursor:
+                break
+        over = max(0, len(rest) - self.cap.inbox_most)
+        capped = [eid for _, _, eid in sorted(rest)[:over]]
+        for doomed in (expired, capped):
+            for i in range(0, len(doomed), batch):
+                self.r.hdel(self.k.inbox(), *doomed[i : i + batch])
+        return InboxPruned(len(expired), len(capped))
+
+
+@dataclass(frozen=True)
+class InboxPruned:
+    acked: int  # acknowledged items past their age
+    over_cap: int  # items past `inbox_max`, the oldest acknowledged ones first

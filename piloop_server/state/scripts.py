@@ -66,10 +66,12 @@ def source(name: str) -> str:
 @dataclass(frozen=True)
 class EventCap:
     """The events stream's bound, appended by `Scripts` as the last ARGV of every call (include/events.lua reads
-    it there): about `most` entries, each value cut past `value_bytes`."""
+    it there): about `most` entries, each value cut past `value_bytes`; and the inbox's, `inbox_most` items (kept by
+    `Events`, not sent to the scripts)."""
 
     most: int = 100_000
     value_bytes: int = 1024
+    inbox_most: int = 10_000
 
     def arg(self) -> str:
         return f"{self.most} {self.value_bytes}"

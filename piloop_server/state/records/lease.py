@@ -37,7 +37,7 @@ class Caps:
     @classmethod
     def from_state(cls, st: Any, retention: Any = None) -> Caps:
         return cls(
-            EventCap(st.events_max, st.event_value_bytes),
+            EventCap(st.events_max, st.event_value_bytes, st.inbox_max),
             st.log_chunks_max,
             st.report_max_bytes,
             st.progress_keep,
