@@ -310,6 +310,8 @@ def _named(body: ReportRequest) -> list[str]:
 def _present(rt: Runtime, bodies: list[ReportRequest]) -> set[str]:
     """Which of the blobs these reports name the CAS has: one lookup for all of them."""
     named = sorted({a for b in bodies for a in _named(b)})
+    # Not merged with report_many's `sizes`: has_many is one batched call (an S3 listing, one http POST) where sizes
+    # is a HEAD an address, and sizes asks only the few a cap needs (log chunks unsized at their append, a result).
     return set(rt.store.has_many(named)) if named else set()
 
 
