@@ -102,6 +102,19 @@ def _days(seconds: float | None) -> str:
     return f"{seconds / 86400:g} d" if seconds >= 86400 else f"{seconds:g} s"
 
 
+def _gc(gc: dict[str, Any] | None) -> str:
+    """When the CAS garbage collection last ran and next runs (`cas_gc_seconds`), as the status line's tail."""
+    if gc is None:  # a server from before the collection
+        return ""
+    now = time.time() * 1000
+    last = ago((now - gc["last_ms"]) / 1000) if gc["last_ms"] else "never"
+    nxt = gc["next_ms"]
+    if nxt is None:
+        return f"; garbage collection {last}, none scheduled (cas_gc_seconds = 0)"
+    due = "due now" if nxt <= now else "in " + ago((nxt - now) / 1000).removesuffix(" ago")
+    return f"; garbage collection {last}, next {due}"
+
+
 @click.command()
 @click.pass_obj
 def init(obj) -> None:
@@ -236,7 +249,7 @@ def status(obj, as_json: bool) -> None:
             f"         {_mib(used)} used{of}; {r['retained_jobs']:,} ended jobs kept, pruned every pass "
             f"(finished {_days(ret.get('finished_seconds'))}, failed {_days(ret.get('failed_seconds'))})"
         )
-    click.echo(f"cas      {st['cas']['provider']}, id {st['cas']['id']}")
+    click.echo(f"cas      {st['cas']['provider']}, id {st['cas']['id']}{_gc(st.get('cas_gc'))}")
     click.echo("")
     rows = [
         [

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 from piloop_common import __version__
 from piloop_common.errors import BadRequest, NotFound
 from piloop_common.operator_protocol import LimitRequest, LimitView, TokenCreate, TokenCreated, TokenView, WorkerView
-from piloop_server import campaign_admin, workers
+from piloop_server import campaign_admin, cas_gc, workers
 from piloop_server.api.deps import ActorDep, RuntimeDep
 from piloop_server.provisioner.manager import summary as provisioned_pools
 
@@ -44,6 +44,7 @@ def status(request: Request, rt: RuntimeDep, caller: ActorDep) -> dict:
             "retained_jobs": rt.retention.retained(),
         },
         "retention": rt.settings.plugins.retention.model_dump(),
+        "cas_gc": dict(zip(("last_ms", "next_ms"), cas_gc.due_ms(rt, info.get("started_ms", 0)), strict=True)),
         "cas": {"provider": rt.settings.plugins.cas.provider, "id": rt.cas_id},
         "pools": workers.pool_summary(rt, ws),
         "limits": [v.model_dump() for v in rt.limits.views()],

@@ -6,6 +6,7 @@ a campaign's ended jobs stay while the campaign exists and go once it is removed
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -186,3 +187,8 @@ def test_status_shows_redis_memory_and_the_jobs_retention_keeps(retaining):
     out = retaining.cli("status", check=True).stdout
     line = next(ln for ln in out.splitlines() if "MiB used" in ln)
     assert "ended jobs kept, pruned every pass" in line and f"finished {FINISHED:g} s" in line, line
+    cas = next(ln for ln in out.splitlines() if ln.startswith("cas "))
+    # none has run: the first is a day (cas_gc_seconds) after the daemon started
+    assert "garbage collection never, next in 23h" in cas or "next in 1d" in cas, cas
+    got = json.loads(retaining.cli("status", "--json", check=True).stdout)["cas_gc"]
+    assert got["last_ms"] is None and got["next_ms"] > time.time() * 1000 + 86_000_000, got
