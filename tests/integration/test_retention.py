@@ -192,3 +192,39 @@ def test_status_shows_redis_memory_and_the_jobs_retention_keeps(retaining):
     assert "garbage collection never, next in 23h" in cas or "next in 1d" in cas, cas
     got = json.loads(retaining.cli("status", "--json", check=True).stdout)["cas_gc"]
     assert got["last_ms"] is None and got["next_ms"] > time.time() * 1000 + 86_000_000, got
+
+
+def test_two_prunes_at_once_remove_each_job_once(redis_server, redis_client, namespace):
+    """Two daemons' passes prune at the same moment, each on a connection of its own, in batches smaller than the
+    backlog: every job is removed by exactly one of them, and no key of any is left."""
+    import threading
+
+    import redis
+
+    keys = Keys(namespace)
+    leases = Leases(redis_client, keys, Timings(2000, 6000))
+    jobs = [f"jtwo{i:09d}" for i in range(300)]
+    for job in jobs:
+        leases.enqueue(job, "evaluation", "p", {"argv": ["true"]}, by="admin")
+        assert leases.cancel(job, "admin") == "cancelled"
+    horizons = Horizons(finished_ms=1, failed_ms=None)
+    wait_for(lambda: time.time() * 1000 > int(redis_client.hget(keys.job(jobs[-1]), "ended")) + 1, 5, what="1 ms")
+    removed = [0, 0]
+    start = threading.Barrier(2)
+
+    def pruner(i: int) -> None:
+        r = redis.Redis.from_url(redis_server.url)
+        retention = Retention(r, keys)
+        start.wait()
+        while (got := retention.prune(horizons, batch=7)).removed or got.moved:
+            removed[i] += got.removed
+        r.close()
+
+    threads = [threading.Thread(target=pruner, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sum(removed) == len(jobs), f"a job removed twice, or not at all: {removed}"
+    assert not any(_job_keys(redis_client, keys, j) for j in jobs)
+    assert Retention(redis_client, keys).retained() == 0
