@@ -108,9 +108,10 @@ def test_a_re_put_restarts_an_old_blobs_grace(case: Case, redis_client: Any, nam
 
 def test_a_touch_through_cas_serve_needs_a_token_and_answers_what_it_has(cas_server: OperatedCas) -> None:
     """The `touch` of `/v1/cas/has`: a plain token may (a put may), it answers only what is there, and it refreshes
-    the served blob's mtime."""
+    the served blob's mtime, as a PUT of it does."""
     root = LocalStore(cas_server.root)
-    have = root.put_bytes(b"served " + uuid.uuid4().bytes)
+    data = b"served " + uuid.uuid4().bytes
+    have = root.put_bytes(data)
     then = time.time() - 3 * DAY
     os.utime(root.path_of(have), (then, then))
     missing = "sha256:" + "0" * 64
@@ -122,3 +123,10 @@ def test_a_touch_through_cas_serve_needs_a_token_and_answers_what_it_has(cas_ser
     assert answer.json()["present"] == [have]
     assert root.path_of(have).stat().st_mtime > time.time() - 60
     assert not root.path_of(missing).exists()
+    # a PUT of a blob the server has (a client that does not ask first) restarts it there too
+    os.utime(root.path_of(have), (then, then))
+    put = httpx.put(
+        f"{cas_server.url}/v1/cas/blobs/{have}", content=data, headers={"Authorization": f"Bearer {cas_server.plain}"}
+    )
+    assert put.status_code == 201, put.text
+    assert root.path_of(have).stat().st_mtime > time.time() - 60
