@@ -6,7 +6,7 @@
 -- is older than this (ms) leaves the workers set  ARGV[6] absent: a gap since the last pass longer than this (ms)
 -- is the daemon's own absence  ARGV[7] settle (ms)  ARGV[8] escalation nonce (hex)
 -- ARGV[9] now by the daemon's clock (ms), which a token's expiry is set by  ARGV[10] the event cap
--- What counts: a worker counts in its pool unless it cannot come back: its token is gone (named in ARGV, or no
+-- What counts: a worker counts in its pool unless it cannot come back: its token is gone (revoked, expired, or no
 -- longer in KEYS[4]), it departed (drained, its alive key gone, no lease held) or the server stopped it (its
 -- provisioned record is `stopping` or `stopped`). A counted worker without an alive key is silent.
 -- A pool of at least ARGV[2] counted workers more than ARGV[3] of which are silent is disrupted. Its hold begins once
