@@ -15,7 +15,6 @@ import fcntl
 import functools
 import os
 import select
-import shutil
 import signal
 import socket
 import subprocess
@@ -304,7 +303,7 @@ def _spawn(req: ShimRequest, jd: JobDir, cg: JobCgroup | None) -> subprocess.Pop
 @functools.cache
 def setpriv_path() -> str | None:
     """util-linux's setpriv (2.33+, which has --pdeathsig), or None: then a `preexec_fn` sets the signal."""
-    path = shutil.which("setpriv")
+    path = _on_path("setpriv", os.environ.get("PATH", os.defpath))
     if path is None:
         return None
     probe = subprocess.run([path, "--pdeathsig", "KILL", "--", "/bin/true"], capture_output=True, check=False)
@@ -320,9 +319,19 @@ def _found(program: str, env: dict[str, str], cwd: Path) -> str:
             return program
         if where.exists():
             raise PermissionError(13, "Permission denied", program)
-    elif shutil.which(program, path=env.get("PATH", os.defpath)) is not None:
+    elif _on_path(program, env.get("PATH", os.defpath)) is not None:
         return program
     raise FileNotFoundError(2, "No such file or directory", program)
+
+
+def _on_path(name: str, path: str) -> str | None:
+    """`name`'s first executable file on `path`, as execvp searches it: `shutil.which` without `shutil`, whose
+    imports (bz2, lzma) every fork of the shim host would copy (test_worker_parts)."""
+    for d in path.split(os.pathsep):
+        found = os.path.join(d or ".", name)
+        if os.access(found, os.X_OK) and os.path.isfile(found):
+            return found
+    return None
 
 
 def _in_child(cg: JobCgroup | None, isolate: bool) -> Callable[[], None]:
