@@ -177,6 +177,9 @@ class ProxyRule(_Model):
     when: dict[str, str] = Field(description="Claims and the values they must have.")
     access: Literal["worker", "act"] = Field(description="What a caller this rule matches may do.")
     caller: Literal["human", "service"] = Field("human", description="How its writes are signed.")
+    role: Literal["viewer", "operator", "admin"] = Field(
+        "admin", description='An `act` caller\'s role (docs/security.md, "Roles"); a `worker` rule has none.'
+    )
 
 
 class NetworkConfig(_Model):

@@ -387,6 +387,10 @@ def main(argv: list[str]) -> int:
         (docs / "configuration.md").write_text(render())
         arch = docs / "architecture.md"
         arch.write_text(splice_state(arch.read_text()))
+        from piloop_common.roleref import splice_roles
+
+        security = docs / "security.md"
+        security.write_text(splice_roles(security.read_text()))
         return 0
     if argv == ["--state"]:
         print(render_state(), end="")

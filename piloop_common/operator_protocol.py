@@ -4,7 +4,7 @@ limits and tokens; and an agent's own submissions through its relay."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -124,11 +124,18 @@ class LimitView(Message):
     at_ms: int
 
 
+ROLES = ("viewer", "operator", "admin")  # piloop_server.auth.Role, lowest first
+TokenRole = Literal["viewer", "operator", "admin"]
+
+
 class TokenCreate(Message):
     name: str = Field(description="Checked by piloop_common.names.check_name, the one name rule.")
     pool: str | None = None
     expires_seconds: float | None = Field(None, gt=0)
     rename: bool = Field(False, description="The worker may choose its own name with --name.")
+    role: TokenRole | None = Field(
+        None, description="A person's or a program's token with this role; none: a worker's."
+    )
 
 
 class TokenView(Message):
@@ -139,6 +146,7 @@ class TokenView(Message):
     by: str
     revoked: bool = False
     rename: bool = False
+    role: TokenRole | None = None
 
 
 class TokenCreated(Message):

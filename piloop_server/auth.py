@@ -1,11 +1,13 @@
-"""Who is calling: a human on the unix socket, a worker with a token (or the socket's header), or a caller
-named by the proxy's claims on the proxy network (`network/proxy.py`)."""
+"""Who is calling and what they may do: a human on the unix socket (admin), a worker with a token (or the socket's
+header), a person or program with a role token, or a caller named by the proxy's claims on the proxy network
+(`network/proxy.py`). Every route's check is one of the `require_*` functions here."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, cast
 
 from fastapi import Request
@@ -27,16 +29,38 @@ SOCKET_SCOPE = "piloop.socket"
 CLAIM_HEADERS = ("authorization", WORKER_HEADER, RELAY_JOB_HEADER, RELAY_TOKEN_HEADER)
 
 
+class Role(StrEnum):
+    """What a person or program may do, each role all that the one below it may: viewer < operator < admin."""
+
+    VIEWER = "viewer"  # reads: status, lists, shows, logs, events
+    OPERATOR = "operator"  # also submits and cancels jobs, runs campaigns, acknowledges escalations
+    ADMIN = "admin"  # also sets limits, tokens and secrets
+
+    def reaches(self, need: Role) -> bool:
+        return ROLE_ORDER.index(self) >= ROLE_ORDER.index(need)
+
+
+ROLE_ORDER = (Role.VIEWER, Role.OPERATOR, Role.ADMIN)
+
+
 @dataclass(frozen=True)
 class Caller:
-    kind: str  # human | service | worker
+    kind: str  # human | service | token | worker
     name: str
     via_socket: bool
     token: Token | None = None
+    role: Role | None = None  # None for a worker, which has no role: only the worker routes take it
 
     @property
     def signed(self) -> str:
         return f"{self.kind}:{self.name}"
+
+    @property
+    def shown(self) -> str:
+        """The caller as a refusal names it: its token's name where it has one."""
+        if self.token is not None:
+            return f"token {self.token.name}"
+        return "the unix socket" if self.via_socket and self.kind != "worker" else f"{self.kind}:{self.name}"
 
 
 def identify(request: Request) -> Caller:
@@ -70,21 +94,29 @@ def _identify(rt: Runtime, scope: Mapping[str, Any], headers: Mapping[str, str],
         if worker is not None:  # present but empty is a bad name, not the human's call
             # the daemon's own `serve` worker comes this way: the reserved names are its
             return Caller("worker", _worker_name(worker, reserved_ok=True), True)
-        return Caller("human", rt.user, True)
+        return Caller("human", rt.user, True, role=Role.ADMIN)
     if "authorization" not in headers and (sid := ui_sessions.cookie(headers, ui_sessions.SESSION_COOKIE)):
         return session_caller(rt, sid) if read else None
     net = rt.settings.plugins.network
     if net.provider == "proxy":
         # the proxy in front authenticated the caller and stamped its claims: they are the only check
         who = identify_proxy(headers, net)
-        return Caller(who.kind, _worker_name(who.name) if who.kind == "worker" else who.name, False)
+        if who.kind == "worker":
+            return Caller("worker", _worker_name(who.name), False)
+        return Caller(who.kind, who.name, False, role=Role(who.role))
     auth = headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
     if scheme.lower() != "bearer" or not token:
-        raise Unauthorized("a piloop token is needed: `Authorization: Bearer plt_…` (PILOOP_HTTPS_TOKEN on a worker)")
+        raise Unauthorized(
+            "a piloop token is needed: `Authorization: Bearer plt_…` (PILOOP_TOKEN or --token-file for the CLI, "
+            "PILOOP_HTTPS_TOKEN on a worker)"
+        )
     rec = rt.tokens.check(token.strip()) if read else rt.tokens.known(token.strip())
     if rec is None:
         return None
+    if rec.role is not None:
+        # a role token is a person's or a program's, never a worker's: an x-piloop-worker it sends is ignored
+        return Caller("token", rec.name, False, rec, Role(rec.role))
     named = headers.get("x-piloop-worker")
     if named is not None and named != rec.name:
         if not rec.rename:
@@ -100,14 +132,16 @@ def session_caller(rt: Runtime, sid: str) -> Caller:
     if rec is None:
         raise Unauthorized("the page's session ended: log in again (`piloop ui` prints a link)")
     if not rec.token:
-        return Caller(rec.kind, rec.name, False)
+        return Caller(rec.kind, rec.name, False, role=Role.ADMIN)  # the socket's user, who asked `piloop ui`
     tok = rt.tokens.get(rec.token)
     if tok is None or tok.revoked or tok.hash != rec.token_hash:
         ui_sessions.end(rt, sid)
         raise Unauthorized(f"token {rec.token} was revoked: the page's session ended")
     if tok.expires_ms is not None and tok.expires_ms < time.time() * 1000:
         raise Unauthorized(f"token {rec.token} expired: the page's session ended")
-    return Caller(rec.kind, rec.name, False, tok)
+    if tok.role is None:  # a worker's token never logs in (the login refuses it); a record changed since is refused
+        raise Unauthorized(f"token {rec.token} is a worker's: the page's session ended")
+    return Caller("token", tok.name, False, tok, Role(tok.role))
 
 
 def _worker_name(name: str, *, reserved_ok: bool = False) -> str:
@@ -125,23 +159,20 @@ async def identify_async(request: Request) -> Caller:
     return caller if caller is not None else await run_in_threadpool(identify, request)
 
 
+WORKER_ROUTES = "workers can only register, heartbeat, claim, report, release and log"
+
+
 def require_worker(caller: Caller) -> Caller:
     if caller.kind != "worker":
-        raise Forbidden("this route is for workers")
+        role = f" ({caller.role} role)" if caller.role else ""
+        raise Forbidden(f"this route is for workers: {caller.shown}{role} is not a worker's")
     return caller
 
 
-def require_act(caller: Caller) -> Caller:
-    if caller.kind == "worker":
-        raise Forbidden("workers can only register, heartbeat, claim, report, release and log")
-    return caller
-
-
-def require_operator(caller: Caller, what: str) -> Caller:
-    """An operator: the socket's user, or an `act` caller of the proxy network (no viewer role yet)."""
-    if caller.kind == "worker":
-        raise Forbidden(
-            f"{what} needs an operator (the unix socket, or an `act` caller on the proxy network); "
-            "workers can only register, heartbeat, claim, report, release and log"
-        )
+def require_role(caller: Caller, need: Role, what: str) -> Caller:
+    """`caller` when its role reaches `need`, else Forbidden naming the role `what` needs and who asked."""
+    if caller.role is None:
+        raise Forbidden(f"{what} needs the {need} role; {caller.shown} is a worker's, and {WORKER_ROUTES}")
+    if not caller.role.reaches(need):
+        raise Forbidden(f"{what} needs the {need} role; {caller.shown} has the {caller.role} role")
     return caller

@@ -1,4 +1,5 @@
-"""Worker tokens: `plt_` + 32 random bytes, shown once, kept as a SHA-256 hash.
+"""Tokens: `plt_` + 32 random bytes, shown once, kept as a SHA-256 hash. A worker's names a worker (and may bind
+it to a pool); a role token (`role`: viewer, operator or admin) is a person's or a program's, and never a worker's.
 
 A token the server verified is trusted for `cache_seconds` without reading Redis again (a heartbeat then costs no
 token read). So a token revoked by another server (or by hand in Redis) is refused within `cache_seconds`; one
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from piloop_common.errors import Conflict, NotFound, Refused
+from piloop_common.errors import BadRequest, Conflict, NotFound, Refused
 from piloop_common.names import check_name, problem
 from piloop_server.state import names as stored_names
 from piloop_server.state import tokens as state
@@ -51,10 +52,19 @@ class TokenStore:
         self._forgotten = 0  # bumped by each revoke here: a read begun before one caches nothing
 
     def create(
-        self, name: str, *, by: str, pool: str | None = None, expires_seconds: float | None = None, rename: bool = False
+        self,
+        name: str,
+        *,
+        by: str,
+        pool: str | None = None,
+        expires_seconds: float | None = None,
+        rename: bool = False,
+        role: str | None = None,
     ) -> str:
         """Make a token and return it: the only time anyone sees it."""
         check_name("token", name)
+        if role is not None and (pool is not None or rename):
+            raise BadRequest(f"token {name}: --role makes a person's token; --pool and --rename are for workers'")
         token = PREFIX + secrets.token_urlsafe(32)
         now = int(time.time() * 1000)
         rec = Token(
@@ -66,6 +76,7 @@ class TokenStore:
             now + int(expires_seconds * 1000) if expires_seconds else None,
             False,
             rename,
+            role,
         )
         old = state.create(self.r, self.k, rec)
         if old is not None and not old.revoked:
@@ -155,21 +166,23 @@ def check_stored_names(client: Client, keys: Keys) -> None:
 
 
 def open_verifier(settings: Any, home: Path) -> Callable[[str], bool]:
-    """For `piloop cas serve`: accepts a bearer token when it is a live piloop token."""
+    """For `piloop cas serve`: accepts a bearer token when `open_namer` names it."""
     name_of = open_namer(settings, home)
     return lambda token: name_of(token) is not None
 
 
 def open_namer(settings: Any, home: Path) -> Callable[[str], str | None]:
-    """For `piloop cas serve`: the name of a live piloop token, None for anything else."""
+    """For `piloop cas serve`: the name of a live worker, operator or admin token, None for anything else."""
     from piloop_server.state.connection import connect
 
     store = TokenStore(connect(settings, home, start_embedded=False), Keys(settings.namespace))
 
     def name_of(token: str) -> str | None:
         try:
-            return store.check(token).name
+            rec = store.check(token)
         except Refused:
             return None
+        # the CAS takes writes: a viewer, who may only read, is refused it
+        return None if rec.role == "viewer" else rec.name
 
     return name_of

@@ -12,6 +12,7 @@ from piloop_common.cli.output import emit_json, table, when
 from piloop_common.client import part
 from piloop_common.duration import parse_duration
 from piloop_common.names import check_name
+from piloop_common.operator_protocol import ROLES
 
 
 @click.group()
@@ -69,24 +70,32 @@ def limits_list(obj, as_json: bool) -> None:
 
 @click.group()
 def token() -> None:
-    """Worker tokens: each is shown once; piloop keeps only its hash."""
+    """Tokens, a worker's or a role's: each is shown once; piloop keeps only its hash."""
 
 
 @token.command("create")
 @click.argument("name")
-@click.option("--pool", help="Bind the token to this pool.")
+@click.option(
+    "--role",
+    type=click.Choice(ROLES),
+    help="A person's or a program's token: viewer reads, operator also submits and cancels, admin also sets "
+    "limits, tokens and secrets. Without it: a worker's token.",
+)
+@click.option("--pool", help="Bind the worker's token to this pool.")
 @click.option("--expires", metavar="DURATION", help="Like 30d or 12h; default never.")
 @click.option("--rename", is_flag=True, help="Let the worker choose its own name with --name.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def token_create(obj, name: str, pool: str | None, expires: str | None, rename: bool, as_json: bool) -> None:
+def token_create(
+    obj, name: str, role: str | None, pool: str | None, expires: str | None, rename: bool, as_json: bool
+) -> None:
     check_name("token", name)  # before the call: the server says the same, but a typo needs no daemon
-    body = {
-        "name": name,
-        "pool": pool,
-        "rename": rename,
-        "expires_seconds": parse_duration(expires, "--expires") if expires else None,
-    }
+    if role and (pool or rename):
+        raise click.UsageError("--role makes a person's token: --pool and --rename are for a worker's")
+    expires_seconds = parse_duration(expires, "--expires") if expires else None
+    if expires_seconds is not None and expires_seconds <= 0:
+        raise click.UsageError(f"--expires {expires}: give a duration over 0, like 30d")
+    body = {"name": name, "pool": pool, "rename": rename, "expires_seconds": expires_seconds, "role": role}
     with obj.api() as api:
         got = api.call("POST", "/v1/tokens", body)
     if as_json:
@@ -115,11 +124,12 @@ def token_list(obj, as_json: bool) -> None:
 
     click.echo(
         table(
-            ["name", "pool", "state", "created", "expires", "by"],
+            ["name", "kind", "pool", "state", "created", "expires", "by"],
             [
                 [
                     r["name"],
-                    r["pool"] or "any",
+                    r.get("role") or "worker",
+                    r["pool"] or ("any" if not r.get("role") else "-"),
                     state(r),
                     when(r["created_ms"]),
                     when(r["expires_ms"]) if r["expires_ms"] else "never",
@@ -137,7 +147,7 @@ def token_list(obj, as_json: bool) -> None:
 def token_revoke(obj, name: str) -> None:
     with obj.api() as api:
         api.call("DELETE", f"/v1/tokens/{part(name)}")
-    click.echo(f"token {name}: revoked; a worker using it is refused at its next call")
+    click.echo(f"token {name}: revoked; whoever uses it is refused at their next call")
 
 
 @token.command("purge")

@@ -12,7 +12,7 @@ from piloop_common import __version__
 from piloop_common.errors import BadRequest, NotFound
 from piloop_common.operator_protocol import LimitRequest, LimitView, TokenCreate, TokenCreated, TokenView, WorkerView
 from piloop_server import campaign_admin, cas_gc, workers
-from piloop_server.api.deps import ActorDep, RuntimeDep
+from piloop_server.api.deps import AdminDep, OperatorDep, RuntimeDep, ViewerDep
 from piloop_server.provisioner.manager import summary as provisioned_pools
 
 router = APIRouter(prefix="/v1", tags=["admin"])
@@ -25,12 +25,12 @@ async def health(request: Request) -> dict:
 
 
 @router.get("/workers", response_model=list[WorkerView])
-def worker_list(rt: RuntimeDep, caller: ActorDep) -> list[WorkerView]:
+def worker_list(rt: RuntimeDep, caller: ViewerDep) -> list[WorkerView]:
     return workers.views(rt)
 
 
 @router.get("/status")
-def status(request: Request, rt: RuntimeDep, caller: ActorDep) -> dict:
+def status(request: Request, rt: RuntimeDep, caller: ViewerDep) -> dict:
     ws = workers.views(rt)
     info = request.app.state.daemon_info
     return {
@@ -55,12 +55,12 @@ def status(request: Request, rt: RuntimeDep, caller: ActorDep) -> dict:
 
 
 @router.get("/limits", response_model=list[LimitView])
-def limits_list(rt: RuntimeDep, caller: ActorDep) -> list[LimitView]:
+def limits_list(rt: RuntimeDep, caller: ViewerDep) -> list[LimitView]:
     return rt.limits.views()
 
 
 @router.post("/limits", response_model=LimitView)
-def limits_set(body: LimitRequest, rt: RuntimeDep, caller: ActorDep) -> LimitView:
+def limits_set(body: LimitRequest, rt: RuntimeDep, caller: AdminDep) -> LimitView:
     value = rt.limits.set(rt.settings.plugins.executor, body.key, body.value, body.reason, caller.signed)
     rt.refresh_limits()  # at once, not only at the next pass
     rt.events.add("limit.set", caller.signed, key=body.key, value=value, reason=body.reason)
@@ -68,7 +68,7 @@ def limits_set(body: LimitRequest, rt: RuntimeDep, caller: ActorDep) -> LimitVie
 
 
 @router.delete("/limits/{key}")
-def limits_unset(key: str, rt: RuntimeDep, caller: ActorDep) -> dict:
+def limits_unset(key: str, rt: RuntimeDep, caller: AdminDep) -> dict:
     rt.limits.unset(key)
     rt.refresh_limits()
     rt.events.add("limit.unset", caller.signed, key=key)
@@ -76,18 +76,23 @@ def limits_unset(key: str, rt: RuntimeDep, caller: ActorDep) -> dict:
 
 
 @router.post("/tokens", response_model=TokenCreated)
-def token_create(body: TokenCreate, rt: RuntimeDep, caller: ActorDep) -> TokenCreated:
+def token_create(body: TokenCreate, rt: RuntimeDep, caller: AdminDep) -> TokenCreated:
     if body.pool is not None and body.pool not in rt.executor.pools:
         raise BadRequest(f"--pool {body.pool}: no such pool (pools: {', '.join(sorted(rt.executor.pools))})")
     token = rt.tokens.create(
-        body.name, by=caller.signed, pool=body.pool, expires_seconds=body.expires_seconds, rename=body.rename
+        body.name,
+        by=caller.signed,
+        pool=body.pool,
+        expires_seconds=body.expires_seconds,
+        rename=body.rename,
+        role=body.role,
     )
-    rt.events.add("token.created", caller.signed, name=body.name, pool=body.pool or "")
+    rt.events.add("token.created", caller.signed, name=body.name, pool=body.pool or "", role=body.role or "worker")
     return TokenCreated(name=body.name, token=token)
 
 
 @router.get("/tokens", response_model=list[TokenView])
-def token_list(rt: RuntimeDep, caller: ActorDep) -> list[TokenView]:
+def token_list(rt: RuntimeDep, caller: AdminDep) -> list[TokenView]:
     return [
         TokenView(
             name=t.name,
@@ -97,13 +102,14 @@ def token_list(rt: RuntimeDep, caller: ActorDep) -> list[TokenView]:
             by=t.by,
             revoked=t.revoked,
             rename=t.rename,
+            role=t.role,  # type: ignore[arg-type]  # the record holds what TokenCreate allowed
         )
         for t in rt.tokens.list()
     ]
 
 
 @router.post("/tokens/purge")
-def token_purge(rt: RuntimeDep, caller: ActorDep) -> dict:
+def token_purge(rt: RuntimeDep, caller: AdminDep) -> dict:
     gone = [t.name for t in rt.tokens.purge()]
     if gone:
         rt.events.add("token.purged", caller.signed, names=",".join(gone))
@@ -111,7 +117,7 @@ def token_purge(rt: RuntimeDep, caller: ActorDep) -> dict:
 
 
 @router.delete("/tokens/{name}")
-def token_revoke(name: str, rt: RuntimeDep, caller: ActorDep) -> dict:
+def token_revoke(name: str, rt: RuntimeDep, caller: AdminDep) -> dict:
     rt.tokens.revoke(name)
     rt.events.add("token.revoked", caller.signed, name=name)
     return {"name": name}
@@ -132,7 +138,7 @@ def _cursor(after: str) -> str:
 @router.get("/events")
 def events(
     rt: RuntimeDep,
-    caller: ActorDep,
+    caller: ViewerDep,
     after: str = "0",
     count: Annotated[int, Query(ge=1, le=MOST_EVENTS)] = 100,
     block_ms: Annotated[int, Query(ge=0, le=30_000)] = 0,
@@ -144,12 +150,12 @@ def events(
 
 
 @router.get("/inbox")
-def inbox(rt: RuntimeDep, caller: ActorDep, all: bool = False) -> list[dict]:
+def inbox(rt: RuntimeDep, caller: ViewerDep, all: bool = False) -> list[dict]:
     return rt.events.inbox(include_acked=all)
 
 
 @router.post("/inbox/{eid}/ack")
-def inbox_ack(eid: str, rt: RuntimeDep, caller: ActorDep) -> dict:
+def inbox_ack(eid: str, rt: RuntimeDep, caller: OperatorDep) -> dict:
     if not rt.events.ack(eid, caller.signed):
         raise NotFound(f"no escalation {eid} (see `piloop inbox`)")
     return {"id": eid}

@@ -16,13 +16,13 @@ from fastapi.responses import StreamingResponse
 from piloop_common.cas.address import parse_address
 from piloop_common.errors import BadRequest, Corrupt
 from piloop_server.api.cas import _Body, _relay
-from piloop_server.api.deps import ActorDep, RuntimeDep
+from piloop_server.api.deps import OperatorDep, RuntimeDep, ViewerDep
 
 router = APIRouter(prefix="/v1/cas", tags=["cas"])
 
 
 @router.get("/blobs/{address}")
-def get_blob(address: str, rt: RuntimeDep, caller: ActorDep, request: Request) -> StreamingResponse:
+def get_blob(address: str, rt: RuntimeDep, caller: ViewerDep, request: Request) -> StreamingResponse:
     opened = rt.store.open(parse_address(address))
     blob = opened.__enter__()  # BlobMissing here, before the response starts
     sent = request.app.state.metrics.cas_bytes.labels("read")
@@ -40,7 +40,7 @@ def _counted(chunks: Iterator[bytes], add: Callable[[int], None]) -> Iterator[by
 
 
 @router.put("/blobs/{address}", status_code=201)
-async def put_blob(address: str, request: Request, rt: RuntimeDep, caller: ActorDep) -> dict[str, str]:
+async def put_blob(address: str, request: Request, rt: RuntimeDep, caller: OperatorDep) -> dict[str, str]:
     address = parse_address(address)
     body = _Body(request.stream())
     try:

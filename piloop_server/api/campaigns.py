@@ -9,7 +9,7 @@ from piloop_common.errors import BadRequest, Refused
 from piloop_common.protocol import PROTOCOL
 from piloop_server import campaign_admin, campaign_repo
 from piloop_server.api import wakeup
-from piloop_server.api.deps import ActorDep, RuntimeDep, WorkerDep
+from piloop_server.api.deps import OperatorDep, RuntimeDep, ViewerDep, WorkerDep
 from piloop_server.api.relay import relay_state
 from piloop_server.state.relay import Caller as RelayCaller
 
@@ -18,34 +18,34 @@ worker_router = APIRouter(prefix="/v1/worker", tags=["worker"])
 
 
 @router.post("", response_model=CampaignView)
-def create(body: CampaignCreate, rt: RuntimeDep, caller: ActorDep, request: Request) -> CampaignView:
+def create(body: CampaignCreate, rt: RuntimeDep, caller: OperatorDep, request: Request) -> CampaignView:
     out = campaign_admin.create(rt, body, caller.signed)
     wakeup.notify(request.app)
     return out
 
 
 @router.get("", response_model=list[CampaignView])
-def listing(rt: RuntimeDep, caller: ActorDep) -> list[CampaignView]:
+def listing(rt: RuntimeDep, caller: ViewerDep) -> list[CampaignView]:
     return [campaign_admin.view(rt, n, runs=False) for n in campaign_admin.names(rt)]
 
 
 @router.get("/{name}", response_model=CampaignView)
-def show(name: str, rt: RuntimeDep, caller: ActorDep) -> CampaignView:
+def show(name: str, rt: RuntimeDep, caller: ViewerDep) -> CampaignView:
     return campaign_admin.view(rt, name)
 
 
 @router.post("/{name}/pause", response_model=CampaignView)
-def pause(name: str, rt: RuntimeDep, caller: ActorDep) -> CampaignView:
+def pause(name: str, rt: RuntimeDep, caller: OperatorDep) -> CampaignView:
     return campaign_admin.set_state(rt, name, "paused", caller.signed)
 
 
 @router.post("/{name}/resume", response_model=CampaignView)
-def resume(name: str, rt: RuntimeDep, caller: ActorDep) -> CampaignView:
+def resume(name: str, rt: RuntimeDep, caller: OperatorDep) -> CampaignView:
     return campaign_admin.set_state(rt, name, "active", caller.signed)
 
 
 @router.delete("/{name}")
-def remove(name: str, rt: RuntimeDep, caller: ActorDep, force: bool = False) -> dict:
+def remove(name: str, rt: RuntimeDep, caller: OperatorDep, force: bool = False) -> dict:
     return {"cancelled": campaign_admin.remove(rt, name, caller.signed, force)}
 
 

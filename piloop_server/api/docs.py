@@ -8,17 +8,17 @@ from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 
-from piloop_server.api.deps import OperatorDep
+from piloop_server.api.deps import ViewerDep
 
 router = APIRouter(include_in_schema=False)
 
 
 @router.get("/openapi.json")
-async def openapi(request: Request, caller: OperatorDep) -> dict[str, Any]:
+async def openapi(request: Request, caller: ViewerDep) -> dict[str, Any]:
     schema: dict[str, Any] = request.app.openapi()
     return schema
 
 
 @router.get("/docs", response_class=HTMLResponse)
-async def docs(request: Request, caller: OperatorDep) -> HTMLResponse:
+async def docs(request: Request, caller: ViewerDep) -> HTMLResponse:
     return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{request.app.title} API")

@@ -12,14 +12,14 @@ from fastapi.responses import StreamingResponse
 from piloop_common.cas.base import Blob
 from piloop_common.errors import NotFound
 from piloop_server import jobs
-from piloop_server.api.deps import ActorDep, RuntimeDep
+from piloop_server.api.deps import RuntimeDep, ViewerDep
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 ADDRESS_HEADER = "x-piloop-address"
 
 
 @router.get("/{job_id}/log/{n}")
-def log_chunk(job_id: str, n: int, rt: RuntimeDep, caller: ActorDep) -> StreamingResponse:
+def log_chunk(job_id: str, n: int, rt: RuntimeDep, caller: ViewerDep) -> StreamingResponse:
     """Chunk `n` (from 0) of the job's log, as stored; its address in `x-piloop-address`."""
     chunks = jobs.view(rt, job_id).log
     if not 0 <= n < len(chunks):

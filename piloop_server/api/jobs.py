@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from piloop_common.operator_protocol import JobView, SubmitRequest, SubmitResponse
 from piloop_server import jobs
 from piloop_server.api import wakeup
-from piloop_server.api.deps import ActorDep, RuntimeDep
+from piloop_server.api.deps import OperatorDep, RuntimeDep, ViewerDep
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -17,7 +17,7 @@ MOST_LISTED = 5000
 
 
 @router.post("", response_model=SubmitResponse)
-def submit(body: SubmitRequest, rt: RuntimeDep, caller: ActorDep, request: Request) -> SubmitResponse:
+def submit(body: SubmitRequest, rt: RuntimeDep, caller: OperatorDep, request: Request) -> SubmitResponse:
     job = jobs.submit(rt, body, caller.signed)
     wakeup.notify(request.app)
     return SubmitResponse(job=job)
@@ -26,7 +26,7 @@ def submit(body: SubmitRequest, rt: RuntimeDep, caller: ActorDep, request: Reque
 @router.get("", response_model=list[JobView])
 def listing(
     rt: RuntimeDep,
-    caller: ActorDep,
+    caller: ViewerDep,
     state: str | None = None,
     pool: str | None = None,
     limit: Annotated[int, Query(ge=1, le=MOST_LISTED)] = 200,
@@ -35,12 +35,12 @@ def listing(
 
 
 @router.get("/{job_id}", response_model=JobView)
-def show(job_id: str, rt: RuntimeDep, caller: ActorDep) -> JobView:
+def show(job_id: str, rt: RuntimeDep, caller: ViewerDep) -> JobView:
     v = jobs.view(rt, job_id)
     v.waiting = jobs.waiting(rt, v)  # here only: it reads every worker, which a listing of jobs would do per job
     return v
 
 
 @router.post("/{job_id}/cancel")
-def cancel(job_id: str, rt: RuntimeDep, caller: ActorDep) -> dict:
+def cancel(job_id: str, rt: RuntimeDep, caller: OperatorDep) -> dict:
     return {"state": rt.leases.cancel(jobs.check_id(job_id), caller.signed)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from piloop_server.api.deps import ActorDep, RuntimeDep
+from piloop_server.api.deps import AdminDep, RuntimeDep
 
 router = APIRouter(prefix="/v1/secrets", tags=["secrets"])
 
@@ -25,7 +25,7 @@ class SecretView(BaseModel):
 
 
 @router.get("", response_model=list[SecretView])
-def secret_list(rt: RuntimeDep, caller: ActorDep) -> list[SecretView]:
+def secret_list(rt: RuntimeDep, caller: AdminDep) -> list[SecretView]:
     return [SecretView(**r) for r in rt.secrets.list()]
 
 
@@ -36,21 +36,21 @@ class Rotated(BaseModel):
 
 
 @router.post("/rotate-key", response_model=Rotated)
-def secret_rotate_key(rt: RuntimeDep, caller: ActorDep) -> Rotated:
+def secret_rotate_key(rt: RuntimeDep, caller: AdminDep) -> Rotated:
     done = rt.secrets.rotate_key()
     rt.events.add("secret.key_rotated", caller.signed, key_id=done.key_id, resealed=done.resealed, left=done.left)
     return Rotated(resealed=done.resealed, left=done.left, key_id=done.key_id)
 
 
 @router.put("/{name}")
-def secret_set(name: str, body: SecretSet, rt: RuntimeDep, caller: ActorDep) -> dict:
+def secret_set(name: str, body: SecretSet, rt: RuntimeDep, caller: AdminDep) -> dict:
     info, replaced = rt.secrets.set(name, body.value, caller.signed)
     rt.events.add("secret.set", caller.signed, name=name, replaced=replaced)
     return {"name": info.name, "replaced": replaced, "updated_ms": info.updated_ms, "by": info.by}
 
 
 @router.delete("/{name}")
-def secret_remove(name: str, rt: RuntimeDep, caller: ActorDep) -> dict:
+def secret_remove(name: str, rt: RuntimeDep, caller: AdminDep) -> dict:
     rt.secrets.remove(name)
     rt.events.add("secret.removed", caller.signed, name=name)
     return {"name": name}

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from piloop_common.errors import Forbidden
-from piloop_server.api.deps import ActorDep, RuntimeDep
+from piloop_server.api.deps import AdminDep, RuntimeDep
 from piloop_server.ui import sessions
 from piloop_server.ui.link import base_url
 
@@ -15,7 +15,7 @@ router = APIRouter(prefix="/v1/ui", tags=["ui"])
 
 
 @router.post("/link")
-def link(request: Request, rt: RuntimeDep, caller: ActorDep) -> dict[str, Any]:
+def link(request: Request, rt: RuntimeDep, caller: AdminDep) -> dict[str, Any]:
     """A one-time link that logs a browser in as the socket's user, good once within `expires_seconds`."""
     if not caller.via_socket:
         raise Forbidden("a login link is made over the unix socket (`piloop ui` on the server's machine)")

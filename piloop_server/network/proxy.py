@@ -25,6 +25,7 @@ class ProxyIdentity:
     kind: str  # worker | human | service
     name: str
     rule: int  # the index of the rule that matched, for logs and errors
+    role: str = ""  # an `act` rule's role (auth.Role); none for a worker
 
 
 def read_claims(headers: Mapping[str, str], net: NetworkConfig) -> dict[str, str]:
@@ -72,4 +73,4 @@ def identify_proxy(headers: Mapping[str, str], net: NetworkConfig) -> ProxyIdent
             f"rule {i + 1} matched, but none of name_claims ({', '.join(net.name_claims) or 'none set'}) "
             "has a value to name this caller"
         )
-    return ProxyIdentity(rule.caller, name, i)
+    return ProxyIdentity(rule.caller, name, i, rule.role)

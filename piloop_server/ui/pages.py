@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from piloop_common.errors import BadRequest, PiloopError, Unauthorized
-from piloop_server.auth import Caller, identify, require_act
+from piloop_server.auth import Caller, Role, identify, require_role
 from piloop_server.state.records.uisession import UiSession
 from piloop_server.ui import sessions
 
@@ -78,7 +78,7 @@ async def login_token(request: Request) -> Response:
     # the token is identified exactly as a bearer call's: whatever roles auth.py knows apply to the session
     scope = {**request.scope, "headers": [(b"authorization", f"Bearer {token}".encode("latin-1"))]}
     try:
-        caller: Caller = require_act(await _identify_in_thread(Request(scope)))
+        caller: Caller = require_role(await _identify_in_thread(Request(scope)), Role.VIEWER, "the page's login")
     except BadRequest as e:
         return _login_page(e.message, 400)
     except PiloopError as e:
@@ -113,7 +113,7 @@ def logout(request: Request) -> Response:
 def page(request: Request, view: str = "", name: str = "") -> Response:
     """The shell of a view, for a caller the API would answer; else to the login page."""
     try:
-        require_act(identify(request))
+        require_role(identify(request), Role.VIEWER, "the page")
     except Unauthorized:
         return RedirectResponse("/ui/login", 303, headers=NO_STORE)
     except PiloopError as e:

@@ -105,6 +105,31 @@ def test_every_route_refuses_workers_unless_it_is_theirs_and_everyone_without_a_
     assert d.token not in d.daemon_log()
 
 
+def test_every_route_takes_a_role_token_whose_role_reaches_its_own_and_no_worker_route(server, tmp_path):
+    from piloop_common.roleref import PUBLIC, table
+
+    d = server
+    roles = ["viewer", "operator", "admin"]
+    tokens = {r: d.cli("token", "create", f"r-{r}", "--role", r, check=True).stdout.strip() for r in roles}
+    needs = table()
+    assert {(m, p) for m, p in app_routes(tmp_path)} == set(needs)
+    for (method, path), need in needs.items():
+        if need == PUBLIC:
+            continue
+        for have, token in tokens.items():
+            got = _call(d, method, path, {"authorization": f"Bearer {token}"})
+            if need == "worker":
+                assert got.status_code == 403, (method, path, have, got.text)
+                assert f"token r-{have} ({have} role) is not a worker's" in got.json()["message"]
+            elif roles.index(have) >= roles.index(need):
+                assert got.status_code not in (401, 403), (method, path, have, got.text)
+            else:
+                assert got.status_code == 403, (method, path, have, got.text)
+                want = f"needs the {need} role; token r-{have} has the {have} role"
+                assert want in got.json()["message"], (method, path, got.text)
+    assert not any(t in d.daemon_log() for t in tokens.values())
+
+
 def test_bodies_over_the_limit_are_refused_declared_or_chunked(server):
     d = server
     big = b"x" * (1024 * 1024 + 1)

@@ -17,6 +17,7 @@ class Token:
     expires_ms: int | None = None
     revoked: bool = False
     rename: bool = False  # the worker may name itself (x-piloop-worker)
+    role: str | None = None  # viewer | operator | admin (auth.Role): a person's or a program's; None: a worker's
 
     def to_redis(self) -> str:
         return json.dumps(asdict(self))
