@@ -1,4 +1,4 @@
-"""The API client: the unix socket for local callers, HTTPS (or loopback HTTP) for workers."""
+"""The API client: the unix socket for local callers, HTTPS (or loopback HTTP) for workers and remote callers."""
 
 from __future__ import annotations
 
@@ -23,14 +23,53 @@ SOCKET_NAME = "piloop.sock"
 # sending a response", seen when both kept 5 s)
 SERVER_KEEPALIVE_SECONDS = 30.0
 KEEPALIVE_SECONDS = 25.0
-SERVER_ENV = "PILOOP_SERVER"  # a remote API for the CLI's `attach` and the Python client
-TOKEN_ENV = "PILOOP_HTTPS_TOKEN"
+SERVER_ENV = "PILOOP_SERVER"  # a remote API for the CLI and the Python client
+TOKEN_ENV = "PILOOP_TOKEN"  # their token (a role's)
+WORKER_TOKEN_ENV = "PILOOP_HTTPS_TOKEN"  # a worker's token; the CLI's too when PILOOP_TOKEN is unset
+CA_ENV = "PILOOP_CA"  # the CA that signed the server's certificate, for the CLI and the Python client
+UNTRUSTED_HINT = "set SSL_CERT_FILE to the CA that signed it"
+REMOTE_UNTRUSTED_HINT = "give --ca (or PILOOP_CA) the PEM of the CA that signed it"
 
 
-def ssl_context() -> ssl.SSLContext:
-    """The system's trust store, or `SSL_CERT_FILE` for a certificate the system does not trust."""
-    cafile = os.environ.get("SSL_CERT_FILE")
-    return ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
+def ssl_context(ca: str | Path | None = None) -> ssl.SSLContext:
+    """The CA `ca` names, else `SSL_CERT_FILE`, else the system's trust store."""
+    cafile = str(ca) if ca else os.environ.get("SSL_CERT_FILE")
+    if ca and not Path(ca).is_file():
+        raise ConfigError(f"--ca {ca}: no such file (give the PEM of the CA that signed the server's certificate)")
+    try:
+        return ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
+    except ssl.SSLError as e:
+        raise ConfigError(f"{cafile}: not a CA certificate in PEM ({e.reason or e})") from e
+
+
+def check_remote_url(url: str) -> str:
+    """`url` without a trailing slash when the CLI or a program may send a token to it: https, or plain http to a
+    loopback address only (an SSH tunnel); else ConfigError saying what to do."""
+    from piloop_common.listen import is_loopback
+
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"server {url}: give the server's URL, like https://piloop.example.com:8443")
+    if scheme == "http" and not is_loopback(parts.hostname):
+        raise ConfigError(
+            f"server {url}: plain http to {parts.hostname} would send the token in the clear; use https:// (the "
+            "server's [plugins.network] tls, with --ca or PILOOP_CA for a private CA), or an SSH tunnel to "
+            "http://127.0.0.1:PORT"
+        )
+    return url.rstrip("/")
+
+
+def read_token_file(path: str | Path) -> str:
+    """The token on the first line of `path`, or ConfigError naming the file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"--token-file {path}: {e.strerror or e}") from e
+    token = text.strip().splitlines()[0].strip() if text.strip() else ""
+    if not token:
+        raise ConfigError(f"--token-file {path}: the file is empty")
+    return token
 
 
 def _untrusted(e: BaseException) -> str:
@@ -62,6 +101,7 @@ class ApiClient:
         token: str | None = None,
         worker: str | None = None,
         timeout: float = 10.0,
+        ca: str | Path | None = None,
     ) -> None:
         if (url is None) == (socket is None):
             raise ValueError("give the server's url or its socket")
@@ -78,7 +118,8 @@ class ApiClient:
         self.socket = socket
         self.url = url
         # plain http never uses a trust store: loading one costs ~60 ms of CPU for each client made
-        self._ssl = ssl_context() if (url or "").lower().startswith("https:") else None
+        self._ssl = ssl_context(ca) if (url or "").lower().startswith("https:") else None
+        self.untrusted_hint = UNTRUSTED_HINT  # what to do about a certificate that fails: the worker's way
         self.where = f"the daemon's socket {socket}" if socket is not None else url or ""
 
     @functools.cached_property
@@ -125,12 +166,33 @@ class ApiClient:
         self.close()
 
     @classmethod
+    def remote(
+        cls,
+        url: str,
+        *,
+        token: str | None = None,
+        token_file: str | Path | None = None,
+        ca: str | Path | None = None,
+        **kw: Any,
+    ) -> ApiClient:
+        """A client of the server at `url` (https, or http on a loopback address), as a person or a program: its
+        token is `token`, else `token_file`'s first line, else `PILOOP_TOKEN`, else `PILOOP_HTTPS_TOKEN`; the
+        server's CA is `ca`, else `PILOOP_CA`, else `SSL_CERT_FILE` or the system's."""
+        url = check_remote_url(url)
+        if token is None and token_file is not None:
+            token = read_token_file(token_file)
+        token = token or os.environ.get(TOKEN_ENV) or os.environ.get(WORKER_TOKEN_ENV) or None
+        client = cls(url=url, token=token, ca=ca or os.environ.get(CA_ENV) or None, **kw)
+        client.untrusted_hint = REMOTE_UNTRUSTED_HINT
+        return client
+
+    @classmethod
     def from_env(cls, home: Path | None = None, **kw: Any) -> ApiClient:
-        """`PILOOP_SERVER` (a URL, with `PILOOP_HTTPS_TOKEN` as its bearer token when set), else the local
-        daemon's socket under `home` (default `PILOOP_HOME`, else ~/.piloop)."""
+        """`PILOOP_SERVER` (a URL: see `remote`), else the local daemon's socket under `home` (default
+        `PILOOP_HOME`, else ~/.piloop)."""
         url = os.environ.get(SERVER_ENV)
         if url:
-            return cls(url=url.rstrip("/"), token=os.environ.get(TOKEN_ENV) or None, **kw)
+            return cls.remote(url, **kw)
         if home is None:
             home = Path(os.environ.get("PILOOP_HOME") or Path.home() / ".piloop").expanduser().absolute()
         return cls.local(home, **kw)
@@ -238,7 +300,7 @@ class ApiClient:
         if untrusted:
             return Unavailable(
                 f"{self.where}: the server's certificate is not trusted ({untrusted}); for a "
-                "certificate your system does not trust, set SSL_CERT_FILE to the CA that signed it",
+                f"certificate your system does not trust, {self.untrusted_hint}",
                 tls="untrusted",
             )
         cause = _os_error(e) or e

@@ -55,7 +55,10 @@ FOOTER = """\
 | variable | what |
 | - | - |
 | `PILOOP_HOME` | piloop's home (default `~/.piloop`): `config.toml`, the socket `piloop.sock`, `logs/`, `spool/`, `work/`, the local CAS. Also `piloop --home`. |
-| `PILOOP_HTTPS_TOKEN` | A worker's token (`plt_…`), unless `piloop worker --token-file` names a file; also the default `token` of an `http` CAS. |
+| `PILOOP_HTTPS_TOKEN` | A worker's token (`plt_…`), unless `piloop worker --token-file` names a file; also the default `token` of an `http` CAS, and the CLI's token when `PILOOP_TOKEN` is unset. |
+| `PILOOP_SERVER` | The server every CLI command and `Client.from_env()` call instead of the local socket (`piloop --server`): `https://…`, or `http://` on a loopback address only. |
+| `PILOOP_TOKEN` | The CLI's and the Python client's token with `PILOOP_SERVER`, a role token (`piloop token create NAME --role …`), unless `piloop --token-file` names a file. |
+| `PILOOP_CA` | The PEM of the CA that signed the server's certificate, for the CLI and the Python client (`piloop --ca`); else `SSL_CERT_FILE`, else the system's. |
 | `PILOOP_IMAGE` | A worker's image (`piloop worker --image`): jobs submitted with another `--image` are given back. |
 | `SSL_CERT_FILE` | A CA bundle for a server certificate that the system does not trust. |
 | `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_DEFAULT_REGION`, `AWS_PROFILE` | boto3's credential chain for an `s3` CAS without `access_key_id`. |

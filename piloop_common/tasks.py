@@ -2,7 +2,7 @@
 
     from piloop_common.tasks import Client, task
 
-    client = Client.from_env()           # PILOOP_SERVER (+ PILOOP_HTTPS_TOKEN), else $PILOOP_HOME's socket
+    client = Client.from_env()           # PILOOP_SERVER (+ PILOOP_TOKEN, PILOOP_CA), else $PILOOP_HOME's socket
     job = client.submit(argv=["make", "eval"], pool="serve")
     view = client.wait(job, timeout=600)   # the JobView once it has ended
 
@@ -20,6 +20,7 @@ process forked from its warm interpreter (`piloop_worker.tasks`), and writes `re
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from piloop_common.cas.address import hash_bytes
-from piloop_common.client import ApiClient, part
+from piloop_common.client import SERVER_ENV, ApiClient, part
 from piloop_common.errors import BadRequest, Corrupt, TaskFailed, WaitTimeout
 from piloop_common.operator_protocol import JobView
 from piloop_common.protocol import TERMINAL_STATES
@@ -44,9 +45,24 @@ class Client:
         self.api = api
 
     @classmethod
-    def from_env(cls, home: Path | None = None, timeout: float = 30.0) -> Client:
-        """`PILOOP_SERVER` (a URL; `PILOOP_HTTPS_TOKEN` its bearer token, where its network takes one), else the
-        local daemon's socket under `home`, `PILOOP_HOME` or ~/.piloop."""
+    def from_env(
+        cls,
+        home: Path | None = None,
+        timeout: float = 30.0,
+        *,
+        server: str | None = None,
+        token: str | None = None,
+        token_file: str | Path | None = None,
+        ca: str | Path | None = None,
+    ) -> Client:
+        """`server`, else `PILOOP_SERVER` (https, or http on a loopback address; the token is `token`, else
+        `token_file`'s first line, else `PILOOP_TOKEN`, else `PILOOP_HTTPS_TOKEN`; the server's CA `ca`, else
+        `PILOOP_CA`), else the local daemon's socket under `home`, `PILOOP_HOME` or ~/.piloop."""
+        if server:
+            return cls(ApiClient.remote(server, token=token, token_file=token_file, ca=ca, timeout=timeout))
+        if os.environ.get(SERVER_ENV) and (token or token_file or ca):
+            url = os.environ[SERVER_ENV]
+            return cls(ApiClient.remote(url, token=token, token_file=token_file, ca=ca, timeout=timeout))
         return cls(ApiClient.from_env(home, timeout=timeout))
 
     def close(self) -> None:

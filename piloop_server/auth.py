@@ -163,9 +163,13 @@ WORKER_ROUTES = "workers can only register, heartbeat, claim, report, release an
 
 
 def require_worker(caller: Caller) -> Caller:
+    # Refused, not Forbidden: a `piloop worker` started with a role token exits saying so (3), never retries
     if caller.kind != "worker":
         role = f" ({caller.role} role)" if caller.role else ""
-        raise Forbidden(f"this route is for workers: {caller.shown}{role} is not a worker's")
+        raise Refused(
+            f"this route is for workers: {caller.shown}{role} is not a worker's (`piloop token create NAME` "
+            "without --role makes one)"
+        )
     return caller
 
 

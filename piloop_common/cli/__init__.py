@@ -29,11 +29,30 @@ from piloop_common.errors import ConfigError, PiloopError
     envvar="PILOOP_HOME",
     help="piloop's home (default ~/.piloop): config.toml, the socket, the spool.",
 )
+@click.option(
+    "--server",
+    metavar="URL",
+    envvar="PILOOP_SERVER",
+    help="Call this server instead of the local daemon, like https://piloop.example.com:8443 "
+    "(plain http on a loopback address only). The token: --token-file, else PILOOP_TOKEN.",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="With --server: read the token from the first line of this file (else PILOOP_TOKEN).",
+)
+@click.option(
+    "--ca",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="PILOOP_CA",
+    help="With --server: the PEM of the CA that signed the server's certificate (else the system's).",
+)
 @click.version_option(__version__, prog_name="piloop")
 @click.pass_context
-def root(ctx: click.Context, home: Path | None) -> None:
+def root(ctx: click.Context, home: Path | None, server: str | None, token_file: Path | None, ca: Path | None) -> None:
     """piloop: agent sessions and evaluations on workers anywhere, leased through Redis."""
-    ctx.obj = Cli(home)
+    flag = ctx.get_parameter_source("server") == click.core.ParameterSource.COMMANDLINE
+    ctx.obj = Cli(home, server=server, token_file=token_file, ca=ca, server_flag=flag)
 
 
 for command in (

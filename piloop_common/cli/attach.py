@@ -1,7 +1,7 @@
 """`piloop attach JOB`: a job's log from its beginning, then live as its worker uploads it, until the job ends.
 
 The chunks come through the API (`GET /v1/jobs/{id}/log/{n}`), so attach works wherever the API answers:
-the local socket, or `PILOOP_SERVER` (with `PILOOP_HTTPS_TOKEN`) from another machine.
+the local socket, or `--server` / `PILOOP_SERVER` (with `PILOOP_TOKEN`) from another machine.
 """
 
 from __future__ import annotations
@@ -51,9 +51,8 @@ def follow(api, job_id: str, out, poll: float = POLL_SECONDS) -> dict[str, Any]:
 def attach(obj, job_id: str) -> None:
     """Print a job's log from the start, then as it comes; exit with the job's outcome."""
     from piloop_common.cli.jobs import log_note
-    from piloop_common.client import ApiClient
 
-    with ApiClient.from_env(obj.home, timeout=30.0) as api:
+    with obj.api(timeout=30.0) as api:
         job = follow(api, job_id, sys.stdout.buffer)
     if note := log_note(job):
         click.echo(f"piloop: {job_id}: the log was cut: {note}", err=True)

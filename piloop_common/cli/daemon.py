@@ -66,7 +66,7 @@ def _wait_up(ctx_obj, proc: subprocess.Popen[bytes], log: Path, timeout: float =
             reason = "\n  ".join(tail) or f"exit code {proc.returncode}"
             raise click.ClickException(f"the daemon did not start:\n  {reason}")
         try:
-            with ctx_obj.api(timeout=2) as api:
+            with ctx_obj.local_api(timeout=2) as api:
                 return api.call("GET", "/v1/health")
         except Unavailable:
             progress(f"piloop: starting the daemon… {time.monotonic() - started:.0f}s")
@@ -221,9 +221,11 @@ def status(obj, as_json: bool) -> None:
     try:
         with obj.api() as api:
             st = api.call("GET", "/v1/status")
-    except Unavailable:
+    except Unavailable as down:
         if as_json:
             emit_json({"daemon": None})
+        elif obj.remote:
+            click.echo(f"piloop: {down.message}")
         else:
             click.echo(f"piloop: no daemon answers on {obj.home / 'piloop.sock'} (start it: `piloop serve --detach`)")
         sys.exit(1)

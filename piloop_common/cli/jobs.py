@@ -79,18 +79,7 @@ def submit(
     evaluation of that commit, and takes no other flag (piloop_common/cli/relay.py)."""
     policy = _policy(memory, memory_mb, memory_growth, memory_max, max_attempts, backoff)  # refuse bad flags first
     env = parse_env(envs)
-    input_addrs = {}
-    if inputs:
-        from pathlib import Path
-
-        from piloop_common.cas import open_store
-
-        store = open_store(obj.settings.plugins.cas, obj.home)
-        for p in inputs:
-            path = Path(p)
-            if not path.is_file():
-                raise click.UsageError(f"--input {p}: no such file")
-            input_addrs[path.name] = store.put_file(path)
+    input_addrs = _put_inputs(obj, inputs) if inputs else {}
     spec = {
         "argv": list(argv),
         "env": env,
@@ -103,6 +92,30 @@ def submit(
     with obj.api() as api:
         got = api.call("POST", "/v1/jobs", body)
     emit_json(got) if as_json else click.echo(got["job"])
+
+
+def _put_inputs(obj, inputs: tuple[str, ...]) -> dict[str, str]:
+    """Each --input file's address: put in the local CAS, or with --server in the server's (`PUT /v1/cas/blobs`)."""
+    from pathlib import Path
+
+    paths = [Path(p) for p in inputs]
+    for path in paths:
+        if not path.is_file():
+            raise click.UsageError(f"--input {path}: no such file")
+    if obj.remote:
+        from piloop_common.cas.address import hash_bytes
+
+        out = {}
+        with obj.api(timeout=600) as api:
+            for path in paths:
+                data = path.read_bytes()
+                out[path.name] = address = hash_bytes(data)
+                api.call_bytes("PUT", f"/v1/cas/blobs/{address}", content=data)
+        return out
+    from piloop_common.cas import open_store
+
+    store = open_store(obj.settings.plugins.cas, obj.home)
+    return {path.name: store.put_file(path) for path in paths}
 
 
 def _policy(memory, memory_mb, growth, memory_max, max_attempts, backoff) -> dict[str, Any]:

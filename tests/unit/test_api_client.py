@@ -313,3 +313,37 @@ def test_a_kept_connection_past_fd_1023_is_checked_and_reused(tcp):
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://10.1.2.3:8443", "http://piloop.example.com", "http://0.0.0.0:80", "HTTP://192.168.1.1", "ftp://x"],
+)
+def test_a_remote_client_refuses_plain_http_off_the_loopback_and_what_is_no_url(url):
+    with pytest.raises(ConfigError) as e:
+        ApiClient.remote(url, token="plt_x")
+    assert url in e.value.message
+    if url.lower().startswith("http:"):
+        assert "plain http" in e.value.message and "https://" in e.value.message
+
+
+def test_a_remote_client_takes_https_and_loopback_http_and_its_token_in_order(tmp_path, monkeypatch):
+    for var in ("PILOOP_TOKEN", "PILOOP_HTTPS_TOKEN", "PILOOP_CA"):
+        monkeypatch.delenv(var, raising=False)
+    for url in ("https://piloop.example.com:8443/", "http://127.0.0.1:8000", "http://localhost", "http://[::1]:80"):
+        assert ApiClient.remote(url).url == url.rstrip("/")
+    monkeypatch.setenv("PILOOP_HTTPS_TOKEN", "plt_worker")
+    assert ApiClient.remote("http://127.0.0.1:1").headers["authorization"] == "Bearer plt_worker"
+    monkeypatch.setenv("PILOOP_TOKEN", "plt_env")
+    assert ApiClient.remote("http://127.0.0.1:1").headers["authorization"] == "Bearer plt_env"
+    f = tmp_path / "tok"
+    f.write_text("plt_file\nsecond line\n")
+    assert ApiClient.remote("http://127.0.0.1:1", token_file=f).headers["authorization"] == "Bearer plt_file"
+    f.write_text("\n")
+    with pytest.raises(ConfigError, match="the file is empty"):
+        ApiClient.remote("http://127.0.0.1:1", token_file=f)
+    with pytest.raises(ConfigError, match="no such file"):
+        ApiClient.remote("https://127.0.0.1:1", ca=tmp_path / "missing.pem")
+    (tmp_path / "bad.pem").write_text("not a certificate")
+    with pytest.raises(ConfigError, match="not a CA certificate"):
+        ApiClient.remote("https://127.0.0.1:1", ca=tmp_path / "bad.pem")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from piloop_common.errors import Forbidden
+from piloop_common.errors import Forbidden, Refused
 from piloop_common.roleref import PUBLIC, render_roles, splice_roles, table
 from piloop_server.auth import ROLE_ORDER, Caller, Role, require_role, require_worker
 from piloop_server.state.records.token import Token
@@ -57,7 +57,7 @@ def test_a_worker_has_no_role_and_a_role_token_is_no_worker():
         "needs the viewer role; token gpu1 is a worker's" in e.value.message and "workers can only" in e.value.message
     )
     assert require_worker(worker) is worker
-    with pytest.raises(Forbidden) as e:
+    with pytest.raises(Refused) as e:  # a worker started with it exits (3), it does not retry
         require_worker(_token_caller(Role.ADMIN, "root"))
     assert "for workers: token root (admin role) is not a worker's" in e.value.message
 
