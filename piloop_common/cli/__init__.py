@@ -51,7 +51,11 @@ from piloop_common.errors import ConfigError, PiloopError
 @click.pass_context
 def root(ctx: click.Context, home: Path | None, server: str | None, token_file: Path | None, ca: Path | None) -> None:
     """piloop: agent sessions and evaluations on workers anywhere, leased through Redis."""
-    flag = ctx.get_parameter_source("server") == click.core.ParameterSource.COMMANDLINE
+    given = {n for n in ("server", "ca") if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE}
+    if not server and (token_file or "ca" in given):
+        # without a server they would be ignored, and the command would quietly go to the local socket
+        raise click.UsageError(f"{'--token-file' if token_file else '--ca'}: give --server URL (or PILOOP_SERVER) too")
+    flag = "server" in given
     ctx.obj = Cli(home, server=server, token_file=token_file, ca=ca, server_flag=flag)
 
 

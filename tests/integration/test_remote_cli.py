@@ -43,10 +43,10 @@ def tls(redis_server):
     d.cleanup()
 
 
-def remote(d: Daemon, token: str, *args: str, timeout: float = 60, **env: str):
+def remote(d: Daemon, token: str, *args: str, timeout: float = 60, input: str | None = None, **env: str):
     """The CLI from the other home, as that user: only the server's URL, a token and the CA."""
     base = {"PILOOP_SERVER": d.url, "PILOOP_TOKEN": token, "PILOOP_CA": str(d.pki.ca), "SSL_CERT_FILE": ""}
-    return piloop(d.elsewhere, *args, env={**base, **env}, timeout=timeout)
+    return piloop(d.elsewhere, *args, env={**base, **env}, timeout=timeout, input=input)
 
 
 def _refused(out, says: str) -> None:
@@ -73,6 +73,13 @@ def test_an_operator_submits_lists_waits_attaches_and_cancels_from_another_home(
     assert "job.queued" in (ev := remote(d, op, "events", "--last", "200")).stdout, ev.stderr
     assert "token:u-operator" in ev.stdout  # the submit is signed with the token's name
 
+    data = d.elsewhere / "data.txt"  # a file only the other home has: it travels through the server's CAS
+    data.write_text("forty-two from afar\n")
+    fed = remote(d, op, "job", "submit", "--input", str(data), "--", "sh", "-c", "cat ../inputs/data.txt")
+    assert fed.returncode == 0, fed.stderr
+    fed_out = remote(d, op, "attach", fed.stdout.strip())
+    assert fed_out.returncode == 0 and fed_out.stdout == "forty-two from afar\n", (fed_out.stdout, fed_out.stderr)
+
     long = remote(d, op, "job", "submit", "--", "sleep", "60").stdout.strip()
     assert long, "no job id"
     wait_for(lambda: remote(d, op, "job", "show", long, "--json").stdout.count('"running"'), 30, what="running")
@@ -96,6 +103,8 @@ def test_flags_do_what_the_variables_do_and_errors_keep_the_local_wording(tls, t
     untrusted = remote(d, d.tokens["viewer"], "job", "list", PILOOP_CA="")
     assert untrusted.returncode == 1 and "certificate is not trusted" in untrusted.stderr
     assert "--ca" in untrusted.stderr and "Traceback" not in untrusted.stderr, untrusted.stderr
+    alone = piloop(d.elsewhere, "--token-file", str(token_file), "job", "list")  # no server: not the local socket
+    assert alone.returncode == 2 and "give --server URL (or PILOOP_SERVER) too" in alone.stderr, alone.stderr
     missing = remote(d, d.tokens["viewer"], "job", "list", PILOOP_CA=str(tmp_path / "nope.pem"))
     assert missing.returncode == 2 and "no such file" in missing.stderr, missing.stderr
 
@@ -130,6 +139,18 @@ def test_a_viewer_reads_and_is_refused_every_write(tls):
     )
     admin = remote(d, d.tokens["admin"], "token", "list")
     assert admin.returncode == 0 and "u-viewer" in admin.stdout, admin.stderr
+    # what only an admin may, it may from afar: a secret (its value on stdin), a limit, a token
+    adm = d.tokens["admin"]
+    assert remote(d, adm, "secret", "set", "REMOTE_SECRET", input="far-value").returncode == 0
+    assert "REMOTE_SECRET" in d.cli("secret", "list", check=True).stdout
+    limit = remote(d, adm, "limits", "set", "executor.pools.serve.evaluations=2", "--reason", "remote")
+    assert limit.returncode == 0, limit.stderr
+    assert remote(d, adm, "limits", "unset", "executor.pools.serve.evaluations").returncode == 0
+    made = remote(d, adm, "token", "create", "u-made", "--role", "viewer")
+    assert made.returncode == 0 and made.stdout.startswith("plt_"), made.stderr
+    assert remote(d, made.stdout.strip(), "job", "list").returncode == 0
+    signed = [e for e in d.cli("events", "--last", "500", "--json", check=True).stdout.splitlines() if "u-made" in e]
+    assert any('"by": "token:u-admin"' in e for e in signed), signed
 
 
 def test_a_worker_token_is_refused_all_but_the_worker_routes_and_a_role_token_those(tls):

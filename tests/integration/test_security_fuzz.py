@@ -1,6 +1,6 @@
 """A bounded fuzz pass over every operation of the daemon's OpenAPI schema (read from the running daemon):
-bad bodies, bad tokens and stale lease tokens. No answer is a 5xx, and a refused call changes nothing in the
-namespace (every key's DUMP, before and after)."""
+bad bodies, bad tokens, role tokens and stale lease tokens. No answer is a 5xx, and a refused call changes nothing
+in the namespace (every key's DUMP, before and after)."""
 
 from __future__ import annotations
 
@@ -84,6 +84,8 @@ def test_no_5xx_and_refused_calls_change_nothing(fuzz_server, redis_client):
     good = d.cli("token", "create", "fz", check=True).stdout.strip()
     revoked = d.cli("token", "create", "gone", check=True).stdout.strip()
     d.cli("token", "revoke", "gone", check=True)
+    viewer = d.cli("token", "create", "fz-viewer", "--role", "viewer", check=True).stdout.strip()
+    operator = d.cli("token", "create", "fz-operator", "--role", "operator", check=True).stdout.strip()
     d.cli("secret", "set", "FUZZ_SECRET", input="fuzz-secret-value", check=True)
     job = d.cli("job", "submit", "--pool", "gpu", "--", "true", check=True).stdout.strip()
     w = SimWorker(ApiClient(url=d.url, token=good), "gpu", cas_id)
@@ -117,6 +119,8 @@ def test_no_5xx_and_refused_calls_change_nothing(fuzz_server, redis_client):
         "revoked": {"authorization": f"Bearer {revoked}"},
         "worker": {"authorization": f"Bearer {good}"},
         "renamed": {"authorization": f"Bearer {good}", "x-piloop-worker": "someone-else"},
+        "viewer": {"authorization": f"Bearer {viewer}"},
+        "operator": {"authorization": f"Bearer {operator}", "x-piloop-worker": "fz"},
         "socket": {},
     }
     http = httpx.Client(base_url=d.url, timeout=15)

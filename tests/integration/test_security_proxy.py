@@ -169,3 +169,33 @@ def test_a_real_worker_registers_and_runs_a_job_through_the_proxy(net):
         out = log.read_text()
         shutil.rmtree(home, ignore_errors=True)
     assert WORKER_KEY not in out + d.daemon_log() and "Traceback" not in out
+
+
+def test_an_act_rule_gives_its_role_and_a_call_beyond_it_is_refused_naming_both(redis_server):
+    viewer_key = f"k-viewer-{uuid.uuid4().hex}"
+    rules = SPEC_NETWORK.replace(
+        '  { when = { org = "acme" }, access = "act" },',
+        '  { when = { org = "acme", kind = "auditor" }, access = "act", role = "viewer" },\n'
+        '  { when = { org = "acme" }, access = "act" },',
+    )
+    assert 'role = "viewer"' in rules
+    d = Daemon(
+        short_home(),
+        config=FAST_EXECUTOR + GPU + rules,
+        redis_url=redis_server.url,
+        namespace="t" + uuid.uuid4().hex[:10],
+    )
+    keys = {**KEYS, viewer_key: {"x-org-id": "acme", "x-subject-kind": "auditor", "x-user-id": "victor"}}
+    d.start(listen=f"127.0.0.1:{free_port()}")
+    proxy = Proxy(free_port(), f"http://{d.listen}", keys, d.home / "logs" / "proxy.log").start()
+    try:
+        assert _call(proxy, viewer_key, "GET", "/v1/jobs").status_code == 200
+        r = _call(proxy, viewer_key, "POST", "/v1/jobs", {"pool": "gpu", "spec": {"argv": ["true"]}})
+        assert r.status_code == 403, r.text
+        assert r.json()["message"] == "POST /v1/jobs needs the operator role; human:victor has the viewer role"
+        r = _call(proxy, HUMAN_KEY, "POST", "/v1/jobs", {"pool": "gpu", "spec": {"argv": ["true"]}})
+        assert r.status_code == 200, r.text  # a rule without `role` is admin, as before roles
+        assert _call(proxy, HUMAN_KEY, "GET", "/v1/tokens").status_code == 200
+    finally:
+        proxy.stop()
+        d.cleanup()

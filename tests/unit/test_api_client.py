@@ -316,8 +316,7 @@ def test_a_kept_connection_past_fd_1023_is_checked_and_reused(tcp):
 
 
 @pytest.mark.parametrize(
-    "url",
-    ["http://10.1.2.3:8443", "http://piloop.example.com", "http://0.0.0.0:80", "HTTP://192.168.1.1", "ftp://x"],
+    "url", ["http://10.1.2.3:8443", "http://piloop.example.com", "http://0.0.0.0:80", "HTTP://192.168.1.1", "ftp://x"]
 )
 def test_a_remote_client_refuses_plain_http_off_the_loopback_and_what_is_no_url(url):
     with pytest.raises(ConfigError) as e:
