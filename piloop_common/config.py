@@ -178,7 +178,7 @@ class ProxyRule(_Model):
     access: Literal["worker", "act"] = Field(description="What a caller this rule matches may do.")
     caller: Literal["human", "service"] = Field("human", description="How its writes are signed.")
     role: Literal["viewer", "operator", "admin"] = Field(
-        "admin", description='An `act` caller\'s role (docs/security.md, "Roles"); a `worker` rule has none.'
+        "admin", description='An `act` caller\'s role (docs/security.md, "Access control"); a `worker` rule has none.'
     )
 
 
@@ -214,12 +214,12 @@ class NetworkConfig(_Model):
     metrics_listen: str = Field(
         "127.0.0.1:9464",
         description="HOST:PORT where the daemon serves `/metrics` without a token (docs/metrics.md); empty: not "
-        "served apart (the main listener's `/metrics` still answers an operator).",
+        "served apart (the main listener's `/metrics` still answers a viewer or above).",
     )
     api_docs: Literal["token", "off"] = Field(
         "token",
-        description="`/docs` and `/openapi.json`: `token` answers an operator (the socket, an `act` caller) only; "
-        "`off`: not served (404).",
+        description="`/docs` and `/openapi.json`: `token` answers a viewer or above (the socket, a role token, "
+        "an `act` caller) only; `off`: not served (404).",
     )
 
     @model_validator(mode="after")
