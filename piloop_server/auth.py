@@ -180,3 +180,14 @@ def require_role(caller: Caller, need: Role, what: str) -> Caller:
     if not caller.role.reaches(need):
         raise Forbidden(f"{what} needs the {need} role; {caller.shown} has the {caller.role} role")
     return caller
+
+
+def require_host_files(caller: Caller, flags: list[str]) -> Caller:
+    """`caller` unless `flags` (each naming a path on the server's host) come from afar: the socket's user may have
+    the server read its files (they are that user's), a remote caller of any role may not."""
+    if flags and not caller.via_socket:
+        raise Forbidden(
+            f"{', '.join(flags)}: a path on the server's host is for the unix socket's user only, and {caller.shown} "
+            "calls from afar; give the repo's URL (https://, ssh://, git@host:path) and no --workspace"
+        )
+    return caller

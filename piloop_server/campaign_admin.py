@@ -5,6 +5,7 @@ The pass side (keeping each campaign at its target, taking finished runs in) is 
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 import uuid
@@ -21,6 +22,16 @@ from piloop_server.runtime import Runtime
 from piloop_server.state.records.campaign import Campaign
 
 # -- create -------------------------------------------------------------------------------------
+
+
+# a repo git reaches over the network; anything else (a path, file://) is read from the server's own disk
+NETWORK_REPO = re.compile(r"^(?:https?|ssh|git)://|^[\w.-]+@[\w.-]+:")
+
+
+def host_paths(req: CampaignCreate) -> list[str]:
+    """The flags of `req` that have the server read its own host's files: a repo path (or file://), a workspace."""
+    out = [] if NETWORK_REPO.match(req.repo) else [f"--repo {req.repo}"]
+    return out + ([f"--workspace {req.workspace}"] if req.workspace is not None else [])
 
 
 def _check(rt: Runtime, req: CampaignCreate) -> None:

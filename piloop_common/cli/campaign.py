@@ -70,11 +70,12 @@ def create(
     from piloop_common.sizes import parse_memory
 
     env = parse_env(envs)
-    if "://" not in repo and not repo.startswith("git@"):
+    local = not obj.remote  # from afar a path is the server's to judge: it refuses one on its host
+    if local and "://" not in repo and not repo.startswith("git@"):
         if not Path(repo).exists():
             raise click.UsageError(f"--repo {repo}: no such path")
         repo = str(Path(repo).absolute())  # the server's cwd is not ours
-    if workspace is not None:
+    if workspace is not None and local:
         if not Path(workspace).is_dir():
             raise click.UsageError(f"--workspace {workspace}: not a directory")
         workspace = str(Path(workspace).absolute())

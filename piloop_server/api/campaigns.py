@@ -11,6 +11,7 @@ from piloop_server import campaign_admin, campaign_repo
 from piloop_server.api import wakeup
 from piloop_server.api.deps import OperatorDep, RuntimeDep, ViewerDep, WorkerDep
 from piloop_server.api.relay import relay_state
+from piloop_server.auth import require_host_files
 from piloop_server.state.relay import Caller as RelayCaller
 
 router = APIRouter(prefix="/v1/campaigns", tags=["campaigns"])
@@ -19,6 +20,7 @@ worker_router = APIRouter(prefix="/v1/worker", tags=["worker"])
 
 @router.post("", response_model=CampaignView)
 def create(body: CampaignCreate, rt: RuntimeDep, caller: OperatorDep, request: Request) -> CampaignView:
+    require_host_files(caller, campaign_admin.host_paths(body))
     out = campaign_admin.create(rt, body, caller.signed)
     wakeup.notify(request.app)
     return out

@@ -224,3 +224,20 @@ def test_the_python_client_takes_the_same_server_token_and_ca(tls):
     with Client.from_env(server=d.url, token=d.tokens["viewer"], ca=d.pki.ca) as c, pytest.raises(Forbidden) as e:
         c.submit(["true"])
     assert e.value.message == "POST /v1/jobs needs the operator role; token u-viewer has the viewer role"
+
+
+def test_a_campaign_from_afar_may_not_have_the_server_read_its_own_files(tls, tmp_path):
+    d, op = tls, tls.tokens["operator"]
+    secret_dir = d.home  # the daemon's home: its secret key, its config; readable by the daemon's user
+    cmd = ("--agent-cmd", "true", "--eval-cmd", "echo score=1", "--agents", "0")
+    for flags, named in (
+        (("--repo", str(secret_dir)), f"--repo {secret_dir}"),
+        (("--repo", f"file://{secret_dir}"), f"--repo file://{secret_dir}"),
+        (("--repo", "https://example.com/r.git", "--workspace", str(secret_dir)), f"--workspace {secret_dir}"),
+    ):
+        out = remote(d, op, "campaign", "create", "far", *flags, *cmd)
+        _refused(out, f"{named}: a path on the server's host is for the unix socket's user only, and token u-operator")
+    with d.api() as api:
+        assert api.call("GET", "/v1/campaigns") == []
+    listed = remote(d, tls.tokens["viewer"], "campaign", "list", "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
