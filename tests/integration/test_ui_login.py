@@ -141,3 +141,31 @@ def test_piloop_ui_says_how_to_listen_when_serve_has_only_its_socket(daemon):
     assert p.returncode == 1 and "Traceback" not in p.stderr
     assert "listens only on its unix socket" in p.stderr and "piloop serve --listen 127.0.0.1:8080" in p.stderr
     assert "[plugins.network]" in p.stderr
+
+
+def test_a_viewer_token_logs_in_to_read_and_an_operator_token_to_act(served):
+    """A role token's session has the token's role: the same checks as a bearer call of that token, each request."""
+    d = served
+    jid = submit(d, "sleep", "60", pool="serve")
+    sessions = {}
+    for role in ("viewer", "operator"):
+        c = httpx.Client(base_url=d.url, timeout=10)  # type: ignore[attr-defined]
+        r = c.post("/ui/login", data={"token": token(d, f"ui-{role}", "--role", role)})
+        assert r.status_code == 303 and r.headers["location"] == "/ui", r.text
+        assert c.get("/ui/jobs").status_code == 200 and c.get("/v1/jobs").status_code == 200
+        sessions[role] = c
+    viewer, operator = sessions["viewer"], sessions["operator"]
+    r = viewer.post(f"/v1/jobs/{jid}/cancel", headers={"x-piloop-csrf": viewer.cookies["piloop_csrf"]})
+    assert (
+        r.status_code == 403 and "needs the operator role; token ui-viewer has the viewer role" in r.json()["message"]
+    )
+    assert view(d, jid)["state"] == "running" or view(d, jid)["state"] == "queued"
+    r = operator.post(f"/v1/jobs/{jid}/cancel", headers={"x-piloop-csrf": operator.cookies["piloop_csrf"]})
+    assert r.status_code == 200 and r.json()["state"] in ("cancelling", "cancelled"), r.text
+    limit = {"key": "executor.pools.serve.agents", "value": "0", "reason": "from the page"}
+    r = operator.post("/v1/limits", json=limit, headers={"x-piloop-csrf": operator.cookies["piloop_csrf"]})
+    assert r.status_code == 403 and "needs the admin role" in r.json()["message"], r.text
+
+    d.cli("token", "revoke", "ui-viewer", check=True)
+    assert viewer.get("/v1/status").status_code == 401  # its session ended with its token
+    assert viewer.get("/ui").status_code == 303

@@ -16,7 +16,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 WORKER_ROUTES = {
     f"/v1/worker/{r}" for r in ("register", "heartbeat", "claim", "release", "report", "reports", "log", "bundle")
 }
-ADMIN_PREFIXES = ("/v1/tokens", "/v1/secrets")
+ADMIN_PREFIXES = ("/v1/tokens", "/v1/secrets", "/v1/ui/link")  # the link logs in as the socket's user, an admin
 OPERATOR_WRITES = {
     ("POST", "/v1/jobs"),
     ("POST", "/v1/jobs/{job_id}/cancel"),
@@ -68,6 +68,10 @@ def test_the_route_table_gives_each_route_the_role_its_decision_says():
     for (method, path), needs in got.items():
         if path == "/v1/health":
             assert needs == PUBLIC
+        elif path == "/ui" or path.startswith("/ui/"):
+            # the page's login and logout, and its views, which check their session themselves (a view without one
+            # sends the browser to the login page: test_ui.py, test_ui_login.py); their data comes from /v1
+            assert needs == PUBLIC, (method, path)
         elif path in WORKER_ROUTES or path.startswith("/v1/relay/"):
             assert needs == "worker", (method, path)
         elif path.startswith(ADMIN_PREFIXES) or (path.startswith("/v1/limits") and method != "GET"):
@@ -77,7 +81,8 @@ def test_the_route_table_gives_each_route_the_role_its_decision_says():
         else:  # every other route only reads
             assert method == "GET" and needs == "viewer", (method, path, needs)
     assert set(got) >= OPERATOR_WRITES and {p for _, p in got} >= WORKER_ROUTES
-    assert PUBLIC not in {n for (_, p), n in got.items() if p != "/v1/health"}  # every other route checks
+    public = {p for (_, p), n in got.items() if n == PUBLIC}
+    assert public <= {"/v1/health", "/ui", "/ui/login", "/ui/logout", "/ui/{view}", "/ui/{view}/{name}"}, public
 
 
 def test_security_md_holds_the_table():
