@@ -41,6 +41,21 @@ from tests.helpers.serve import Daemon, short_home
 from tests.helpers.simworker import SimWorker, sample
 
 TIMINGS = Timings(grace_ms=60_000, toleration_ms=600_000)
+# a server for simulated workers: production timings, its own worker given no slots, one pool that takes any load
+SERVER_CONFIG = """
+[plugins.executor]
+renew_seconds = 10
+grace_seconds = 60
+toleration_seconds = 600
+[plugins.executor.pools.serve]
+agents = 0
+evaluations = 0
+[plugins.executor.pools.bench]
+agents = 0
+evaluations = 100000
+max_load = 100000
+min_memory_gb = 0
+"""
 
 
 def fresh(r: redis.Redis, tmp: Path) -> Leases:
@@ -248,21 +263,7 @@ def floor_cpu(workers: int, rate: float, seconds: float, threads: int, cas_id: s
 def server_load(rp: RedisProcess, workers: int = 1000, paced_seconds: float = 10.0, threads: int = 8) -> dict[str, Any]:
     """Claims/s and heartbeats/s of one `piloop serve` with `workers` simulated workers, with its and Redis's CPU."""
     ns = "h" + uuid.uuid4().hex[:8]
-    config = """
-[plugins.executor]
-renew_seconds = 10
-grace_seconds = 60
-toleration_seconds = 600
-[plugins.executor.pools.serve]
-agents = 0
-evaluations = 0
-[plugins.executor.pools.bench]
-agents = 0
-evaluations = 100000
-max_load = 100000
-min_memory_gb = 0
-"""
-    d = Daemon(short_home("bench"), config=config, redis_url=rp.url, namespace=ns)
+    d = Daemon(short_home("bench"), config=SERVER_CONFIG, redis_url=rp.url, namespace=ns)
     port = free_port()
     d.start(listen=f"127.0.0.1:{port}")
     out: dict[str, Any] = {"workers": workers}

@@ -27,6 +27,7 @@ from pathlib import Path
 import psutil
 import redis
 
+from bench.claims import SERVER_CONFIG
 from piloop_common.cas.local import LocalStore
 from piloop_common.cli.output import table
 from piloop_common.client import ApiClient
@@ -37,20 +38,6 @@ from tests.helpers.redis import RedisProcess, free_port
 from tests.helpers.serve import Daemon, short_home
 from tests.helpers.simworker import SimWorker
 
-CONFIG = """
-[plugins.executor]
-renew_seconds = 10
-grace_seconds = 60
-toleration_seconds = 600
-[plugins.executor.pools.serve]
-agents = 0
-evaluations = 0
-[plugins.executor.pools.bench]
-agents = 0
-evaluations = 100000
-max_load = 100000
-min_memory_gb = 0
-"""
 HELD = 8  # leases the heartbeating worker holds: a worker of 8 slots, full
 
 
@@ -105,7 +92,7 @@ def run(calls: int) -> list[OpCost]:
     with tempfile.TemporaryDirectory() as tmp:
         rp = RedisProcess(Path(tmp) / "redis").start()
         ns = "o" + uuid.uuid4().hex[:8]
-        d = Daemon(short_home("ops"), config=CONFIG, redis_url=rp.url, namespace=ns)
+        d = Daemon(short_home("ops"), config=SERVER_CONFIG, redis_url=rp.url, namespace=ns)
         port = free_port()
         d.start(listen=f"127.0.0.1:{port}")
         r = redis.Redis.from_url(rp.url)
