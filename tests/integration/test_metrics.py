@@ -150,7 +150,7 @@ def test_main_listener_needs_an_operator(served):
         anon = httpx.get(d.url + path)  # type: ignore[attr-defined]
         assert anon.status_code == 401, (path, anon.text)
         worker = httpx.get(d.url + path, headers={"authorization": f"Bearer {tok}"})  # type: ignore[attr-defined]
-        assert worker.status_code == 403 and "needs an operator" in worker.json()["message"], (path, worker.text)
+        assert worker.status_code == 403 and "needs the viewer role" in worker.json()["message"], (path, worker.text)
     with _socket(d) as s:
         r = s.get("/metrics")
         assert r.status_code == 200 and "piloop_queue_depth" in r.text

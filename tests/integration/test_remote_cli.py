@@ -185,10 +185,10 @@ def test_a_revoked_and_an_expired_token_are_refused(tls):
     assert remote(d, gone, "job", "list").returncode == 0
     d.cli("token", "revoke", "u-gone", check=True)
     _refused(remote(d, gone, "job", "list"), "piloop: token u-gone was revoked")
+    created = time.time()  # before the create: its expiry is 2 s after the server made it, so after this
     brief = d.cli("token", "create", "u-brief", "--role", "admin", "--expires", "2s", check=True).stdout.strip()
     listed = d.cli("token", "list", "--json", check=True).stdout
     assert '"u-brief"' in listed and '"role": "admin"' in listed
-    created = time.time()
     wait_for(lambda: remote(d, brief, "job", "list").returncode != 0, 20, interval=0.5, what="u-brief to expire")
     assert time.time() - created >= 1.5  # refused for its age, not for being a bad token
     _refused(remote(d, brief, "job", "list"), "piloop: token u-brief expired")

@@ -168,8 +168,11 @@ def test_used_memory_past_the_alarms_share_is_one_inbox_item_until_it_falls_back
         rt = types.SimpleNamespace(retention=Retention(r, keys), events=Events(r, keys))
         p = Pass.__new__(Pass)  # only watch_memory's part of a pass: no daemon around it
         p.rt = rt
-        # ballast, so the share's headroom (a tenth) is megabytes: Redis 7 grows ~50 KB on its own between two calls
-        r.set("mem-ballast", b"x" * (20 << 20))
+        # ballast, so the share's headroom (a tenth) is megabytes: Redis 7 grows ~50 KB on its own between two calls;
+        # appended 256 KiB at a time, since one 20 MiB SET leaves a query buffer as large that Redis frees a moment
+        # later (its used memory then falls by half, under the share)
+        for _ in range(80):
+            r.append("mem-ballast", b"x" * (256 << 10))
         used = rt.retention.memory().used
         r.config_set("maxmemory", int(used / 0.9))
         p.watch_memory()

@@ -121,6 +121,9 @@ def test_every_route_takes_a_role_token_whose_role_reaches_its_own_and_no_worker
             if need == "worker":
                 assert got.status_code == 403, (method, path, have, got.text)
                 assert f"token r-{have} ({have} role) is not a worker's" in got.json()["message"]
+            elif roles.index(have) >= roles.index(need) and (method, path) == ("POST", "/v1/ui/link"):
+                # the page's one-time link logs in as the socket's user: made over the socket only, whatever the role
+                assert got.status_code == 403 and "over the unix socket" in got.json()["message"], got.text
             elif roles.index(have) >= roles.index(need):
                 assert got.status_code not in (401, 403), (method, path, have, got.text)
             else:
