@@ -333,6 +333,16 @@ class RetentionConfig(_Model):
     )
 
 
+class TasksConfig(_Model):
+    path: list[str] = Field(
+        default_factory=list,
+        description="The dirs a worker imports Python tasks' modules from, first on its path, in order (relative: to "
+        "the dir the worker started in); `piloop worker --tasks-path` replaces them. The worker's start dir and its "
+        "PYTHONPATH stay on the path after them (empty: only those, as before). A task shipped with `Client(code=…)` "
+        "imports from its own code first.",
+    )
+
+
 class Plugins(_Model):
     executor: ExecutorConfig = Field(
         default_factory=ExecutorConfig, description="How jobs run: workers, their pools and the timings of silence."
@@ -353,6 +363,9 @@ class Plugins(_Model):
         default_factory=RetentionConfig,
         description="How long finished jobs and events stay in Redis, unreferenced blobs in the CAS, and how large "
         "the daemon's logs grow.",
+    )
+    tasks: TasksConfig = Field(
+        default_factory=TasksConfig, description="Where workers import Python tasks (`@task`) from."
     )
 
 

@@ -142,6 +142,14 @@ class JobSpec(Message):
     env: dict[str, str] = Field(default_factory=dict)
     secrets: list[str] = Field(default_factory=list, description="Names of the secrets the job gets as env.")
     inputs: dict[str, str] = Field(default_factory=dict, description="File name -> CAS address, put in the job's dir.")
+    code: str | None = Field(
+        None,
+        pattern=r"^sha256:[0-9a-f]{64}$",
+        description=(
+            "The CAS address of a code snapshot (`piloop_common.taskcode`): the worker unpacks it once per address and "
+            "puts it first on the job's PYTHONPATH, so a task imports its module from it."
+        ),
+    )
     timeout_seconds: float | None = Field(None, gt=0)
     memory_mb: int | None = Field(
         None,

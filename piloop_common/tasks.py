@@ -39,10 +39,13 @@ POLL_FIRST, POLL_MAX = 0.05, 0.5
 
 
 class Client:
-    """The operator's side of the API, for programs: blobs, submit, wait."""
+    """The operator's side of the API, for programs: blobs, submit, wait. With `code` (a dir), every task it
+    submits ships a snapshot of that dir by address, and the worker imports the task's module from it."""
 
-    def __init__(self, api: ApiClient) -> None:
-        self.api = api
+    def __init__(self, api: ApiClient | None = None, *, code: str | Path | None = None) -> None:
+        self.api = api if api is not None else ApiClient.from_env()
+        self.code = Path(code).expanduser().absolute() if code is not None else None
+        self._pushed: set[str] = set()
 
     @classmethod
     def from_env(
@@ -54,16 +57,17 @@ class Client:
         token: str | None = None,
         token_file: str | Path | None = None,
         ca: str | Path | None = None,
+        code: str | Path | None = None,
     ) -> Client:
         """`server`, else `PILOOP_SERVER` (https, or http on a loopback address; the token is `token`, else
         `token_file`'s first line, else `PILOOP_TOKEN`, else `PILOOP_HTTPS_TOKEN`; the server's CA `ca`, else
         `PILOOP_CA`), else the local daemon's socket under `home`, `PILOOP_HOME` or ~/.piloop."""
         if server:
-            return cls(ApiClient.remote(server, token=token, token_file=token_file, ca=ca, timeout=timeout))
+            return cls(ApiClient.remote(server, token=token, token_file=token_file, ca=ca, timeout=timeout), code=code)
         if os.environ.get(SERVER_ENV) and (token or token_file or ca):
             url = os.environ[SERVER_ENV]
-            return cls(ApiClient.remote(url, token=token, token_file=token_file, ca=ca, timeout=timeout))
-        return cls(ApiClient.from_env(home, timeout=timeout))
+            return cls(ApiClient.remote(url, token=token, token_file=token_file, ca=ca, timeout=timeout), code=code)
+        return cls(ApiClient.from_env(home, timeout=timeout), code=code)
 
     def close(self) -> None:
         self.api.close()
@@ -88,6 +92,17 @@ class Client:
             raise Corrupt(f"the server sent bytes that do not hash to {address}", address=address)
         return data
 
+    def push_code(self, root: str | Path) -> str:
+        """Put a snapshot of the code dir `root` in the server's CAS (`piloop_common.taskcode`); its address."""
+        from piloop_common.taskcode import pack
+
+        data = pack(root)
+        address = hash_bytes(data)
+        if address not in self._pushed:  # the same snapshot again: the server has it
+            self.put_blob(data)
+            self._pushed.add(address)
+        return address
+
     # -- jobs --------------------------------------------------------------------------------
     def submit(
         self,
@@ -108,10 +123,11 @@ class Client:
         memory_max: str | int | None = None,
         max_attempts: int | None = None,
         backoff: float | None = None,
+        code: str | None = None,
     ) -> str:
         """Queue a job; its id. `inputs` maps a file name in the job's `inputs/` to a CAS address (`put_blob`).
         `memory` is its grant (`"4G"`, `"512M"`, or MiB); `max_attempts` and `backoff` (seconds) its retry policy;
-        a bad value raises BadRequest before anything is queued."""
+        a bad value raises BadRequest before anything is queued. `code` is a code snapshot's address (`push_code`)."""
         from piloop_common.sizes import parse_memory
 
         if memory is not None and memory_mb is not None:
@@ -130,6 +146,7 @@ class Client:
             ("max_attempts", max_attempts),
             ("backoff_seconds", backoff),
             ("memory_max_mb", parse_memory(memory_max, "memory_max") if memory_max is not None else None),
+            ("code", code),
         ):
             if value is not None:
                 spec[key] = value
@@ -257,6 +274,7 @@ class Task(Generic[R]):
             runner="task",
             inputs={f"args.{self.serializer}": address},
             timeout=timeout or self.timeout,
+            code=c.push_code(c.code) if c.code is not None else None,  # a snapshot now: edits since ship too
         )
         return AsyncResult(job, c, self.serializer)
 

@@ -49,6 +49,8 @@ def submit(rt: Runtime, req: SubmitRequest, by: str) -> str:
     missing_inputs = sorted(set(req.spec.inputs.values()) - rt.store.has_many(list(req.spec.inputs.values())))
     if missing_inputs:
         raise BadRequest(f"--input: the CAS lacks {', '.join(missing_inputs)}")
+    if req.spec.code and not rt.store.has_many([req.spec.code]):
+        raise BadRequest(f"code {req.spec.code}: the CAS lacks it (push it again: `piloop task push DIR`)")
     job_id = new_id()
     rt.leases.enqueue(
         job_id, req.kind, req.pool, req.spec.model_dump(mode="json"), by=by, campaign=req.campaign, image=req.image

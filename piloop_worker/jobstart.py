@@ -9,6 +9,7 @@ import errno
 import logging
 import os
 import sys
+import tarfile
 import time
 from pathlib import Path, PurePosixPath
 
@@ -16,6 +17,7 @@ from piloop_common import envnames
 from piloop_common.campaign_protocol import BundleRequest, BundleResponse
 from piloop_common.errors import PiloopError
 from piloop_common.protocol import PROTOCOL, Assignment, ReleaseRequest
+from piloop_common.taskcode import CodeCache
 from piloop_worker import clock
 from piloop_worker.fencing import fence_deadline
 from piloop_worker.held import Held
@@ -92,9 +94,11 @@ class JobStarts(Part):
                 dest = jd.inputs / name
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 self.store.get_file(addr, dest, durable=False, in_place=True)
+            stage = "code"
+            code = self._code(a.spec.code) if a.spec.code else None
             stage = "repo"
             camp_env = self._prepare_campaign(a, jd) if a.spec.campaign is not None else {}
-        except (PiloopError, OSError, ValueError) as e:
+        except (PiloopError, OSError, ValueError, tarfile.TarError) as e:
             msg = getattr(e, "message", None) or str(e)
             jd.write_exit(ExitRecord(reason=f"{stage}: {msg}"))
             return
@@ -124,6 +128,9 @@ class JobStarts(Part):
             **camp_env,
             "PATH": job_path(a.spec.env),
         }
+        if code is not None:  # first on the path: the task imports its module from the code it was submitted with
+            rest = a.spec.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(code), rest) if p)
         h.shim_due = clock.now() + SHIM_START_SECONDS
         self.host.run_job(
             ShimRequest(
@@ -134,8 +141,19 @@ class JobStarts(Part):
                 timeout=a.spec.timeout_seconds,
                 cgroup=cgroup,
                 task=a.spec.argv[0] if a.spec.runner == "task" else None,
+                code=str(code) if code is not None else None,
+                worker=self.name or "",
             )
         )
+
+    def _code(self, address: str) -> Path:
+        """The dir of a shipped code snapshot, fetched from the CAS and unpacked once per address under --dir."""
+        assert self.workdir is not None
+
+        def fetch(addr: str, dest: Path) -> None:
+            self.store.get_file(addr, dest, durable=False)
+
+        return CodeCache(self.workdir / "code").get(address, fetch)
 
     def _release(self, a: Assignment, reason: str) -> bool:
         """Give `a` back to the server unrun (not an attempt); whether the server heard it."""

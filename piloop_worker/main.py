@@ -46,6 +46,7 @@ def run_worker(
     dir: Path | None,
     home: Path,
     log_format: LogFormat | None = None,
+    tasks_path: list[Path] | None = None,
 ) -> int:
     """Run a worker until SIGTERM/SIGINT (detach: 0) or a refusal (3); a user mistake is 2, in one line."""
     daemon = _die_with_daemon() if socket is not None else None
@@ -104,8 +105,14 @@ def run_worker(
         job_user = jobuser.resolve(settings.plugins.executor.run_as)
     except ConfigError as e:
         return _fail(f"config: {e.message}")
+    # the tasks path: --tasks-path, else [plugins.tasks] path; relative to the dir the worker starts in
+    path = [str(p) for p in tasks_path] if tasks_path else list(settings.plugins.tasks.path)
+    for p in path:
+        if not os.path.isdir(p):
+            flag = "--tasks-path" if tasks_path else f"{home / 'config.toml'} [plugins.tasks] path"
+            return _fail(f"{flag}: {p} is not a directory")
     set_name("piloop-worker")  # before the fork: the shim host renames itself
-    host = ShimHost(job_user).start()
+    host = ShimHost(job_user, tasks_path=path).start()
     logformat.setup(log_format or settings.log_format)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per call would drown the worker's own
     # a few lines a job: the format names no source line, thread or process, so don't look them up for each

@@ -222,6 +222,8 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
         if why is StopReason.MEMORY_HELD:
             reason = f"out of memory (held at its limit for {held_seconds:g}s)"
         # the group stays: the worker gives it back for a later job, or removes it (`Cgroups.give`)
+    if req.task and not reason and not why and os.WIFEXITED(status) and os.WEXITSTATUS(status) == tasks.FAILED:
+        reason = tasks.reason(jd)  # its module could not be imported: one line, the job's reason
     usage = meter.usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024)
     if peak is not None and (most := peak.peak_bytes()) is not None:  # the kernel's count over the sampled one
         usage = usage._replace(peak_rss_bytes=most)

@@ -45,7 +45,8 @@ FDS_ENV = "PILOOP_SHIM_FDS_FD"  # the host's end of the socket the shims' pairs 
 
 def handle(req: ShimRequest, channel: int, keep: tuple[int, ...]) -> None:
     """Fork a shim for `req`, its end of the worker's pair `channel`; `keep` are the host's own fds (closed in it)."""
-    if req.task and tasks.preload(req.task):  # here, once: every later fork starts with it imported
+    # here, once: every later fork starts with it imported; never shipped code, whose modules are its own address's
+    if req.task and not req.code and tasks.preload(req.task):
         gc.freeze()
     if req.cgroup is not None:
         cgroups.own_procs(req.cgroup.version)  # read here once, not in every shim
@@ -104,6 +105,7 @@ def main() -> None:
     fds = socket.socket(fileno=int(os.environ.pop(FDS_ENV)))
     shim.base_env()  # read here, once (after the fds' variables are gone): every shim forked later has it
     shim.setpriv_path()  # found once, likewise
+    tasks.use_path(os.environ.pop(tasks.PATH_ENV, ""))
     serve(sys.stdin.fileno(), fds)
 
 
@@ -123,8 +125,11 @@ class ShimHost:
     """The worker's handle on its shim host process, and on the shims it forked: a job goes to an idle shim straight,
     and to the host, to be forked a shim, only when none is idle."""
 
-    def __init__(self, user: jobuser.JobUser | None = None) -> None:
-        self.user = user  # the user every job runs as (`[plugins.executor] run_as`), or None: the worker's
+    def __init__(self, user: jobuser.JobUser | None = None, tasks_path: list[str] | None = None) -> None:
+        self.user = user
+        self.tasks_path = [
+            os.path.abspath(p) for p in tasks_path or []
+        ]  # first on the host's sys.path  # the user every job runs as (`[plugins.executor] run_as`), or None: the worker's
         if user is not None and not jobuser.available():
             import logging  # the worker's side only: the host process never imports it
 
@@ -151,6 +156,7 @@ class ShimHost:
                 **jobuser.without_credentials(os.environ),
                 shim.NOTIFY_ENV: str(theirs.fileno()),
                 FDS_ENV: str(fds_theirs.fileno()),
+                tasks.PATH_ENV: os.pathsep.join(self.tasks_path),
             }
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "piloop_worker.shimhost"],
@@ -236,7 +242,7 @@ class ShimHost:
             req = req._replace(user=self.user.wire())
         with self.lock:
             self._heard()  # words not yet read: a worker's loop reads them first, a caller of its own may not
-            module = tasks.module_of(req.task) if req.task else ""
+            module = tasks.module_of(req.task) if req.task and not req.code else ""
             if module and module not in self.sent_modules:
                 self.sent_modules.add(module)  # the host imports it before the fork: shims forked before lack it
                 self.generation += 1

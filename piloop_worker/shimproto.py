@@ -59,6 +59,8 @@ class ShimRequest(NamedTuple):
     metrics_seconds: float = 5.0
     task: str | None = None
     user: dict[str, Any] | None = None  # jobuser.JobUser.wire(): the user the job runs as
+    code: str | None = None  # a task's shipped code, unpacked (`taskcode.CodeCache`): never preloaded by the host
+    worker: str = ""  # the worker's name, for a task's one-line reason when its module cannot be imported
 
     def wire(self) -> bytes:
         d = self._asdict()

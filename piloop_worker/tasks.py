@@ -4,7 +4,12 @@ A task job's spec has `runner = "task"`, `argv = ["module:function"]`, and one i
 `args.pickle` (`{"args": [...], "kwargs": {...}}`). The shim forks (never execs) a child that calls `run`:
 it imports the module (the shim host has usually imported it already, so this costs nothing), calls the
 function, and writes its value to `outputs/result.json` (`{"value": ...}`) or `outputs/result.pickle`.
-An exception prints its traceback to the job's log, writes `outputs/error.json`, and exits 1.
+An exception prints its traceback to the job's log, writes `outputs/error.json`, and exits 1. A module that cannot
+be imported is one line instead (`unimportable`), which the shim makes the job's reason.
+
+Where modules come from (docs/jobs.md, "Where task code comes from"): a shipped code dir first (`req.code`, on the
+job's PYTHONPATH), then the tasks path (`[plugins.tasks] path`, `--tasks-path`: `use_path`, in the host, before any
+fork), then the worker's start dir and PYTHONPATH, as Python puts them.
 """
 
 from __future__ import annotations
@@ -28,6 +33,18 @@ from piloop_worker.shimproto import ShimRequest
 SERIALIZERS = ("json", "pickle")
 FAILED = 1
 CRASHED = 70  # the runner itself could not start (EX_SOFTWARE)
+PATH_ENV = "PILOOP_TASKS_PATH"  # the tasks path, from the worker to its shim host
+REASON_MAX = 1000
+
+TASKS_PATH: list[str] = []  # the tasks path, as the host put it on sys.path (`use_path`)
+START_DIR = os.getcwd()  # the dir the worker (and so the host) started in, on sys.path as Python put it there
+
+
+def use_path(raw: str) -> None:
+    """In the shim host, before its first fork: the tasks path (`os.pathsep`-separated) first on sys.path."""
+    global TASKS_PATH
+    TASKS_PATH = [os.path.abspath(p) for p in raw.split(os.pathsep) if p]
+    sys.path[0:0] = [p for p in TASKS_PATH if p not in sys.path]
 
 
 def module_of(target: str) -> str:
@@ -55,6 +72,38 @@ def resolve(target: str) -> Any:
     return obj
 
 
+def shadowed(code: str) -> list[str]:
+    """The modules already imported (by the host, for tasks without code) that the code dir `code` has its own
+    version of: a task of shipped code must import those from its code, not find the host's in sys.modules."""
+    tops = {p.name.removesuffix(".py") for p in Path(code).iterdir() if p.is_dir() or p.suffix == ".py"}
+    tops -= set(sys.stdlib_module_names) | {"piloop_common", "piloop_worker", "piloop_server"}
+    return [m for m in sys.modules if m.partition(".")[0] in tops]
+
+
+def unimportable(target: str, e: ModuleNotFoundError, req: ShimRequest) -> str | None:
+    """One line naming the module, the worker and the path searched, when `e` is the task's module (or a package
+    above it) not found; None for a module the task's own code imports (a traceback says more there)."""
+    module = module_of(target)
+    if not e.name or not (module == e.name or module.startswith(e.name + ".")):
+        return None
+    pythonpath = [p for p in req.env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    path = list(dict.fromkeys([*pythonpath, *TASKS_PATH, START_DIR]))
+    return (
+        f"task module {module!r} cannot be imported on worker {req.worker or '?'}: no module named {e.name!r} on its "
+        f"path {os.pathsep.join(path)} (see [plugins.tasks] path, --tasks-path, Client(code=…))"
+    )[:REASON_MAX]
+
+
+def reason(jd: JobDir) -> str:
+    """The one-line reason the task's process left in `error.json`, or ''."""
+    try:
+        got = json.loads((jd.outputs / "error.json").read_bytes())
+    except (OSError, ValueError):
+        return ""
+    why = got.get("reason") if isinstance(got, dict) else None
+    return why.splitlines()[0][:REASON_MAX] if isinstance(why, str) and why else ""
+
+
 def load_arguments(jd: JobDir) -> tuple[str, list[Any], dict[str, Any]]:
     for ser in SERIALIZERS:
         path = jd.inputs / f"args.{ser}"
@@ -69,11 +118,22 @@ def dump_result(ser: str, value: Any) -> bytes:
     return json.dumps({"value": value}).encode() if ser == "json" else pickle.dumps(value)
 
 
-def run(target: str, jd: JobDir) -> int:
+def run(target: str, jd: JobDir, req: ShimRequest | None = None) -> int:
     """Call the task and write its result; the exit status of the task's process."""
     try:
         ser, args, kwargs = load_arguments(jd)
-        value = resolve(target)(*args, **kwargs)
+        try:
+            fn = resolve(target)
+        except ModuleNotFoundError as e:
+            line = unimportable(target, e, req) if req is not None else None
+            if line is None:
+                raise
+            sys.stderr.write(line + "\n")
+            with contextlib.suppress(Exception):
+                error = {"type": "ModuleNotFoundError", "message": line, "traceback": "", "reason": line}
+                (jd.outputs / "error.json").write_text(json.dumps(error))
+            return FAILED
+        value = fn(*args, **kwargs)
         data = dump_result(ser, value)
     except BaseException as e:  # noqa: BLE001 — whatever the task raised (SystemExit too) is its failure
         import traceback  # here, on a failure only: it brings linecache, tokenize and textwrap into the shim host
@@ -125,11 +185,14 @@ def child(req: ShimRequest, jd: JobDir, cgroup_join: Path | None) -> None:
         for p in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
             if p not in sys.path:
                 sys.path.insert(0, p)
+        if req.code:
+            for name in shadowed(req.code):
+                del sys.modules[name]
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # lines reach the log (and `piloop attach`) as printed
         assert req.task is not None
-        code = run(req.task, jd)
+        code = run(req.task, jd, req)
     except BaseException:  # noqa: BLE001 — the task's host reports any end as its exit status
         with contextlib.suppress(BaseException):
             import traceback

@@ -17,6 +17,7 @@ from piloop_common.cli.daemon import init, serve, status, stop
 from piloop_common.cli.jobs import job
 from piloop_common.cli.relay import progress
 from piloop_common.cli.secret import secret
+from piloop_common.cli.task import task
 from piloop_common.cli.ui import ui
 from piloop_common.cli.worker import worker
 from piloop_common.errors import ConfigError, PiloopError
@@ -75,6 +76,7 @@ for command in (
     progress,
     attach,
     campaign,
+    task,
     ui,
 ):
     root.add_command(command)

@@ -31,13 +31,21 @@ from piloop_common.cli.output import ago, emit_json, table
     help="Where job directories go (default $PILOOP_HOME/work/<worker>).",
 )
 @click.option(
+    "--tasks-path",
+    "tasks_path",
+    multiple=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="A dir to import Python tasks' modules from, first on the path (repeat for more; default: the config's "
+    "[plugins.tasks] path, else the dir the worker starts in).",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     envvar="PILOOP_LOG_FORMAT",
     help="text (event=… key=value lines) or json (one object a line); default: the config's log_format.",
 )
 @click.pass_context
-def worker(ctx, server, socket, pool, token_file, name, image, workdir, log_format) -> None:
+def worker(ctx, server, socket, pool, token_file, name, image, workdir, tasks_path, log_format) -> None:
     """Run a worker: it calls the server, and the server never calls it."""
     if ctx.invoked_subcommand:
         return
@@ -70,6 +78,7 @@ def worker(ctx, server, socket, pool, token_file, name, image, workdir, log_form
             dir=workdir,
             home=ctx.obj.home,
             log_format=log_format,
+            tasks_path=list(tasks_path),
         )
     )
 
