@@ -41,6 +41,19 @@ def _entries(root: Path) -> list[Path]:
     return sorted(out, key=lambda p: p.relative_to(root).as_posix())
 
 
+def signature(root: str | Path) -> tuple[tuple[str, int, int, int], ...]:
+    """What a snapshot of `root` depends on, from stats alone: each file's name, size, mtime and mode. A client
+    packs the dir again only when it changed (`Client.push_code`), not for each task of a `map`."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        return ()
+    out = []
+    for p in _entries(root):
+        st = p.stat()
+        out.append((p.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns, st.st_mode))
+    return tuple(out)
+
+
 def pack(root: str | Path) -> bytes:
     """The snapshot of the code dir `root`: BadRequest when it is no dir, holds no file, or is too large to ship."""
     root = Path(root).expanduser()

@@ -45,7 +45,7 @@ class Client:
     def __init__(self, api: ApiClient | None = None, *, code: str | Path | None = None) -> None:
         self.api = api if api is not None else ApiClient.from_env()
         self.code = Path(code).expanduser().absolute() if code is not None else None
-        self._pushed: set[str] = set()
+        self._pushed: dict[str, tuple[Any, str]] = {}  # a dir's stats (`taskcode.signature`) and address, last push
 
     @classmethod
     def from_env(
@@ -94,13 +94,15 @@ class Client:
 
     def push_code(self, root: str | Path) -> str:
         """Put a snapshot of the code dir `root` in the server's CAS (`piloop_common.taskcode`); its address."""
-        from piloop_common.taskcode import pack
+        from piloop_common.taskcode import pack, signature
 
+        where, stats = str(Path(root).expanduser().absolute()), signature(root)
+        if stats and (last := self._pushed.get(where)) is not None and last[0] == stats:
+            return last[1]  # no file changed since this client pushed it: the server has it
         data = pack(root)
         address = hash_bytes(data)
-        if address not in self._pushed:  # the same snapshot again: the server has it
-            self.put_blob(data)
-            self._pushed.add(address)
+        self.put_blob(data)
+        self._pushed[where] = (stats, address)
         return address
 
     # -- jobs --------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from piloop_common.errors import BadRequest
-from piloop_common.taskcode import KEEP, KEEP_SECONDS, CodeCache, pack, unpack
+from piloop_common.taskcode import KEEP, KEEP_SECONDS, CodeCache, pack, signature, unpack
 
 
 def _names(blob: bytes) -> list[str]:
@@ -88,3 +88,12 @@ def test_the_cache_fetches_once_and_trims_the_least_recently_used_past_an_hour(t
     gone = cache.trim()
     assert sorted(p.name for p in gone) == [f"{i:064x}" for i in (KEEP - 1, KEEP, KEEP + 1)]
     assert one.is_dir() and sum(1 for _ in cache.root.iterdir()) == KEEP
+
+
+def test_the_signature_changes_with_any_file_and_not_otherwise(tmp_path):
+    root = _tree(tmp_path / "mypkg")
+    first = signature(root)
+    assert signature(root) == first and [name for name, *_ in first] == ["__init__.py", "sub/m.py"]
+    os.utime(root / "sub" / "m.py", ns=(1, 1))  # an edit that kept the size still moves the mtime
+    assert signature(root) != first
+    assert signature(tmp_path / "missing") == ()
