@@ -53,6 +53,11 @@ def job() -> None:
     metavar="DURATION",
     help="The wait before a failed job's next attempt (default 10s), doubling each time.",
 )
+@click.option(
+    "--code",
+    metavar="ADDRESS",
+    help="A code snapshot (`piloop task push DIR`) the worker puts first on the job's PYTHONPATH.",
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.argument("argv", nargs=-1, required=True, metavar="-- CMD ARGS…")
 @click.pass_obj
@@ -72,12 +77,21 @@ def submit(
     memory_max,
     max_attempts,
     backoff,
+    code,
     as_json,
     argv,
 ) -> None:
     """Queue a job; print its id. Inside a campaign's agent, `piloop job submit REV` queues its campaign's
     evaluation of that commit, and takes no other flag (piloop_common/cli/relay.py)."""
     policy = _policy(memory, memory_mb, memory_growth, memory_max, max_attempts, backoff)  # refuse bad flags first
+    if code is not None:
+        from piloop_common.cas.address import parse_address
+        from piloop_common.errors import BadAddress
+
+        try:
+            policy["code"] = parse_address(code)
+        except BadAddress as e:
+            raise click.UsageError(f"--code: {e.message} (`piloop task push DIR` prints one)") from None
     env = parse_env(envs)
     input_addrs = _put_inputs(obj, inputs) if inputs else {}
     spec = {

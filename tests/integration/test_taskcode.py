@@ -175,3 +175,19 @@ def test_task_push_prints_the_address_and_bad_input_is_one_line(setup, client):
         env={"PILOOP_HTTPS_TOKEN": "x"},
     )
     assert worker.returncode == 2 and f"--tasks-path: {base / 'missing'} is not a directory" in worker.stderr, worker
+
+
+def test_a_process_job_with_pushed_code_imports_from_it(setup, client):
+    d, _proc, _home, base = setup
+    plain = base / "plain"  # no __init__.py: a path entry, its module at the top
+    plain.mkdir()
+    mod = "pushed_" + uuid.uuid4().hex[:8]
+    (plain / f"{mod}.py").write_text("X = 'from the pushed code'\n")
+    address = d.cli("task", "push", str(plain), check=True).stdout.strip()
+    cmd = [sys.executable, "-c", f"import {mod}; print({mod}.X)"]
+    job = d.cli("job", "submit", "--pool", "gpu", "--code", address, "--", *cmd, check=True).stdout.strip()
+    view = client.wait(job, timeout=60)
+    assert view.state == "succeeded" and view.spec["code"] == address, view
+    assert client.log(job) == b"from the pushed code\n"
+    bad = d.cli("job", "submit", "--pool", "gpu", "--code", "sha256:nope", "--", "true")
+    assert bad.returncode == 2 and "--code: not a CAS address" in bad.stderr and "Traceback" not in bad.stderr, bad
