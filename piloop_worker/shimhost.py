@@ -126,10 +126,8 @@ class ShimHost:
     and to the host, to be forked a shim, only when none is idle."""
 
     def __init__(self, user: jobuser.JobUser | None = None, tasks_path: list[str] | None = None) -> None:
-        self.user = user
-        self.tasks_path = [
-            os.path.abspath(p) for p in tasks_path or []
-        ]  # first on the host's sys.path  # the user every job runs as (`[plugins.executor] run_as`), or None: the worker's
+        self.user = user  # the user every job runs as (`[plugins.executor] run_as`), or None: the worker's
+        self.tasks_path = [os.path.abspath(p) for p in tasks_path or []]  # first on the host's sys.path
         if user is not None and not jobuser.available():
             import logging  # the worker's side only: the host process never imports it
 
