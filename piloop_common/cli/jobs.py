@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import Any, get_args
 
 import click
 
 from piloop_common.cli.output import emit_json, parse_env, progress, progress_done, table, when
 from piloop_common.client import part
 from piloop_common.duration import parse_duration
+from piloop_common.protocol import JobState
 
 KIND = click.Choice(["evaluation", "agent"])
+JOB_STATES = get_args(JobState)
 
 
 @click.group()
@@ -161,12 +163,13 @@ def _policy(memory, memory_mb, growth, memory_max, max_attempts, backoff) -> dic
 
 
 @job.command("list")
-@click.option("--state")
-@click.option("--pool")
+@click.option("--state", type=click.Choice(JOB_STATES), help="Only jobs in this state.")
+@click.option("--pool", help="Only jobs of this pool.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 5000), help="The newest this many.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def listing(obj, state, pool, limit, as_json) -> None:
+    """The newest jobs, newest first."""
     with obj.api() as api:
         rows = api.call(
             "GET", "/v1/jobs", params={k: v for k, v in {"state": state, "pool": pool, "limit": limit}.items() if v}

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from piloop_common.operator_protocol import JobView, SubmitRequest, SubmitResponse
+from piloop_common.protocol import JobState
 from piloop_server import jobs
 from piloop_server.api import wakeup
 from piloop_server.api.deps import OperatorDep, RuntimeDep, ViewerDep
@@ -27,7 +28,7 @@ def submit(body: SubmitRequest, rt: RuntimeDep, caller: OperatorDep, request: Re
 def listing(
     rt: RuntimeDep,
     caller: ViewerDep,
-    state: str | None = None,
+    state: JobState | None = None,
     pool: str | None = None,
     limit: Annotated[int, Query(ge=1, le=MOST_LISTED)] = 200,
 ) -> list[JobView]:
