@@ -219,6 +219,9 @@ def show(obj, job_id, as_json) -> None:
         ("worker", j["worker"] or "-"),
         ("token", j["token"] or "-"),
         ("command", " ".join(j["spec"].get("argv", []))),
+        ("created", stamp(j.get("created_ms"))),
+        ("updated", stamp(j.get("updated_ms"))),
+        ("ran", f"{r['duration_seconds']:.1f} s" if r.get("duration_seconds") else "-"),
         ("exit", r.get("exit_code") if r else "-"),
         ("signal", r.get("signal") or "-"),
         ("peak memory", f"{usage.get('peak_rss_bytes', 0) / 2**20:.1f} MiB" if usage else "-"),
@@ -240,6 +243,15 @@ def show(obj, job_id, as_json) -> None:
     width = max(len(k) for k, _ in lines)
     for k, v in lines:
         click.echo(f"{k.ljust(width)}  {v}")
+
+
+def stamp(ms: int | None) -> str:
+    """A time to the second, local, with its zone: `job show`'s created and updated."""
+    if not ms:
+        return "-"
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ms / 1000).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
 def log_note(j: dict[str, Any]) -> str:

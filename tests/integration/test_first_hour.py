@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from piloop_common.errors import PiloopError
 
 
@@ -20,13 +22,18 @@ def test_job_list_refuses_an_unknown_state_naming_the_choices(daemon):
     assert daemon.cli("job", "list", "--state", "running", check=True).stdout.startswith(" job")
 
 
-def test_an_unknown_route_answers_piloops_own_404(daemon):
-    from piloop_common.errors import NotFound
+def test_job_show_prints_when_the_job_was_created_and_updated_and_how_long_it_ran(daemon):
+    job = daemon.cli("job", "submit", "--", "sh", "-c", "sleep 0.3; exit 3", check=True).stdout.strip()
+    r = daemon.cli("job", "wait", job, timeout=60)
+    assert r.returncode == 1 and r.stdout.startswith(f"{job}  failed  exit 3")
+    shown = dict(
+        line.split(None, 1) if " " in line else (line, "")
+        for line in daemon.cli("job", "show", job, check=True).stdout.splitlines()
+    )
+    stamp = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+$")
+    assert stamp.match(shown["created"].strip()), shown
+    assert stamp.match(shown["updated"].strip()), shown
+    assert shown["created"] <= shown["updated"]
+    ran = float(shown["ran"].strip().removesuffix(" s"))
+    assert 0.3 <= ran < 30, shown
 
-    with daemon.api() as api:
-        try:
-            api.call("GET", "/v1/nope")
-        except NotFound as e:
-            assert e.message == "no route GET /v1/nope"
-        else:
-            raise AssertionError("GET /v1/nope answered")
