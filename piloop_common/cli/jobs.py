@@ -202,6 +202,7 @@ def listing(obj, state, pool, limit, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def show(obj, job_id, as_json) -> None:
+    """A job: its state, times, worker, result, memory, log and outputs."""
     with obj.api() as api:
         j = api.call("GET", f"/v1/jobs/{part(job_id)}")
     if as_json:
@@ -288,7 +289,15 @@ def cancel(obj, job_id) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def wait(obj, job_ids, timeout, as_json) -> None:
-    """Wait for jobs to end; the exit status is 0 only when all succeeded."""
+    """Wait for jobs to end, and print each one's state, exit code and reason.
+
+    \b
+    Exit status:
+      0    every job succeeded
+      1    a job ended otherwise (failed, cancelled, lost, worker_lost)
+      124  --timeout passed first
+      other  as every piloop command: 2 a usage or config error, 1 an error such as an unknown job id
+    """
     from piloop_common.protocol import TERMINAL_STATES
 
     limit = parse_duration(timeout, "--timeout") if timeout else None

@@ -37,3 +37,14 @@ def test_job_show_prints_when_the_job_was_created_and_updated_and_how_long_it_ra
     ran = float(shown["ran"].strip().removesuffix(" s"))
     assert 0.3 <= ran < 30, shown
 
+
+def test_job_wait_exit_codes_are_the_documented_ones(daemon):
+    ok = daemon.cli("job", "submit", "--", "true", check=True).stdout.strip()
+    assert daemon.cli("job", "wait", ok, timeout=60).returncode == 0
+    slow = daemon.cli("job", "submit", "--", "sleep", "30", check=True).stdout.strip()
+    r = daemon.cli("job", "wait", slow, "--timeout", "1s", timeout=60)
+    assert r.returncode == 124 and "gave up after 1s" in r.stderr
+    daemon.cli("job", "cancel", slow, check=True)
+    assert daemon.cli("job", "wait", slow, timeout=60).returncode == 1
+    helped = daemon.cli("job", "wait", "--help", check=True).stdout
+    assert "124" in helped and "0    every job succeeded" in helped
