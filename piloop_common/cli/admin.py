@@ -23,9 +23,10 @@ def limits() -> None:
 @limits.command("set")
 @click.argument("assignment", metavar="KEY=VALUE")
 @click.option("--reason", required=True, help="Why: shown beside the limit in `piloop status`.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def limits_set(obj, assignment: str, reason: str, as_json: bool) -> None:
+    """Set a limit on a key, like executor.pools.serve.evaluations=1, until `limits unset`."""
     key, sep, value = assignment.partition("=")
     if not sep or not key.strip():
         raise click.UsageError(f"{assignment!r}: write KEY=VALUE, like executor.pools.serve.evaluations=1")
@@ -44,15 +45,17 @@ def limits_set(obj, assignment: str, reason: str, as_json: bool) -> None:
 @click.argument("key")
 @click.pass_obj
 def limits_unset(obj, key: str) -> None:
+    """Remove a limit: the key goes back to its config.toml value."""
     with obj.api() as api:
         api.call("DELETE", f"/v1/limits/{part(key)}")
     click.echo(f"{key}: the limit is gone")
 
 
 @limits.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def limits_list(obj, as_json: bool) -> None:
+    """The limits in force: key, value, reason, who set it and when."""
     with obj.api() as api:
         rows = api.call("GET", "/v1/limits")
     if as_json:
@@ -84,11 +87,12 @@ def token() -> None:
 @click.option("--pool", help="Bind the worker's token to this pool.")
 @click.option("--expires", metavar="DURATION", help="Like 30d or 12h; default never.")
 @click.option("--rename", is_flag=True, help="Let the worker choose its own name with --name.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def token_create(
     obj, name: str, role: str | None, pool: str | None, expires: str | None, rename: bool, as_json: bool
 ) -> None:
+    """Create a token, a worker's or (with --role) a person's, and print it: it is shown this once."""
     check_name("token", name)  # before the call: the server says the same, but a typo needs no daemon
     if role and (pool or rename):
         raise click.UsageError("--role makes a person's token: --pool and --rename are for a worker's")
@@ -105,9 +109,10 @@ def token_create(
 
 
 @token.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def token_list(obj, as_json: bool) -> None:
+    """Every token: its name, kind, pool, state (live, expired, revoked), when made and by whom."""
     with obj.api() as api:
         rows = api.call("GET", "/v1/tokens")
     if as_json:
@@ -145,13 +150,14 @@ def token_list(obj, as_json: bool) -> None:
 @click.argument("name")
 @click.pass_obj
 def token_revoke(obj, name: str) -> None:
+    """Revoke a token: the next call made with it is refused."""
     with obj.api() as api:
         api.call("DELETE", f"/v1/tokens/{part(name)}")
     click.echo(f"token {name}: revoked; whoever uses it is refused at their next call")
 
 
 @token.command("purge")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def token_purge(obj, as_json: bool) -> None:
     """Remove the revoked tokens' records: their names are free, their tokens unknown."""
@@ -193,7 +199,7 @@ def events(obj, follow: bool, last: int, as_json: bool) -> None:
 
 @click.group(invoke_without_command=True)
 @click.option("--all", "show_all", is_flag=True, help="Acknowledged ones too.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def inbox(ctx, show_all: bool, as_json: bool) -> None:
     """Escalations: what the daemon needs a person to look at."""
@@ -217,6 +223,7 @@ def inbox(ctx, show_all: bool, as_json: bool) -> None:
 @click.argument("ids", nargs=-1, required=True)
 @click.pass_obj
 def inbox_ack(obj, ids: tuple[str, ...]) -> None:
+    """Acknowledge escalations by id: they leave the inbox and `piloop status`."""
     with obj.api() as api:
         for eid in ids:
             api.call("POST", f"/v1/inbox/{part(eid)}/ack")

@@ -29,8 +29,8 @@ def _score(v: float | None) -> str:
 @click.option("--agent-cmd", required=True, help="The agent's command (run by sh in its clone).")
 @click.option("--eval-cmd", required=True, help="Prints the score: `score=<number>` (or JSON) as its last line.")
 @click.option("--agents", default=1, show_default=True, type=click.IntRange(0, 1000), help="Agents kept live.")
-@click.option("--agent-pool", default="serve", show_default=True)
-@click.option("--eval-pool", default="serve", show_default=True)
+@click.option("--agent-pool", default="serve", show_default=True, help="The pool its agents run on.")
+@click.option("--eval-pool", default="serve", show_default=True, help="The pool its evaluations run on.")
 @click.option("--workspace", metavar="DIR", help="The shared workspace's first copy.")
 @click.option("--agent-timeout", metavar="DURATION", help="Stop an agent after this long, like 2h.")
 @click.option("--eval-timeout", metavar="DURATION", help="Stop an evaluation after this long.")
@@ -45,7 +45,7 @@ def _score(v: float | None) -> str:
 )
 @click.option("--secret", "secrets", multiple=True, metavar="NAME", help="A secret the agents get as env.")
 @click.option("--env", "envs", multiple=True, metavar="K=V", help="Env for the agents.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def create(
     obj,
@@ -109,9 +109,10 @@ def create(
 
 
 @campaign.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def listing(obj, as_json) -> None:
+    """Every campaign: its state, live agents, runs and best score."""
     with obj.api() as api:
         rows = api.call("GET", "/v1/campaigns")
     if as_json:
@@ -140,7 +141,7 @@ def listing(obj, as_json) -> None:
 @campaign.command("show")
 @click.argument("name")
 @click.option("--runs", "max_runs", default=20, show_default=True, help="How many runs to list (best first).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def show(obj, name, max_runs, as_json) -> None:
     """A campaign, its live agents, and its runs ranked by score."""
@@ -204,6 +205,7 @@ def pause(obj, name) -> None:
 @click.argument("name")
 @click.pass_obj
 def resume(obj, name) -> None:
+    """Launch agents again after `campaign pause`."""
     _post(obj, name, "resume")
     click.echo(f"campaign {name}: active")
 

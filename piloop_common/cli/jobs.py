@@ -23,12 +23,18 @@ def job() -> None:
 
 
 @job.command("submit")
-@click.option("--kind", type=KIND, default="evaluation", show_default=True)
-@click.option("--pool", default="serve", show_default=True)
-@click.option("--campaign", default="")
+@click.option(
+    "--kind",
+    type=KIND,
+    default="evaluation",
+    show_default=True,
+    help="An evaluation, or an agent session: each kind has its own slots.",
+)
+@click.option("--pool", default="serve", show_default=True, help="The pool whose workers run it.")
+@click.option("--campaign", default="", help="The campaign it counts for, if any.")
 @click.option("--image", default="", help="Only a worker with this image runs it.")
 @click.option("--secret", "secrets", multiple=True, metavar="NAME", help="A secret the job gets as env.")
-@click.option("--env", "envs", multiple=True, metavar="K=V")
+@click.option("--env", "envs", multiple=True, metavar="K=V", help="An environment variable of the job.")
 @click.option("--input", "inputs", multiple=True, metavar="PATH", help="A file put in the CAS and given to the job.")
 @click.option("--timeout", metavar="DURATION", help="Stop the job after this long, like 30m.")
 @click.option(
@@ -60,7 +66,7 @@ def job() -> None:
     metavar="ADDRESS",
     help="A code snapshot (`piloop task push DIR`) the worker puts first on the job's PYTHONPATH.",
 )
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.argument("argv", nargs=-1, required=True, metavar="-- CMD ARGS…")
 @click.pass_obj
 def submit(
@@ -166,7 +172,7 @@ def _policy(memory, memory_mb, growth, memory_max, max_attempts, backoff) -> dic
 @click.option("--state", type=click.Choice(JOB_STATES), help="Only jobs in this state.")
 @click.option("--pool", help="Only jobs of this pool.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 5000), help="The newest this many.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def listing(obj, state, pool, limit, as_json) -> None:
     """The newest jobs, newest first."""
@@ -199,7 +205,7 @@ def listing(obj, state, pool, limit, as_json) -> None:
 
 @job.command("show")
 @click.argument("job_id")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def show(obj, job_id, as_json) -> None:
     """A job: its state, times, worker, result, memory, log and outputs."""
@@ -286,7 +292,7 @@ def cancel(obj, job_id) -> None:
 @job.command("wait")
 @click.argument("job_ids", nargs=-1, required=True)
 @click.option("--timeout", metavar="DURATION", help="Give up after this long (exit 124).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def wait(obj, job_ids, timeout, as_json) -> None:
     """Wait for jobs to end, and print each one's state, exit code and reason.

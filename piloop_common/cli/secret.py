@@ -48,7 +48,7 @@ def secret_set(obj, name: str) -> None:
 
 
 @secret.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def secret_list(obj, as_json: bool) -> None:
     """Each secret's name, when it was set and by whom: never its value."""
@@ -88,7 +88,7 @@ def secret_rm(obj, name: str) -> None:
 
 
 @secret.command("rotate-key")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def secret_rotate_key(obj, as_json: bool) -> None:
     """Reseal every secret under a new key, which replaces `$PILOOP_HOME/secret.key`; the old key opens none."""

@@ -85,7 +85,7 @@ def worker(ctx, server, socket, pool, token_file, name, image, workdir, tasks_pa
 
 @worker.command("list")
 @click.option("--wide", is_flag=True, help="Also each worker's room (the memory it can grant) and what it has granted.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def worker_list(obj, wide: bool, as_json: bool) -> None:
     """Each worker, its host, its slots in use, and why it got no lease."""
