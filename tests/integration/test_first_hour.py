@@ -48,3 +48,12 @@ def test_job_wait_exit_codes_are_the_documented_ones(daemon):
     assert daemon.cli("job", "wait", slow, timeout=60).returncode == 1
     helped = daemon.cli("job", "wait", "--help", check=True).stdout
     assert "124" in helped and "0    every job succeeded" in helped
+
+
+def test_limits_set_refuses_a_boolean_for_a_number_naming_the_key(daemon):
+    r = daemon.cli("limits", "set", "executor.pools.serve.max_load=true", "--reason", "typo")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "executor.pools.serve.max_load = 'true' is refused" in r.stderr, r.stderr
+    assert daemon.cli("limits", "list", check=True).stdout.strip() == "no limits"
+    r = daemon.cli("limits", "set", "executor.pools.serve.evaluations=True", "--reason", "typo")
+    assert r.returncode == 1 and "executor.pools.serve.evaluations" in r.stderr and "integer" in r.stderr
