@@ -12,6 +12,10 @@ from piloop_server.provisioner.manager import records as provisioned_records
 from piloop_server.runtime import Runtime
 from piloop_server.state.records.lease import KINDS
 
+# pools.host_reason's only: the view reads it from the worker's latest sample. ("memory" is also a claim's own
+# reason, a grant that does not fit the room, so a stored one stays.)
+HOST_REASONS = ("load",)
+
 
 def now_ms(rt: Runtime) -> int:
     return rt.workers.now_ms()
@@ -37,7 +41,9 @@ def views(rt: Runtime) -> list[WorkerView]:
             reason = pools.host_reason(pool, sample, (raw or {}).get("admission", ""))
             if not reason and agents >= pool.agents and evals >= pool.evaluations:
                 reason = "slots"
-            reason = reason or w.reason or "nothing"
+            # the last claim's host reason is older than the sample read above: a host fit again says so at once
+            stored = "" if w.reason in HOST_REASONS else w.reason
+            reason = reason or stored or "nothing"
         out.append(
             WorkerView(
                 name=w.name,

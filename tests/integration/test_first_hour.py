@@ -57,3 +57,24 @@ def test_limits_set_refuses_a_boolean_for_a_number_naming_the_key(daemon):
     assert daemon.cli("limits", "list", check=True).stdout.strip() == "no limits"
     r = daemon.cli("limits", "set", "executor.pools.serve.evaluations=True", "--reason", "typo")
     assert r.returncode == 1 and "executor.pools.serve.evaluations" in r.stderr and "integer" in r.stderr
+
+
+def test_worker_list_drops_a_load_reason_once_the_hosts_sample_fits_again(server):
+    from tests.helpers.workers import HandWorker, token
+
+    d = server
+    hand = HandWorker(d, "gpu7", token(d, "gpu7"), "gpu").register()
+    try:
+        d.cli("limits", "set", "executor.pools.gpu.max_load=2", "--reason", "test", check=True)
+        busy = hand.hello()
+        busy["sample"]["load1"] = 5.0
+        assert hand.post("heartbeat", busy).status_code == 200
+        assert hand.post("claim", {"want": {"evaluation": 1}}).json()["reason"] == "load"
+        # the host is idle again, and no claim has come since the one refused for load; read at once through the API
+        # (the table's `no lease` column), as a CLI process could start after grace and find it unreachable
+        assert hand.post("heartbeat", hand.hello()).status_code == 200
+        with d.api() as api:
+            (row,) = [w for w in api.call("GET", "/v1/workers") if w["name"] == "gpu7"]
+        assert row["reachable"] and row["no_lease"] == "nothing", row
+    finally:
+        hand.close()
