@@ -84,11 +84,13 @@ def worker(ctx, server, socket, pool, token_file, name, image, workdir, tasks_pa
 
 
 @worker.command("list")
-@click.option("--wide", is_flag=True, help="Also each worker's room (the memory it can grant) and what it has granted.")
+@click.option(
+    "--wide", is_flag=True, help="Also each worker's host, its room (the memory it can grant) and what it has granted."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def worker_list(obj, wide: bool, as_json: bool) -> None:
-    """Each worker, its host, its slots in use, and why it got no lease."""
+    """Each worker, its host's load, memory and disk, its slots in use, and why it got no lease (--wide: its host)."""
     with obj.api() as api:
         rows = api.call("GET", "/v1/workers")
     if as_json:
@@ -117,12 +119,16 @@ def worker_list(obj, wide: bool, as_json: bool) -> None:
             from piloop_common.sizes import format_memory
 
             granted = w.get("granted_mb") or 0
-            out[-1] += [format_memory(w.get("room_mb")), format_memory(granted) if granted else "0"]
-    # the default columns are the spec's, word for word; memory grants are the --wide columns
+            out[-1] += [
+                w.get("host") or "-",
+                format_memory(w.get("room_mb")),
+                format_memory(granted) if granted else "0",
+            ]
+    # the default columns are the spec's, word for word; the host and memory grants are the --wide columns
     click.echo(
         table(
             ["worker", "pool", "seen", "load", "memory", "disk", "agents", "evaluations", "no lease"]
-            + (["room", "granted"] if wide else []),
+            + (["host", "room", "granted"] if wide else []),
             out,
         )
     )

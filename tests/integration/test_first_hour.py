@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from piloop_common.errors import PiloopError
+from tests.helpers.redis import wait_for
 
 
 def test_job_list_refuses_an_unknown_state_naming_the_choices(daemon):
@@ -78,3 +79,18 @@ def test_worker_list_drops_a_load_reason_once_the_hosts_sample_fits_again(server
         assert row["reachable"] and row["no_lease"] == "nothing", row
     finally:
         hand.close()
+
+
+def test_worker_list_wide_names_each_workers_host(daemon):
+    import socket
+
+    def serve_row() -> list[str] | None:
+        lines = daemon.cli("worker", "list", "--wide", check=True).stdout.splitlines()
+        return next((line.split() for line in lines[1:] if line.split()[0] == "serve"), None)
+
+    row = wait_for(serve_row, 20, interval=0.2, what="the serve worker in worker list")
+    header = daemon.cli("worker", "list", "--wide", check=True).stdout.splitlines()[0].split()
+    assert header[-3:] == ["host", "room", "granted"]
+    assert socket.gethostname() in row, row
+    # the default table stays the spec's, word for word
+    assert daemon.cli("worker", "list", check=True).stdout.splitlines()[0].split()[-2:] == ["no", "lease"]

@@ -9,6 +9,7 @@ again; a cancelled one never is."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import time
 
@@ -159,7 +160,8 @@ def test_a_worker_takes_no_job_whose_grant_does_not_fit_its_room(mem):
     assert view(d, jobs[2])["state"] == "queued"
     wide = d.cli("worker", "list", "--wide", check=True).stdout.splitlines()
     assert wide[0].split()[-2:] == ["room", "granted"]
-    assert next(r for r in wide if r.split()[0] == "m1").split()[-5:] == ["memory", "2.0", "GiB", "2.0", "GiB"]
+    m1 = next(r for r in wide if r.split()[0] == "m1").split()
+    assert m1[-6:] == ["memory", socket.gethostname(), "2.0", "GiB", "2.0", "GiB"], m1
     st = d.cli("status", check=True).stdout
     assert "memory granted/room" in st and "2.0/2.0 GiB" in next(r for r in st.splitlines() if r.startswith(" mem ")), (
         st
