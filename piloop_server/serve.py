@@ -133,11 +133,16 @@ class WorkerChild:
                 backoff = min(backoff * 2, 60)
                 self.start()
 
-    def stop(self) -> None:
+    def begin_stop(self) -> None:
         """SIGTERM: the worker detaches and exits, leaving its jobs under their shims for the next daemon."""
         self.stopping = True
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
+
+    def stop(self) -> None:
+        """`begin_stop`, and wait for the worker to exit."""
+        self.begin_stop()
+        if self.proc is not None:
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
@@ -261,8 +266,16 @@ def run(settings: Settings, home: Path, listen: str | None, log_format: LogForma
 
         async def main() -> None:
             loop = asyncio.get_running_loop()
+
+            def shut() -> None:
+                for s in servers:
+                    s.should_exit = True
+                wakeup.of(api).close()  # uvicorn waits for its requests: a long-polling claim would hold it 5 s
+                if child:
+                    child.begin_stop()  # its detach overlaps the servers' shutdown
+
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, lambda: [setattr(s, "should_exit", True) for s in servers])
+                loop.add_signal_handler(sig, shut)
             await asyncio.gather(*(s.serve(sockets=[sk]) for s, sk in zip(servers, servers_socks, strict=True)))
 
         try:

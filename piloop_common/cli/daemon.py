@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -171,7 +172,13 @@ def serve(obj, detach: bool, listen: str | None, log_format: str | None) -> None
         where = f", listening on {listen}" if listen else ""
         click.echo(f"piloop: the daemon is running (pid {health['pid']}){where}")
         return
-    sys.exit(run(settings, obj.home, listen, log_format))  # type: ignore[arg-type]  # click.Choice: text|json
+    code = run(settings, obj.home, listen, log_format)  # type: ignore[arg-type]  # click.Choice: text|json
+    # everything is stopped and the log flushed; the interpreter's own teardown of the server's modules took half a
+    # second more of every `piloop stop`
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 @click.command()
@@ -184,18 +191,40 @@ def stop(obj, timeout: float) -> None:
         click.echo("piloop: no daemon is running")
         return
     os.kill(pid, signal.SIGTERM)
+    click.echo(
+        f"piloop: stopping the daemon (pid {pid}): it ends its requests, detaches its worker and stops its "
+        "embedded Redis",
+        err=True,
+    )
     started = time.monotonic()
     while time.monotonic() - started < timeout:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if _gone(pid):
             progress_done()
             click.echo(f"piloop: the daemon stopped (pid {pid}); its worker's jobs run on under their shims")
             return
-        progress(f"piloop: stopping the daemon (pid {pid})… {time.monotonic() - started:.0f}s")
-        time.sleep(0.1)
+        progress(f"piloop: waiting for the daemon (pid {pid}) to exit… {time.monotonic() - started:.0f}s")
+        time.sleep(0.05)
     progress_done()
-    raise click.ClickException(f"the daemon (pid {pid}) did not stop within {timeout:g}s")
+    raise click.ClickException(f"the daemon (pid {pid}) did not stop within {timeout:g}s; see {_daemon_log(obj.home)}")
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited: no such pid, or a zombie its new parent has not reaped yet (an init that reaps
+    slowly kept `stop` waiting 2 s for nothing)."""
+    try:
+        os.kill(pid, 0)
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (ProcessLookupError, FileNotFoundError):
+        return True
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
+
+
+def _daemon_log(home: Path) -> Path:
+    from piloop_server.logfiles import DAEMON_LOG, logs_dir
+
+    return logs_dir(home) / DAEMON_LOG
 
 
 def _backoff(p: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ class Wakeup:
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.event: asyncio.Event | None = None
+        self.closing = False  # the daemon stops: a claim no longer waits, so the server's shutdown need not
 
     def current(self) -> asyncio.Event:
         """The event the next `notify` sets (call on the event loop)."""
@@ -34,6 +35,11 @@ class Wakeup:
         loop = self.loop
         if loop is not None and self.event is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._fire)
+
+    def close(self) -> None:
+        """Wake every waiting claim for good: the daemon stops (call on the event loop)."""
+        self.closing = True
+        self._fire()
 
 
 def of(app: Any) -> Wakeup:

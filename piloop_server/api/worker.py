@@ -139,10 +139,12 @@ async def claim(body: ClaimRequest, rt: RuntimeDep, caller: WorkerDep, request: 
         event = wake.current()  # before looking: a job queued meanwhile sets it
         resp = await _claim_for(body, rt, caller, request)
         left = end - time.monotonic()
-        if resp.leases or resp.reason != "nothing" or left <= 0:
+        if resp.leases or resp.reason != "nothing" or left <= 0 or wake.closing:
             return _json(resp)
         try:
             await asyncio.wait_for(event.wait(), left)
+            if wake.closing:
+                return _json(ClaimResponse(reason="nothing"))
         except TimeoutError:
             if await request.is_disconnected():
                 return _json(ClaimResponse(reason="nothing"))

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from piloop_common.errors import Unavailable
 
@@ -104,7 +106,8 @@ def start(home: Path, timeout: float = 15.0) -> subprocess.Popen[bytes] | None:
 def stop(home: Path, proc: subprocess.Popen[bytes] | None) -> None:
     sock = socket_path(home)
     try:
-        with redis.Redis(unix_socket_path=str(sock), socket_connect_timeout=1) as c:
+        # no retries: the server closes the connection as it exits, which redis-py would retry for 4 s
+        with redis.Redis(unix_socket_path=str(sock), socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)) as c:
             c.shutdown(nosave=False)
     except (redis.exceptions.RedisError, OSError):
         pass
