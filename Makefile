@@ -8,11 +8,14 @@ DEMO_HOME ?= $(CURDIR)/.piloop-demo
 
 .PHONY: venv demo lint test test-redis7 bench clean
 
+# once per change of pyproject.toml: about a minute, so it says so and pip prints each package it fetches
 $(BIN)/.installed: pyproject.toml
+	@echo "== setting up $(VENV) (once; about a minute)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -e '.[test]'
 	touch $@
+	@echo "== $(VENV) is ready"
 
 venv: $(BIN)/.installed
 

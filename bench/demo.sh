@@ -26,8 +26,13 @@ agent='g=$(cat guess.txt); s=$(od -An -N1 -tu1 /dev/urandom | tr -d " "); g=$((g
 eval_cmd='g=$(cat guess.txt); d=$((g > 42 ? g - 42 : 42 - g)); echo "guess $g is $d away"; echo "score=$((100 - d))"'
 
 echo "== a campaign: two agents live at a time on the serve worker"
+# a run before this one left its campaign (to look at afterwards): start afresh, so the demo runs again and again
+if piloop campaign show guess >/dev/null 2>&1; then
+  piloop campaign rm guess --force
+fi
 piloop campaign create guess --repo "$repo" --workspace "$work/workspace" --agents 2 \
   --agent-cmd "$agent" --eval-cmd "$eval_cmd"
+echo "== waiting for 6 scored runs (about a minute)"
 piloop campaign wait guess --runs 6 --timeout 5m
 piloop campaign pause guess
 echo "== the campaign, its runs ranked by score"
