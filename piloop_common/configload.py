@@ -6,6 +6,7 @@ the key and what is allowed.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import tomllib
@@ -154,7 +155,32 @@ def load_settings(home: Path | None = None, env: dict[str, str] | None = None, p
     if "home" in merged:
         raise ConfigError(f"{file}: home: set PILOOP_HOME or --home, not a key in config.toml")
     try:
-        return Settings(home=home, **merged)
+        settings = Settings(home=home, **merged)
     except ValidationError as e:
         lines = [_describe(err, sources, origin) for err in e.errors()]
         raise ConfigError("; ".join(lines), source=str(file)) from None
+    _check_extras(settings, sources)
+    return settings
+
+
+# a provider whose client library is an extra (the module, the extra): without it the pool's first start failed
+# minutes later, in the task log only
+PROVIDER_EXTRAS = {"modal": ("modal", "piloop[modal]")}
+
+
+def _check_extras(settings: Settings, sources: list[tuple[str, dict[str, Any]]]) -> None:
+    """A ConfigError naming the pool and the extra to install, for a provider whose library is not importable."""
+    for name, pool in sorted(settings.executor.pools.items()):
+        provider = pool.provisioner.compute.provider if pool.provisioner else ""
+        if provider not in PROVIDER_EXTRAS:
+            continue
+        module, extra = PROVIDER_EXTRAS[provider]
+        if importlib.util.find_spec(module) is not None:
+            continue
+        loc = ("plugins", "executor", "pools", name, "provisioner", "compute", "provider")
+        where = next((n for n, data in reversed(sources) if _has_path(data, loc)), "defaults")
+        raise ConfigError(
+            f'{where}: executor.pools.{name}.provisioner.compute.provider = "{provider}" needs the {extra} extra, '
+            f"which is not installed: pip install '{extra}'",
+            source=str(where),
+        )
