@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from piloop_common.cli.live import agent_lines
 from piloop_common.cli.output import ago, emit_json, progress, progress_done, table
 from piloop_common.errors import PiloopError, Unavailable
 
@@ -246,10 +247,11 @@ def _memory(p: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def status(obj, as_json: bool) -> None:
-    """The daemon, Redis, the CAS, each pool's slots and jobs, limits and escalations."""
+    """The daemon, Redis, the CAS, each pool's slots and jobs, the running agents' last lines, limits and escalations."""
     try:
         with obj.api() as api:
             st = api.call("GET", "/v1/status")
+            live = [] if as_json else agent_lines(api)
     except Unavailable as down:
         if as_json:
             emit_json({"daemon": None})
@@ -331,6 +333,9 @@ def status(obj, as_json: bool) -> None:
             for c in st["campaigns"]
         ]
         click.echo(table(["campaign", "state", "agents live/target", "queued", "runs", "best runs"], rows))
+    if live:
+        click.echo("")
+        click.echo("\n".join(live))
     if st["limits"]:
         click.echo("")
         click.echo("limits")

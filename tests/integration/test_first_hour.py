@@ -94,3 +94,30 @@ def test_worker_list_wide_names_each_workers_host(daemon):
     assert socket.gethostname() in row, row
     # the default table stays the spec's, word for word
     assert daemon.cli("worker", "list", check=True).stdout.splitlines()[0].split()[-2:] == ["no", "lease"]
+
+
+def test_status_shows_a_running_agents_last_lines_and_how_to_follow_it(daemon):
+    job = daemon.cli(
+        "job",
+        "submit",
+        "--kind",
+        "agent",
+        "--",
+        "sh",
+        "-c",
+        "echo one; echo two; echo three; echo four; sleep 60",
+        check=True,
+    ).stdout.strip()
+    try:
+
+        def shown() -> str | None:
+            out = daemon.cli("status", check=True).stdout
+            return out if "| four" in out else None
+
+        out = wait_for(shown, 45, interval=0.5, what="status to show the agent's last lines")
+        section = out[out.index("agents running (1)") :].splitlines()
+        assert "`piloop attach JOB` follows one" in section[0]
+        assert section[1].split() == [job, "on", "serve"]
+        assert [ln.strip() for ln in section[2:5]] == ["| two", "| three", "| four"]  # the last three
+    finally:
+        daemon.cli("job", "cancel", job)
