@@ -121,3 +121,15 @@ def test_status_shows_a_running_agents_last_lines_and_how_to_follow_it(daemon):
         assert [ln.strip() for ln in section[2:5]] == ["| two", "| three", "| four"]  # the last three
     finally:
         daemon.cli("job", "cancel", job)
+
+
+def test_an_unknown_route_answers_piloops_own_404(daemon):
+    from piloop_common.errors import NotFound
+
+    with daemon.api() as api:
+        try:
+            api.call("GET", "/v1/nope")
+        except NotFound as e:
+            assert e.message == "no route GET /v1/nope"
+        else:
+            raise AssertionError("GET /v1/nope answered")
