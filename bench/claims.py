@@ -111,20 +111,7 @@ def rq_rate(r: redis.Redis, n: int) -> float:
 
 def http_rates(rp: RedisProcess, n: int, workers: int) -> tuple[float, float]:
     ns = "h" + uuid.uuid4().hex[:8]
-    config = """
-[plugins.executor]
-renew_seconds = 10
-grace_seconds = 60
-toleration_seconds = 600
-[plugins.executor.pools.serve]
-agents = 0
-evaluations = 0
-[plugins.executor.pools.bench]
-agents = 0
-evaluations = 100000
-max_load = 100000
-"""
-    d = Daemon(short_home("bench"), config=config, redis_url=rp.url, namespace=ns)
+    d = Daemon(short_home("bench"), config=SERVER_CONFIG, redis_url=rp.url, namespace=ns)
     port = free_port()
     d.start(listen=f"127.0.0.1:{port}")
     try:

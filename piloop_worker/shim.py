@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import os
 import select
 import signal
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from piloop_common.prctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl, set_name
-from piloop_worker import clock, jobtree, jobuser, metrics, tasks
+from piloop_worker import clock, jobtree, jobuser, metrics, spawning, tasks
 from piloop_worker.cgroups import HeldWatch, JobCgroup
 from piloop_worker.jobdir import JobDir
 from piloop_worker.shimproto import ExitRecord, ShimRecord, ShimRequest, StopReason
@@ -283,11 +282,14 @@ def _spawn(req: ShimRequest, jd: JobDir, cg: JobCgroup | None) -> subprocess.Pop
     with open(jd.output_log, "ab") as log, cg.entered() if cg is not None else contextlib.nullcontext(False) as inside:
         argv = req.argv
         prepare: Callable[[], None] | None = _in_child(cg if cg is not None and not inside else None, user is not None)
-        if user is None and (cg is None or inside) and (helper := setpriv_path()) is not None:
+        if user is None and (cg is None or inside) and (helper := spawning.setpriv_path()) is not None:
             # the parent-death signal set by setpriv before it execs the job, not by a `preexec_fn`: Python then
             # spawns with vfork, not a fork of the whole shim (bench: 0.8 ms a /bin/true job against 5.5, with the
             # job's exec 1.8; docs/worker.md)
-            argv, prepare = [helper, "--pdeathsig", "KILL", "--", _found(req.argv[0], env, jd.work), *argv[1:]], None
+            argv, prepare = (
+                [helper, "--pdeathsig", "KILL", "--", spawning.found(req.argv[0], env, jd.work), *argv[1:]],
+                None,
+            )
         proc = subprocess.Popen(
             argv,
             cwd=jd.work,
@@ -300,40 +302,6 @@ def _spawn(req: ShimRequest, jd: JobDir, cg: JobCgroup | None) -> subprocess.Pop
             **as_user,
         )
     return proc
-
-
-@functools.cache
-def setpriv_path() -> str | None:
-    """util-linux's setpriv (2.33+, which has --pdeathsig), or None: then a `preexec_fn` sets the signal."""
-    path = _on_path("setpriv", os.environ.get("PATH", os.defpath))
-    if path is None:
-        return None
-    probe = subprocess.run([path, "--pdeathsig", "KILL", "--", "/bin/true"], capture_output=True, check=False)
-    return path if probe.returncode == 0 else None
-
-
-def _found(program: str, env: dict[str, str], cwd: Path) -> str:
-    """`program` as the job will run it, or FileNotFoundError as subprocess would raise it: so a job that names no
-    program fails with the shim's own `cannot start` line, not setpriv's."""
-    if "/" in program:
-        where = cwd / program
-        if os.access(where, os.X_OK) and where.is_file():
-            return program
-        if where.exists():
-            raise PermissionError(13, "Permission denied", program)
-    elif _on_path(program, env.get("PATH", os.defpath)) is not None:
-        return program
-    raise FileNotFoundError(2, "No such file or directory", program)
-
-
-def _on_path(name: str, path: str) -> str | None:
-    """`name`'s first executable file on `path`, as execvp searches it: `shutil.which` without `shutil`, whose
-    imports (bz2, lzma) every fork of the shim host would copy (test_worker_parts)."""
-    for d in path.split(os.pathsep):
-        found = os.path.join(d or ".", name)
-        if os.access(found, os.X_OK) and os.path.isfile(found):
-            return found
-    return None
 
 
 def _in_child(cg: JobCgroup | None, isolate: bool) -> Callable[[], None]:

@@ -36,7 +36,14 @@ import threading
 from pathlib import Path
 
 from piloop_common.prctl import set_name
-from piloop_worker import cgroups, clock, jobuser, shim, tasks  # imported here, once, so every forked shim starts warm
+from piloop_worker import (
+    cgroups,
+    clock,
+    jobuser,
+    shim,
+    spawning,
+    tasks,
+)  # imported here, once, so every forked shim starts warm
 from piloop_worker.shimproto import ShimRequest
 
 IDLE_SECONDS = 60.0  # an idle shim held longer than this is let go: a burst's shims do not stay forever
@@ -104,7 +111,7 @@ def main() -> None:
     shim.open_notify()
     fds = socket.socket(fileno=int(os.environ.pop(FDS_ENV)))
     shim.base_env()  # read here, once (after the fds' variables are gone): every shim forked later has it
-    shim.setpriv_path()  # found once, likewise
+    spawning.setpriv_path()  # found once, likewise
     tasks.use_path(os.environ.pop(tasks.PATH_ENV, ""))
     serve(sys.stdin.fileno(), fds)
 
