@@ -1,8 +1,11 @@
 """The daemon's pass, every `pass_seconds`: the generation, limits, the disruption hold, lease expiry,
-provisioned pools, and retention (of Redis, the CAS and the daemon's logs)."""
+provisioned pools, and retention (of Redis, the CAS and the daemon's logs). Of several servers on one namespace
+only the pass leader runs it (piloop_server/leader.py), under its fencing token; the others only follow the limits
+and keep their own logs."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -12,11 +15,13 @@ from typing import Any
 from piloop_common.config import ExecutorConfig
 from piloop_common.errors import PiloopError
 from piloop_server import campaigns, cas_gc, logfiles
+from piloop_server.leader import Leadership
 from piloop_server.runtime import Runtime
 from piloop_server.state.disruption import Policy
 from piloop_server.state.errors import UNREACHABLE
 from piloop_server.state.generation import GenerationRecord
 from piloop_server.state.retention import PRUNE_BATCH, Horizons
+from piloop_server.state.scripts import Fence, Fenced
 
 log = logging.getLogger("piloop.daemon")
 BY = "service:daemon"
@@ -33,6 +38,17 @@ DISRUPTION_HOLD_TOLERATIONS = 2
 PRUNE_BATCHES = 4
 EVENTS_TRIM_SECONDS = 60.0
 MEMORY_ALARM_SHARE = 0.8  # of Redis's maxmemory, checked as often as the events' trim
+# The leader lease's TTL, of grace_seconds: a follower takes a lapsed lease within a third of it more
+# (leader.RENEWALS_PER_TTL), so the pass moves within grace and expire.lua never takes the gap for an absence.
+LEADER_TTL_SHARE = 0.5
+
+
+def leader_ttl_seconds(ex: ExecutorConfig) -> float:
+    return ex.grace_seconds * LEADER_TTL_SHARE
+
+
+class Deposed(Exception):
+    """This server's lease lapsed by its own clock in the middle of a pass: the rest of the pass is not its to run."""
 
 
 def disruption_policy(ex: ExecutorConfig) -> Policy:
@@ -64,6 +80,14 @@ class Pass:
         # called when a pass queued jobs or freed slots: serve wakes the claims waiting at its API (long polls), which
         # would otherwise find those jobs only when their wait ends (up to a renew period)
         self.wake: Callable[[], None] = lambda: None
+        # several servers on one namespace: the pass runs only under the lease (None: alone, unfenced, as in tests)
+        self.leader: Leadership | None = None
+        self.fence: Fence | None = None  # this pass's, given to each script it runs (include/fence.lua)
+
+    def still_leading(self) -> None:
+        """Between steps that write outside the fenced scripts: stop when the lease lapsed meanwhile."""
+        if self.leader is not None and self.leader.fence() != self.fence:
+            raise Deposed()
 
     def check_generation(self) -> None:
         rt = self.rt
@@ -78,34 +102,38 @@ class Pass:
     def held_pools(self) -> tuple[str, ...]:
         """The pools whose leases wait this pass; the hold begins, escalates and ends in Redis (state.disruption)."""
         rt = self.rt
-        d = rt.disruption.decide(disruption_policy(rt.executor))
+        d = rt.disruption.decide(disruption_policy(rt.executor), self.fence)
         for pool in d.began:
             log.warning("event=pool.disrupted pool=%s (most of its workers went silent: its leases are held)", pool)
         for pool, reason in d.ended:
             log.warning("event=pool.disruption_ended pool=%s reason=%s", pool, reason)
-        for name in rt.disruption.forget(d.forget, BY):
+        for name in rt.disruption.forget(d.forget, BY, self.fence):
             log.info("event=worker.forgotten worker=%s (silent and without a lease for the hold's length)", name)
         return d.held
 
-    def run_once(self) -> None:
+    def run_once(self, fence: Fence | None = None) -> None:
         rt = self.rt
+        self.fence = fence
         self.check_generation()
         bad = set(rt.refresh_limits())
         for key in bad - self.bad_limits:
             rt.events.add("limit.ignored", BY, key=key, reason="it no longer fits config.toml")
         self.bad_limits = bad
-        res = rt.leases.expire(self.held_pools())
+        res = rt.leases.expire(self.held_pools(), self.fence)
         moved = 0 if res.rearmed else res.count  # evaluations queued again, slots freed
         if res.rearmed:
             log.warning("event=daemon.rearmed leases=%d (the daemon was away longer than grace_seconds)", res.count)
         for job in res.lost:
             rt.events.escalate("job.lost", f"evaluation {job} was lost {rt.executor.max_lost} times in a row", job=job)
-        moved += rt.leases.due()  # failed jobs whose backoff has passed go back to their queues
+        moved += rt.leases.due(self.fence)  # failed jobs whose backoff has passed go back to their queues
+        self.still_leading()
         if self.provisioner is not None:
             # decides from Redis only: its platform calls are background tasks (piloop_server.tasks), off the pass
             self.provisioner.run_once()
         # campaigns last: agents go into the slots this pass's expiries freed; git work is handed to rq
+        self.still_leading()
         moved += campaigns.tend(rt)
+        self.still_leading()
         self.retain()
         self.cas_gc.tick(rt)  # queues the CAS garbage collection (an rq task) once every cas_gc_seconds
         self.logs.tick(rt)  # copy-truncates the daemon's logs over log_max_bytes, at the first pass and once a minute
@@ -122,13 +150,14 @@ class Pass:
         horizons = Horizons.of(ret)
         removed = kept = 0
         for _ in range(PRUNE_BATCHES):
-            got = rt.retention.prune(horizons)
+            got = rt.retention.prune(horizons, fence=self.fence)
             removed, kept = removed + got.removed, kept + got.for_campaign
             if got.removed + got.for_campaign + got.moved < PRUNE_BATCH:
                 break
         if removed:
             log.info("event=retention.pruned jobs=%d kept_for_campaigns=%d", removed, kept)
         now = time.monotonic()
+        self.still_leading()
         if now - self.events_trimmed_at >= EVENTS_TRIM_SECONDS:
             self.events_trimmed_at = now
             if ret.events_seconds > 0:
@@ -151,16 +180,37 @@ class Pass:
                 f"({mem.share:.0%}): shorten [plugins.retention] or raise maxmemory (docs/retention.md)",
             )
 
+    def follow(self) -> None:
+        """A follower's share: the limits its API applies, and its own logs' rotation."""
+        self.rt.refresh_limits()
+        self.logs.tick(self.rt)
+
+    def refused(self, e: Fenced) -> None:
+        """A script refused this pass's token: another server leads; say so once, in the log and the events."""
+        log.warning("event=pass.fenced error=%s (another server took the pass: this one writes nothing)", e)
+        instance = self.leader.instance if self.leader is not None else ""
+        token = self.fence.token if self.fence is not None else ""
+        with contextlib.suppress(*UNREACHABLE, PiloopError):  # the log line stands; the pass goes on following
+            self.rt.events.add("pass.fenced", f"server:{instance}", server=instance, token=token)
+
 
 def run(p: Pass, stop: threading.Event) -> None:
     failing = False
     while not stop.is_set():
         started = time.monotonic()
         try:
-            p.run_once()
+            fence = p.leader.fence() if p.leader is not None else None
+            if p.leader is None or fence is not None:
+                p.run_once(fence)
+            else:
+                p.follow()
             if failing:
                 log.warning("event=daemon.redis_back")
             failing = False
+        except Fenced as e:
+            p.refused(e)
+        except Deposed:
+            log.warning("event=pass.stopped (the leader lease lapsed during the pass: the rest is left to the leader)")
         except (*UNREACHABLE, PiloopError) as e:
             if not failing:
                 log.warning("event=daemon.pass_failed error=%s (retrying every pass)", e)

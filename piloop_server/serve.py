@@ -1,4 +1,7 @@
-"""`piloop serve`: Redis, the API on the unix socket (and `--listen`), the pass, and the `serve` worker."""
+"""`piloop serve`: Redis, the API on the unix socket (and `--listen`), the pass, and the `serve` worker.
+
+`--replica` is another server on the same Redis: its API, and the pass while it holds the leader lease; the
+embedded Redis, the `serve` worker and the background task workers stay the first server's (docs/server.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
@@ -34,13 +38,15 @@ from piloop_common.logformat import LogFormat
 from piloop_common.prctl import PARENT_ENV, set_name
 from piloop_server.api import wakeup
 from piloop_server.app import create_app, via_socket
-from piloop_server.daemon import Pass
+from piloop_server.daemon import Pass, leader_ttl_seconds
 from piloop_server.daemon import run as run_pass
+from piloop_server.leader import Leadership
 from piloop_server.logfiles import SERVE_WORKER_LOG, logs_dir
 from piloop_server.runtime import Runtime
 from piloop_server.state import embedded
 from piloop_server.state.connection import check_policy, connect
 from piloop_server.state.generation import GenerationRecord, keep_server_id
+from piloop_server.state.leader import LeaderLease
 from piloop_server.tokens import check_stored_names
 
 log = logging.getLogger("piloop.serve")
@@ -181,7 +187,9 @@ def _worker_url(settings: Settings, tcp_addr: tuple[str, int] | None) -> str | N
     return f"{'https' if net.tls and net.tls != 'proxy' else 'http'}://{host}:{port}"
 
 
-def run(settings: Settings, home: Path, listen: str | None, log_format: LogFormat | None = None) -> int:
+def run(
+    settings: Settings, home: Path, listen: str | None, log_format: LogFormat | None = None, *, replica: bool = False
+) -> int:
     """Run the daemon in the foreground until SIGTERM or SIGINT."""
     fmt = log_format or settings.log_format
     logformat.setup(fmt)
@@ -192,7 +200,8 @@ def run(settings: Settings, home: Path, listen: str | None, log_format: LogForma
     home.mkdir(parents=True, exist_ok=True)
     home.chmod(0o700)
     logs_dir(home).mkdir(exist_ok=True)
-    redis_proc = embedded.start(home) if settings.plugins.state.embedded else None
+    own_redis = settings.plugins.state.embedded and not replica
+    redis_proc = embedded.start(home) if own_redis else None
     try:
         client = connect(settings, home)
         check_policy(client)
@@ -204,6 +213,10 @@ def run(settings: Settings, home: Path, listen: str | None, log_format: LogForma
         record = GenerationRecord(home / "state" / "generation.json")
         the_pass = Pass(rt, record)
         the_pass.check_generation()
+        # this process's own name for the lease (rt.server_id is the namespace's, shared by every server)
+        instance = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        lease = LeaderLease(client, rt.keys, instance, rt.caps.events)
+        the_pass.leader = Leadership(lease, leader_ttl_seconds(rt.executor))
         sock_path = home / SOCKET_NAME
         servers_socks = [_unix_socket(sock_path)]
         if tcp_addr:
@@ -213,6 +226,8 @@ def run(settings: Settings, home: Path, listen: str | None, log_format: LogForma
             "socket": str(sock_path),
             "listen": listen or "",
             "started_ms": int(time.time() * 1000),
+            "replica": replica,
+            "instance": instance,
         }
         api = create_app(rt, info)
         app = api
@@ -252,17 +267,27 @@ def run(settings: Settings, home: Path, listen: str | None, log_format: LogForma
 
         # rq's keys under our hash tag, before anything in this process imports rq (tasks.submit is right anyway)
         os.environ[tasks.PREFIX_ENV] = rt.keys.rq_prefix()
-        background = tasks.Workers(rt, home)
-        threading.Thread(target=background.watch, args=(stop,), name="tasks-watch", daemon=True).start()
+        # the background tasks work in the first server's home (campaign repos): a replica starts none
+        background = None if replica else tasks.Workers(rt, home)
+        if background is not None:
+            threading.Thread(target=background.watch, args=(stop,), name="tasks-watch", daemon=True).start()
 
         the_pass.provisioner = Provisioner(rt, url=_worker_url(settings, tcp_addr), home=home)
+        threading.Thread(target=the_pass.leader.run, args=(stop,), name="leader", daemon=True).start()
         pass_thread = threading.Thread(target=run_pass, args=(the_pass, stop), name="pass", daemon=True)
         pass_thread.start()
-        child = WorkerChild(home, sock_path) if "serve" in rt.executor.pools else None
+        child = WorkerChild(home, sock_path) if "serve" in rt.executor.pools and not replica else None
         if child:
             child.start()
             threading.Thread(target=child.watch, args=(stop,), name="worker-watch", daemon=True).start()
-        log.info("event=daemon.started pid=%d socket=%s listen=%s", os.getpid(), sock_path, listen or "-")
+        log.info(
+            "event=daemon.started pid=%d socket=%s listen=%s replica=%s instance=%s",
+            os.getpid(),
+            sock_path,
+            listen or "-",
+            replica,
+            instance,
+        )
 
         async def main() -> None:
             loop = asyncio.get_running_loop()
@@ -286,10 +311,12 @@ def run(settings: Settings, home: Path, listen: str | None, log_format: LogForma
             if child:
                 child.stop()
             pass_thread.join(10)
+            the_pass.leader.resign()  # after the pass ended: another server takes it at once, not after the TTL
             the_pass.provisioner.close()
             if metrics_server is not None:
                 metrics_server.shutdown()
-            background.stop()
+            if background is not None:
+                background.stop()
             with contextlib.suppress(FileNotFoundError):
                 sock_path.unlink()
             with contextlib.suppress(FileNotFoundError):
@@ -297,5 +324,5 @@ def run(settings: Settings, home: Path, listen: str | None, log_format: LogForma
             log.info("event=daemon.stopped")
         return 0
     finally:
-        if settings.plugins.state.embedded:
+        if own_redis:
             embedded.stop(home, redis_proc)

@@ -77,7 +77,7 @@ def _wait_up(ctx_obj, proc: subprocess.Popen[bytes], log: Path, timeout: float =
     raise click.ClickException(f"the daemon did not answer within {timeout:g}s; see {log}")
 
 
-def start_detached(ctx_obj, listen: str | None) -> dict[str, Any]:
+def start_detached(ctx_obj, listen: str | None, replica: bool = False) -> dict[str, Any]:
     from piloop_server.logfiles import DAEMON_LOG, logs_dir
 
     home: Path = ctx_obj.home
@@ -87,6 +87,8 @@ def start_detached(ctx_obj, listen: str | None) -> dict[str, Any]:
     args = [sys.executable, "-m", "piloop_common.cli", "--home", str(home), "serve"]
     if listen:
         args += ["--listen", listen]
+    if replica:
+        args.append("--replica")
     with open(log, "ab") as out:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
     health = _wait_up(ctx_obj, proc, log)
@@ -154,10 +156,19 @@ def init(obj) -> None:
     envvar="PILOOP_LOG_FORMAT",
     help="text (event=… key=value lines) or json (one object a line); default: the config's log_format.",
 )
+@click.option(
+    "--replica",
+    is_flag=True,
+    help="Another server on the shared Redis ([plugins.state] url): the API only, and the pass while it leads.",
+)
 @click.pass_obj
-def serve(obj, detach: bool, listen: str | None, log_format: str | None) -> None:
+def serve(obj, detach: bool, listen: str | None, log_format: str | None, replica: bool) -> None:
     """Run the daemon: the API, the pass, and its own worker `serve`."""
     settings = obj.settings
+    if replica and settings.plugins.state.embedded:
+        raise click.UsageError(
+            "--replica serves the Redis another server uses: set [plugins.state] url (or PILOOP_REDIS_URL) to it"
+        )
     from piloop_common.listen import check_listen
     from piloop_server.serve import run
 
@@ -169,11 +180,11 @@ def serve(obj, detach: bool, listen: str | None, log_format: str | None) -> None
     if log_format:
         os.environ["PILOOP_LOG_FORMAT"] = log_format  # the detached daemon's, and what it starts
     if detach:
-        health = start_detached(obj, listen)
+        health = start_detached(obj, listen, replica)
         where = f", listening on {listen}" if listen else ""
         click.echo(f"piloop: the daemon is running (pid {health['pid']}){where}")
         return
-    code = run(settings, obj.home, listen, log_format)  # type: ignore[arg-type]  # click.Choice: text|json
+    code = run(settings, obj.home, listen, log_format, replica=replica)  # type: ignore[arg-type]  # click.Choice
     # everything is stopped and the log flushed; the interpreter's own teardown of the server's modules took half a
     # second more of every `piloop stop`
     logging.shutdown()

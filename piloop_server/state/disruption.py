@@ -18,7 +18,7 @@ import redis
 from piloop_server.state.keys import Keys
 from piloop_server.state.records.codec import text as _s
 from piloop_server.state.records.lease import KINDS
-from piloop_server.state.scripts import EventCap, Scripts
+from piloop_server.state.scripts import EventCap, Fence, Scripts
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Disruption:
         self.k = keys
         self.scripts = Scripts(client, cap)
 
-    def decide(self, policy: Policy) -> Decision:
+    def decide(self, policy: Policy, fence: Fence | None = None) -> Decision:
         """One pass's decision: begins, keeps and ends holds in Redis, and says which pools are held now."""
         k = self.k
         held, began, ended, forget = self.scripts.run(
@@ -77,6 +77,7 @@ class Disruption:
                 uuid.uuid4().hex,
                 int(time.time() * 1000),  # a token's expiry is by the daemon's clock, which set it
             ],
+            fence,
         )
         pairs = [_s(x) for x in ended]
         return Decision(
@@ -104,7 +105,7 @@ class Disruption:
                 )
         return out
 
-    def forget(self, names: tuple[str, ...], by: str) -> list[str]:
+    def forget(self, names: tuple[str, ...], by: str, fence: Fence | None = None) -> list[str]:
         """Forget these workers (forget_worker.lua: not one that holds a lease by then); the names forgotten."""
         k = self.k
         calls: list[tuple[list[str], list[Any]]] = [
@@ -120,5 +121,5 @@ class Disruption:
             )
             for n in names
         ]
-        replies = self.scripts.run_many("forget_worker", calls) if calls else []
+        replies = self.scripts.run_many("forget_worker", calls, fence) if calls else []
         return [n for n, r in zip(names, replies, strict=True) if r == 1]

@@ -31,6 +31,14 @@ class Keys:
         """Hash: the daemon's last pass time, its id, the generation it saw, the hold after a data loss."""
         return self._k("daemon")
 
+    def leader(self) -> str:
+        """String with a TTL: `<fencing token> <instance>`, held (SET NX PX) by the one server that runs the pass."""
+        return self._k("leader")
+
+    def leader_seq(self) -> str:
+        """Counter of the pass leader's fencing tokens (INCR at each takeover, never backwards)."""
+        return self._k("seq", "leader")
+
     # jobs and queues
     def job(self, job_id: str) -> str:
         return self._k("job", job_id)

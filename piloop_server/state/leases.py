@@ -28,7 +28,7 @@ from piloop_server.state.records.lease import (
     Timings,
     stale_summary,
 )
-from piloop_server.state.scripts import Scripts
+from piloop_server.state.scripts import Fence, Scripts
 
 CLAIM_SCAN_DEPTH = 200
 EXPIRE_BATCH = 500
@@ -322,9 +322,10 @@ class Leases:
             out[i] = reply if isinstance(reply, PiloopError) else json.loads(_s(reply))
         return out
 
-    def due(self) -> int:
+    def due(self, fence: Fence | None = None) -> int:
         """Put failed jobs whose backoff has passed back in their queues (the pass); how many."""
-        return int(self.scripts.run("due", [self.k.delayed(), self.k.events()], [self.k.prefix(), EXPIRE_BATCH]))
+        k = self.k
+        return int(self.scripts.run("due", [k.delayed(), k.events()], [k.prefix(), EXPIRE_BATCH], fence))
 
     # -- the pass ----------------------------------------------------------------------
 
@@ -333,12 +334,13 @@ class Leases:
         reply = self.scripts.run("pool_silence", [self.k.workers()], [self.k.prefix()])
         return {_s(reply[i]): (int(reply[i + 1]), int(reply[i + 2])) for i in range(0, len(reply), 3)}
 
-    def expire(self, held_pools: tuple[str, ...] = ()) -> Expiry:
+    def expire(self, held_pools: tuple[str, ...] = (), fence: Fence | None = None) -> Expiry:
         k = self.k
         reply = self.scripts.run(
             "expire",
             [k.deadlines(), k.daemon(), k.events(), k.campaign_live(), k.workers(), k.ended()],
             [k.prefix(), self.t.grace_ms, self.t.toleration_ms, self.t.max_lost, EXPIRE_BATCH, " ".join(held_pools)],
+            fence,
         )
         if _s(reply[0]) == "rearmed":
             return Expiry(True, int(reply[1]), [])

@@ -14,7 +14,7 @@ import redis
 from piloop_server.state.keys import Keys
 from piloop_server.state.records.codec import text as _s
 from piloop_server.state.records.job import FIELDS as JF
-from piloop_server.state.scripts import Scripts
+from piloop_server.state.scripts import Fence, Scripts
 
 FINISHED = ("succeeded", "cancelled")
 FAILED = ("failed", "lost", "worker_lost")
@@ -76,7 +76,7 @@ class Retention:
         self.k = keys
         self.scripts = Scripts(client)
 
-    def prune(self, horizons: Horizons, batch: int = PRUNE_BATCH) -> Pruned:
+    def prune(self, horizons: Horizons, batch: int = PRUNE_BATCH, fence: Fence | None = None) -> Pruned:
         """One batch of ended jobs past their horizon (each index read at most `batch` deep)."""
         split = horizons.split()
         if split is None:
@@ -84,7 +84,7 @@ class Retention:
         short, states, longer = split
         k = self.k
         reply = self.scripts.run(
-            "prune", [k.ended(), k.ended_kept(), k.jobs()], [k.prefix(), short, " ".join(states), longer, batch]
+            "prune", [k.ended(), k.ended_kept(), k.jobs()], [k.prefix(), short, " ".join(states), longer, batch], fence
         )
         return Pruned(int(reply[0]), int(reply[1]), int(reply[2]))
 

@@ -32,6 +32,24 @@ class GenerationMissing(PiloopError):
 _ERRORS["PILOOP_NO_GENERATION"] = GenerationMissing
 
 
+class Fenced(PiloopError):
+    """A pass's write under a fencing token that no longer leads (include/fence.lua): nothing was written."""
+
+    code = "fenced"
+    status = 409
+
+
+_ERRORS["PILOOP_FENCED"] = Fenced
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What a pass's scripts check (include/fence.lua): the leader lease's key and the token this server holds."""
+
+    key: str
+    token: str
+
+
 _INCLUDE = re.compile(r"^-- @include ([a-z_]+)$", re.MULTILINE)
 # includes made from Python, so a name is written once: the job hash's field names
 _GENERATED = {"job_fields": job_fields_include}
@@ -63,6 +81,22 @@ def source(name: str) -> str:
     return resolve(scripts.joinpath(f"{name}.lua").read_text(), f"{name}.lua")
 
 
+@cache
+def fenced(name: str) -> bool:
+    """Whether the script includes the pass's fence, and so takes the lease key and a token after its own."""
+    return "-- @include fence" in resources.files("piloop_server.state").joinpath("scripts", f"{name}.lua").read_text()
+
+
+def _fence_call(name: str, keys: list[str], args: list[Any], fence: Fence | None) -> tuple[list[str], list[Any]]:
+    if not fenced(name):
+        if fence is not None:
+            raise ValueError(f"{name}.lua does not include the fence: a fencing token would not be checked")
+        return keys, args
+    if fence is None:
+        return keys, [*args, ""]
+    return [*keys, fence.key], [*args, fence.token]
+
+
 @dataclass(frozen=True)
 class EventCap:
     """The events stream's bound, appended by `Scripts` as the last ARGV of every call (include/events.lua reads
@@ -90,8 +124,9 @@ class Scripts:
         self._sha[name] = sha
         return sha
 
-    def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+    def run(self, name: str, keys: list[str], args: list[Any], fence: Fence | None = None) -> Any:
         sha = self._sha.get(name) or self._load(name)
+        keys, args = _fence_call(name, keys, args, fence)
         args = [*args, self.cap]
         try:
             try:
@@ -105,10 +140,11 @@ class Scripts:
                 raise
             raise err from e
 
-    def run_many(self, name: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+    def run_many(self, name: str, calls: list[tuple[list[str], list[Any]]], fence: Fence | None = None) -> list[Any]:
         """`run` for each (keys, args), in order, in one round trip: each reply, or the PiloopError a call raised
         (the others stand). Redis out of reach raises `Unavailable` for all of them."""
         sha = self._sha.get(name) or self._load(name)
+        calls = [_fence_call(name, keys, args, fence) for keys, args in calls]
         out: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
         for attempt in (0, 1):

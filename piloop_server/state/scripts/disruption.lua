@@ -5,7 +5,7 @@
 -- (more than)  ARGV[4] the hold's length (ms)  ARGV[5] forget: a silent worker without leases whose last heartbeat
 -- is older than this (ms) leaves the workers set  ARGV[6] absent: a gap since the last pass longer than this (ms)
 -- is the daemon's own absence  ARGV[7] settle (ms)  ARGV[8] escalation nonce (hex)
--- ARGV[9] now by the daemon's clock (ms), which a token's expiry is set by  ARGV[10] the event cap
+-- ARGV[9] now by the daemon's clock (ms), which a token's expiry is set by  ARGV[10] the fencing token  ARGV[11] the event cap
 -- What counts: a worker counts in its pool unless it cannot come back: its token is gone (revoked, expired, or no
 -- longer in KEYS[4]), it departed (drained, its alive key gone, no lease held) or the server stopped it (its
 -- provisioned record is `stopping` or `stopped`). A counted worker without an alive key is silent.
@@ -17,6 +17,8 @@
 -- After the daemon's own absence (the pass that follows re-arms every alive key for grace) no hold begins and none
 -- ends `recovered` until `settle_until`: for that long the re-armed keys say nothing of the workers.
 -- Reply: {held pools, pools whose hold began, {pool, reason, ...} of holds that ended, workers to forget}.
+-- Fenced: the leader lease and the pass's token follow (include/fence.lua).
+-- @include fence
 -- @include clock
 -- @include events
 local now = clock_ms()

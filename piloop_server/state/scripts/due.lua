@@ -4,6 +4,8 @@
 -- A job still `queued` goes back at its old queue score (its place in line); one cancelled meanwhile is only
 -- forgotten here. Idempotent, so a second daemon running it changes nothing more.
 -- Reply: the number of jobs put back.
+-- Fenced: the leader lease and the pass's token follow (include/fence.lua).
+-- @include fence
 -- @include clock
 -- @include job_fields
 -- @include events

@@ -6,6 +6,8 @@
 -- Otherwise an agent ends `worker_lost`, and an evaluation is queued again (or ends `lost` after max_lost in a row).
 -- Reply: {'rearmed', n} when the daemon itself was absent longer than the grace period (every
 -- lease and worker is re-armed, nothing expires), else {'expired', n, lost job ids...}.
+-- Fenced: the leader lease and the pass's token follow (include/fence.lua).
+-- @include fence
 -- @include clock
 -- @include finish
 -- @include events

@@ -3,6 +3,8 @@
 -- KEYS[6] events
 -- ARGV[1] name  ARGV[2] by
 -- Reply: 1 forgotten (or never known), 0 it still holds leases (the lease engine ends them first).
+-- Fenced: the leader lease and the pass's token follow (include/fence.lua).
+-- @include fence
 -- @include events
 if redis.call('SCARD', KEYS[4]) > 0 or redis.call('SCARD', KEYS[5]) > 0 then return 0 end
 local known = redis.call('SREM', KEYS[3], ARGV[1])

@@ -6,6 +6,8 @@
 -- index) when its state is one of ARGV[3]; a job of another state moves to `kept`, whence the longer horizon
 -- removes it. A job of a campaign that still exists is never removed: it moves to the campaign's `kept` set, which
 -- `piloop campaign rm` hands back to `ended`. Reply: {removed, kept for a campaign, moved to kept}.
+-- Fenced: the leader lease and the pass's token follow (include/fence.lua).
+-- @include fence
 -- @include clock
 -- @include job_fields
 local now = clock_ms()
