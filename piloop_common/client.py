@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import ssl
+import threading
 from pathlib import Path
 from typing import Any, TypeVar, overload
 from urllib.parse import quote, urlsplit
@@ -88,6 +89,44 @@ def part(value: object) -> str:
     return quote(str(value), safe="")
 
 
+class Servers:
+    """A worker's servers, in the order given (`--server URL1,URL2`): every client made from one list dials the
+    server that answered last, and a failure to connect moves them all to the next one (the caller's retries, with
+    their backoff, pace the round); one that answers is kept until it fails."""
+
+    def __init__(self, urls: list[str]) -> None:
+        if not urls:
+            raise ConfigError("--server: give at least one server URL")
+        self.urls = urls
+        self._at = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def parse(cls, text: str) -> Servers:
+        """Comma-separated URLs, each http(s)://host[:port]; ConfigError naming the one that is not."""
+        urls: list[str] = []
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            parts = urlsplit(part)
+            if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+                raise ConfigError(f"--server {part}: a server's URL is http(s)://host[:port]")
+            if part.rstrip("/") not in urls:
+                urls.append(part.rstrip("/"))
+        return cls(urls)
+
+    @property
+    def current(self) -> str:
+        with self._lock:
+            return self.urls[self._at]
+
+    def failed(self, url: str) -> None:
+        """`url` could not be reached: move on, unless another client already did."""
+        with self._lock:
+            if len(self.urls) > 1 and self.urls[self._at] == url:
+                self._at = (self._at + 1) % len(self.urls)
+
+
 class ApiClient:
     """Every call goes through one httpx client, made on first use: kept-alive connections, and for a URL the proxy
     the environment names (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, less `NO_PROXY`); the daemon's socket never
@@ -96,7 +135,7 @@ class ApiClient:
     def __init__(
         self,
         *,
-        url: str | None = None,
+        url: str | Servers | None = None,  # a list of Servers: the one that answers
         socket: Path | None = None,
         token: str | None = None,
         worker: str | None = None,
@@ -105,6 +144,9 @@ class ApiClient:
     ) -> None:
         if (url is None) == (socket is None):
             raise ValueError("give the server's url or its socket")
+        self.servers = url if isinstance(url, Servers) else None
+        if isinstance(url, Servers):
+            url = url.current
         if url is not None:
             parts = urlsplit(url)
             if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
@@ -118,6 +160,7 @@ class ApiClient:
         self.socket = socket
         self.url = url
         # plain http never uses a trust store: loading one costs ~60 ms of CPU for each client made
+        self._ca = ca
         self._ssl = ssl_context(ca) if (url or "").lower().startswith("https:") else None
         self.untrusted_hint = UNTRUSTED_HINT  # what to do about a certificate that fails: the worker's way
         self.where = f"the daemon's socket {socket}" if socket is not None else url or ""
@@ -284,6 +327,8 @@ class ApiClient:
     ) -> httpx.Response:
         # this client's headers as they are now: a caller may set one after the httpx client was made
         headers = self.headers if headers is None else {**self.headers, **headers}
+        if self.servers is not None and self.servers.current != self.url:
+            self._move(self.servers.current)
         # httpx's params would replace a query the path carries: the path's own is kept
         target = httpx.URL(path).copy_merge_params(params) if params else path
         try:
@@ -291,7 +336,18 @@ class ApiClient:
                 method, target, content=content, headers=headers, timeout=self.timeout if timeout is None else timeout
             )
         except httpx.TransportError as e:
-            raise self._unavailable(e, connecting=isinstance(e, httpx.ConnectError)) from e
+            connecting = isinstance(e, httpx.ConnectError)
+            if self.servers is not None and (connecting or isinstance(e, httpx.ConnectTimeout)):
+                self.servers.failed(self.url or "")  # the next call, this client's or another's, dials the next
+            raise self._unavailable(e, connecting=connecting) from e
+
+    def _move(self, url: str) -> None:
+        """Dial `url` from now on (another of `servers`): a new httpx client, same headers, timeout and trust."""
+        self.close()
+        self.__dict__.pop("http", None)
+        self.url = self.where = url
+        if url.lower().startswith("https:") and self._ssl is None:
+            self._ssl = ssl_context(self._ca)
 
     def _unavailable(self, e: BaseException, *, connecting: bool) -> Unavailable:
         if self.socket is not None and connecting:

@@ -57,6 +57,13 @@ def run_worker(
         return _fail("give --server URL (or the daemon's --socket)")
     if not pool:
         return _fail("--pool: name the pool this worker serves")
+    if server:
+        from piloop_common.client import Servers
+
+        try:
+            Servers.parse(server)
+        except ConfigError as e:
+            return _fail(e.message)
     try:
         from piloop_common.configload import load_settings
 
@@ -175,7 +182,7 @@ def _run(
     proxy: bool = False,
 ) -> int:
     from piloop_common.cas import open_store
-    from piloop_common.client import ApiClient
+    from piloop_common.client import ApiClient, Servers
     from piloop_common.errors import DirInUse
     from piloop_worker.loop import ServerUntrusted, ShutdownRequested, Worker, WorkerRefused
     from piloop_worker.shimproto import StopReason
@@ -186,8 +193,11 @@ def _run(
     if socket is not None:
         name = worker_header
 
+    # one list for every client the worker makes: they all move to the next server together, and stay on it
+    servers = Servers.parse(server) if server else None
+
     def api_factory() -> ApiClient:
-        return ApiClient(url=server, socket=socket, token=token, worker=worker_header)
+        return ApiClient(url=servers, socket=socket, token=token, worker=worker_header)
 
     if server:
         # the server first: a CAS over HTTP takes the same token and may sit behind the same certificate, and

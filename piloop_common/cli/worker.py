@@ -12,7 +12,13 @@ from piloop_common.cli.output import ago, emit_json, table
 
 
 @click.group(invoke_without_command=True)
-@click.option("--server", metavar="URL", help="The server to work for, like https://piloop.example.com:8443.")
+@click.option(
+    "--server",
+    metavar="URL",
+    multiple=True,
+    help="The server to work for, like https://piloop.example.com:8443; several (repeated, or URL1,URL2): the next "
+    "when one cannot be reached.",
+)
 @click.option("--socket", type=click.Path(path_type=Path), hidden=True, help="The daemon's socket (its own worker).")
 @click.option("--pool", help="The pool this worker serves.")
 @click.option(
@@ -49,6 +55,7 @@ def worker(ctx, server, socket, pool, token_file, name, image, workdir, tasks_pa
     """Run a worker: it calls the server, and the server never calls it."""
     if ctx.invoked_subcommand:
         return
+    server = ",".join(server) or None  # each --server may itself be URL1,URL2
     if not pool:
         raise click.UsageError("--pool: name the pool this worker serves")
     if not server and not socket:

@@ -346,3 +346,36 @@ def test_a_remote_client_takes_https_and_loopback_http_and_its_token_in_order(tm
     (tmp_path / "bad.pem").write_text("not a certificate")
     with pytest.raises(ConfigError, match="not a CA certificate"):
         ApiClient.remote("https://127.0.0.1:1", ca=tmp_path / "bad.pem")
+
+
+def _dead_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_a_server_list_moves_every_client_to_the_next_on_a_refused_connection_and_stays_there():
+    dead = f"http://127.0.0.1:{_dead_port()}"
+    with serving(_TCP(("127.0.0.1", 0), _Echo)) as one:
+        servers = client_mod.Servers.parse(f"{dead}, {url(one)},{url(one)}/")
+        assert servers.urls == [dead, url(one)]  # blanks, duplicates and a trailing slash dropped
+        a, b = ApiClient(url=servers), ApiClient(url=servers)
+        with pytest.raises(Unavailable, match=f"{dead} cannot be reached"):
+            a.call("GET", "/v1/x")
+        assert servers.current == url(one)
+        assert a.call("GET", "/v1/x")["port"] and b.call("GET", "/v1/y")["path"] == "/v1/y"  # both on the next
+        assert a.where == url(one) and b.url == url(one)
+        b.call("GET", "/v1/z")
+        assert servers.current == url(one)  # an answer keeps it
+        servers.failed(dead)  # a late failure of a server already left moves nothing
+        assert servers.current == url(one)
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("bad", ["", " , ", "ftp://h", "http://", "https://ok:1,nohost"])
+def test_a_server_list_names_the_url_that_is_not_one(bad):
+    with pytest.raises(ConfigError, match="--server"):
+        client_mod.Servers.parse(bad)
