@@ -14,6 +14,8 @@ from piloop_common.operator_protocol import LimitRequest, LimitView, TokenCreate
 from piloop_server import campaign_admin, cas_gc, workers
 from piloop_server.api.deps import AdminDep, OperatorDep, RuntimeDep, ViewerDep
 from piloop_server.provisioner.manager import summary as provisioned_pools
+from piloop_server.runtime import Runtime
+from piloop_server.state.leader import LeaderLease
 
 router = APIRouter(prefix="/v1", tags=["admin"])
 
@@ -22,6 +24,10 @@ router = APIRouter(prefix="/v1", tags=["admin"])
 async def health(request: Request) -> dict:
     rt = request.app.state.runtime
     return {"ok": True, "server_id": rt.server_id, "pid": os.getpid(), "version": __version__}
+
+
+def pass_leader(rt: Runtime) -> str:
+    return LeaderLease(rt.redis, rt.keys, "").current().holder
 
 
 @router.get("/workers", response_model=list[WorkerView])
@@ -34,7 +40,8 @@ def status(request: Request, rt: RuntimeDep, caller: ViewerDep) -> dict:
     ws = workers.views(rt)
     info = request.app.state.daemon_info
     return {
-        "daemon": {**info, "server_id": rt.server_id, "version": __version__},
+        # `instance` is this server's name for the leader lease; `pass_leader` the instance that runs the pass now
+        "daemon": {**info, "server_id": rt.server_id, "version": __version__, "pass_leader": pass_leader(rt)},
         "redis": {
             "embedded": rt.settings.plugins.state.embedded,
             "generation": rt.generation(),

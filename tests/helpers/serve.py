@@ -87,13 +87,14 @@ class Daemon:
         self.proc: subprocess.Popen | None = None
         self.listen: str | None = None
 
-    def start(self, listen: str | None = None, timeout: float = 30) -> Daemon:
+    def start(self, listen: str | None = None, timeout: float = 30, args: tuple[str, ...] = ()) -> Daemon:
+        """`piloop serve [--listen …] [args…]` (args: `--replica`), once it answers."""
         self.listen = listen
-        args = [sys.executable, "-m", "piloop_common.cli", "serve"] + (["--listen", listen] if listen else [])
+        argv = [sys.executable, "-m", "piloop_common.cli", "serve", *(["--listen", listen] if listen else []), *args]
         (self.home / "logs").mkdir(exist_ok=True)
         self.log = open(self.home / "logs" / "test-daemon.log", "ab")
         self.proc = subprocess.Popen(
-            args, env=cli_env(self.home, self.env), stdout=self.log, stderr=self.log, start_new_session=True
+            argv, env=cli_env(self.home, self.env), stdout=self.log, stderr=self.log, start_new_session=True
         )
         deadline = time.monotonic() + timeout
         while not self.healthy():  # raises at once when the daemon exits (a refused start)

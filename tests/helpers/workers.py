@@ -48,8 +48,10 @@ class RemoteWorker:
         env: dict | None = None,
         args: tuple[str, ...] = (),
         name: str = "",
+        url: str = "",
     ) -> None:
         self.d, self.token, self.pool, self.env, self.args, self.name = d, token, pool, env or {}, args, name
+        self.url = url  # `URL1,URL2`: several servers (else the daemon's)
         self.home = short_home("w")
         if same_cas:
             (self.home / "config.toml").write_text(f'[plugins.cas]\nprovider = "local"\npath = "{d.home}/cas"\n')
@@ -66,7 +68,7 @@ class RemoteWorker:
                 "piloop_common.cli",
                 "worker",
                 "--server",
-                self.d.url,
+                self.url or self.d.url,
                 "--pool",
                 self.pool,
                 *self.args,
