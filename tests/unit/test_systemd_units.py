@@ -108,7 +108,7 @@ def _parsed(args: list[str]) -> tuple[str, dict]:
 
 def test_the_daemon_runs_in_the_foreground_with_its_config_from_the_home():
     name, params = _parsed(argv(SERVE))
-    assert name == "serve" and params == {"detach": False, "listen": None, "log_format": None}, params  # from config
+    assert name == "serve" and params == {"detach": False, "listen": None, "log_format": None, "replica": False}, params  # from config
 
 
 def test_the_worker_reads_its_token_from_a_file_and_keeps_its_dir_across_starts():
@@ -116,7 +116,7 @@ def test_the_worker_reads_its_token_from_a_file_and_keeps_its_dir_across_starts(
     env = dict(v.split("=", 1) for v in u["Service"]["Environment"])
     name, params = _parsed(argv(WORKER))
     assert name == "worker" and params["pool"] == INSTANCE, params
-    assert params["server"] == env_example()["PILOOP_WORKER_SERVER"]
+    assert params["server"] == (env_example()["PILOOP_WORKER_SERVER"],)  # a list: the worker may take several
     # a file mode 0600, not the environment, which every job inherits
     assert params["token_file"] == Path(f"/etc/piloop/worker-{INSTANCE}.token")
     assert "PILOOP_HTTPS_TOKEN" not in env and "PILOOP_HTTPS_TOKEN" not in env_example()
