@@ -108,7 +108,8 @@ def _parsed(args: list[str]) -> tuple[str, dict]:
 
 def test_the_daemon_runs_in_the_foreground_with_its_config_from_the_home():
     name, params = _parsed(argv(SERVE))
-    assert name == "serve" and params == {"detach": False, "listen": None, "log_format": None, "replica": False}, params  # from config
+    from_config = {"detach": False, "listen": None, "log_format": None, "replica": False}
+    assert name == "serve" and params == from_config, params
 
 
 def test_the_worker_reads_its_token_from_a_file_and_keeps_its_dir_across_starts():
