@@ -199,7 +199,7 @@ def run(p: Pass, stop: threading.Event) -> None:
     while not stop.is_set():
         started = time.monotonic()
         try:
-            fence = p.leader.fence() if p.leader is not None else None
+            fence = p.leader.fence_now() if p.leader is not None else None
             if p.leader is None or fence is not None:
                 p.run_once(fence)
             else:

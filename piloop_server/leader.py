@@ -29,7 +29,8 @@ class Leadership:
         self.token = ""
         self.confirmed = 0.0  # monotonic, when the call that last confirmed the lease began
         self._failing = False
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the token and its confirmation
+        self._ticking = threading.Lock()  # one renewal at a time: two at once would depose this server by itself
 
     @property
     def instance(self) -> str:
@@ -37,6 +38,10 @@ class Leadership:
 
     def tick(self) -> None:
         """Renew or take the lease once; Redis out of reach keeps the token, which lapses here by the clock."""
+        with self._ticking:
+            self._tick()
+
+    def _tick(self) -> None:
         started = time.monotonic()
         try:
             held = self.lease.hold(self.token, int(self.ttl * 1000))
@@ -62,6 +67,16 @@ class Leadership:
             if self.token and time.monotonic() - self.confirmed < self.ttl:
                 return self.lease.fence(self.token)
             return None
+
+    def fence_now(self) -> Fence | None:
+        """The pass's fence, renewing the lease first when its confirmation is stale: a pass after this process was
+        stopped (a suspended machine) runs at once, not a renewal period later, so a gap in the pass is the
+        daemon's own and expire.lua re-arms every lease before a worker's late report or heartbeat lands."""
+        fence = self.fence()
+        if fence is None:
+            self.tick()
+            fence = self.fence()
+        return fence
 
     def run(self, stop: threading.Event) -> None:
         self.tick()

@@ -80,7 +80,8 @@ def _freeze(pids: list[int], pgids: list[int], sig: int) -> None:
 
 def test_the_machine_sleeps_a_gap_longer_than_grace_is_the_daemons_absence_nothing_expires(server, tmp_path):
     d, marker = server, tmp_path / "marker"
-    job = marker_job(d, marker, pool="serve", seconds=3)
+    # 6 s: it is still running after the thaw (a frozen sleep ends at once on waking), so the re-armed lease is its
+    job = marker_job(d, marker, pool="serve", seconds=6)
     run = wait_for(lambda: (r := marker_runs(marker).get(job)) and r[0], 20, interval=0.05, what="the job to start")
     state(d, job, "running")
     shims = [json.loads(jd.shim_json.read_text()) for jd in job_dirs(d.home / "work" / "serve")]
