@@ -182,7 +182,8 @@ class CpuWatch:
 def piloop_cpu(worker_pids: Sequence[int]) -> dict[str, float]:
     """CPU seconds of piloop workers' processes by kind, each since its birth: the workers' own (`worker`), their shim
     hosts' with the shims they reaped (`shim host`), the shims' own (`shims`), and what the shims reaped: the
-    processes the jobs ran in (`jobs`). A shim `setsid()`s but stays its host's child, so it is found there."""
+    processes the jobs ran in (`jobs`), with the warm task processes the shims still have. A shim `setsid()`s but
+    stays its host's child, so it is found there."""
     out = dict.fromkeys(("worker", "shim host", "shims", "jobs"), 0.0)
     for pid in worker_pids:
         try:
@@ -194,9 +195,13 @@ def piloop_cpu(worker_pids: Sequence[int]) -> dict[str, float]:
                 t = host.cpu_times()
                 out["shim host"] += t.user + t.system + t.children_user + t.children_system
                 for shim_pid in child_pids(host):
-                    t = psutil.Process(shim_pid).cpu_times()
+                    shim = psutil.Process(shim_pid)
+                    t = shim.cpu_times()
                     out["shims"] += t.user + t.system
                     out["jobs"] += t.children_user + t.children_system
+                    for job_pid in child_pids(shim):  # a warm task process (piloop_worker/warm.py), alive
+                        t = psutil.Process(job_pid).cpu_times()
+                        out["jobs"] += t.user + t.system
         except psutil.Error:
             continue
     return out
@@ -340,7 +345,7 @@ class PiloopSide:
     def api(self, timeout: float = 30):
         return self.daemon.api(timeout=timeout)
 
-    def spawn_workers(self, n: int = 2) -> list[subprocess.Popen]:
+    def spawn_workers(self, n: int = 2, task_processes: str = "warm") -> list[subprocess.Popen]:
         procs = []
         for _ in range(n):
             i = self.n_workers
@@ -353,6 +358,7 @@ class PiloopSide:
             )
             log = open(home / "worker.log", "ab")
             cmd = ["-m", "piloop_common.cli", "worker", "--server", self.url, "--pool", "bench"]
+            cmd += ["--task-processes", task_processes]
             if self.profile is not None and os.environ.get("BENCH_PROFILE") != "server":
                 profiler = os.environ.get(
                     "BENCH_WORKER_PROFILER", "cprofile"
@@ -399,13 +405,14 @@ class PiloopSide:
     def drain(self, n: int, what: str) -> Drain:
         ids: list[str] = []
         t0 = time.perf_counter()
+        kind, _, processes = what.partition(" ")  # "task fresh": a task in a process forked for it
         with self.api() as api:
-            spec = self.spec(api, what)
+            spec = self.spec(api, kind)
             for _ in range(n):
                 ids.append(api.call("POST", "/v1/jobs", {"pool": "bench", "spec": spec})["job"])
         say(f"piloop {what}: {n} jobs queued in {time.perf_counter() - t0:.1f}s")
         t0 = time.perf_counter()
-        procs = self.spawn_workers(2)
+        procs = self.spawn_workers(2, processes or "warm")
         try:
             groups = {"server": [self.pid], **{f"w{i}": [p.pid] for i, p in enumerate(procs)}}
             cpu = CpuWatch({"server": [self.pid], "workers": [p.pid for p in procs], "redis": [self.redis_pid]})
@@ -683,7 +690,7 @@ def main() -> None:
             if "piloop" in only:
                 side = PiloopSide(rp).start()
                 try:
-                    for what in ("process", "task"):
+                    for what in ("process", "task", "task fresh"):
                         out[f"piloop {what}"] = asdict(side.drain(a.jobs, what))
                     out["piloop latency"] = {k: asdict(v) for k, v in side.latency(a.latency, a.gap, tmp).items()}
                 finally:

@@ -341,6 +341,22 @@ class TasksConfig(_Model):
         "PYTHONPATH stay on the path after them (empty: only those, as before). A task shipped with `Client(code=…)` "
         "imports from its own code first.",
     )
+    processes: Literal["warm", "fresh"] = Field(
+        "warm",
+        description="The process a Python task runs in: `warm`, one that ran the worker's earlier tasks and keeps "
+        "their modules imported (replaced when a task is stopped or crashes, and past `warm_max_tasks` or "
+        "`warm_max_rss_mb`), or `fresh`, forked for the task alone; `piloop worker --task-processes` overrides it "
+        "(docs/worker.md).",
+    )
+    warm_max_tasks: int = Field(
+        1000, ge=1, le=1_000_000, description="The tasks a warm process runs before a fresh one replaces it."
+    )
+    warm_max_rss_mb: int = Field(
+        1024,
+        ge=16,
+        le=1 << 20,
+        description="A warm process whose resident memory is past this after a task is replaced (a leak ends there).",
+    )
 
 
 class Plugins(_Model):

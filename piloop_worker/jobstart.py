@@ -132,6 +132,7 @@ class JobStarts(Part):
             rest = a.spec.env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(code), rest) if p)
         h.shim_due = clock.now() + SHIM_START_SECONDS
+        warm = self.host.warm_tasks if a.spec.runner == "task" else None
         self.host.run_job(
             ShimRequest(
                 dir=str(jd.root),
@@ -143,6 +144,8 @@ class JobStarts(Part):
                 task=a.spec.argv[0] if a.spec.runner == "task" else None,
                 code=str(code) if code is not None else None,
                 worker=self.name or "",
+                warm_max_tasks=warm[0] if warm else 0,
+                warm_max_rss_mb=warm[1] if warm else 0,
             )
         )
 

@@ -32,6 +32,35 @@ def _has_children() -> bool:
     return True
 
 
+def _others(keep: int) -> bool:
+    """Whether the shim has a descendant other than `keep`, its child: with none but `keep`, and `keep` with no child,
+    there is none (an orphan comes to the shim, a subreaper). Two reads of /proc, not psutil's walk of all of it."""
+    mine = _children(os.getpid())
+    return mine is None or mine != {keep} or _children(keep) != set()
+
+
+def _children(pid: int) -> set[int] | None:
+    """The children of `pid`'s threads (/proc/PID/task/TID/children), or None where the kernel does not list them."""
+    found: set[int] = set()
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return set()  # gone: it has no child
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                found.update(int(c) for c in f.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # a thread that ended meanwhile
+            return None  # the kernel does not list children
+        except (OSError, ValueError):
+            return None
+    return found
+
+
 def signal_tree(pgid: int, meter: Meter, sig: int) -> None:
     """Signal the job's process group, and every descendant that left it (setsid, setpgid)."""
     with contextlib.suppress(OSError):
@@ -43,15 +72,18 @@ def signal_tree(pgid: int, meter: Meter, sig: int) -> None:
             os.kill(p.pid, sig)
 
 
-def reap_all(pgid: int, timeout: float) -> None:
-    """Kill and reap every process left under the shim, until it has no child (or `timeout`)."""
+def reap_all(pgid: int, timeout: float, keep: int = 0) -> None:
+    """Kill and reap every process left under the shim, until it has no child (or `timeout`); with `keep` (a warm
+    task process, `warm.py`), every one but that one, whose group is then its own alone."""
     end = clock.now() + timeout
-    while clock.now() < end and _has_children():
-        with contextlib.suppress(OSError):
-            os.killpg(pgid, signal.SIGKILL)
+    while clock.now() < end and (_others(keep) if keep else _has_children()):
+        if not keep:
+            with contextlib.suppress(OSError):
+                os.killpg(pgid, signal.SIGKILL)
         for p in psutil.Process().children(recursive=True):
-            with contextlib.suppress(psutil.Error, OSError):
-                p.kill()
+            if p.pid != keep:
+                with contextlib.suppress(psutil.Error, OSError):
+                    p.kill()
         while True:
             try:
                 done, _ = os.waitpid(-1, os.WNOHANG)

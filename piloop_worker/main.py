@@ -47,6 +47,7 @@ def run_worker(
     home: Path,
     log_format: LogFormat | None = None,
     tasks_path: list[Path] | None = None,
+    task_processes: str | None = None,
 ) -> int:
     """Run a worker until SIGTERM/SIGINT (detach: 0) or a refusal (3); a user mistake is 2, in one line."""
     daemon = _die_with_daemon() if socket is not None else None
@@ -119,7 +120,13 @@ def run_worker(
             flag = "--tasks-path" if tasks_path else f"{home / 'config.toml'} [plugins.tasks] path"
             return _fail(f"{flag}: {p} is not a directory")
     set_name("piloop-worker")  # before the fork: the shim host renames itself
-    host = ShimHost(job_user, tasks_path=path).start()
+    tasks_cfg = settings.plugins.tasks
+    warm = (
+        (tasks_cfg.warm_max_tasks, tasks_cfg.warm_max_rss_mb)
+        if (task_processes or tasks_cfg.processes) == "warm"
+        else None
+    )
+    host = ShimHost(job_user, tasks_path=path, warm_tasks=warm).start()
     logformat.setup(log_format or settings.log_format)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per call would drown the worker's own
     # a few lines a job: the format names no source line, thread or process, so don't look them up for each

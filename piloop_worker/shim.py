@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from piloop_common.prctl import PR_SET_CHILD_SUBREAPER, die_with_parent, prctl, set_name
-from piloop_worker import clock, jobtree, jobuser, metrics, spawning, tasks
+from piloop_worker import clock, jobtree, jobuser, metrics, spawning, tasks, warm
 from piloop_worker.cgroups import HeldWatch, JobCgroup
 from piloop_worker.jobdir import JobDir
 from piloop_worker.shimproto import ExitRecord, ShimRecord, ShimRequest, StopReason
@@ -47,6 +47,7 @@ MAX_REQUEST = 1 << 20  # above a packet's most (the send buffer's size): a reque
 _notify: socket.socket | None = None
 _base_env: dict[str, str] | None = None  # the host's environment (`base_env`)
 _terminated = threading.Event()  # a SIGTERM came: the job running stops, and the shim takes no other
+WARM = warm.Warm()  # this shim's warm task process (`warm.py`); the host's has none, so each shim starts without
 
 
 def open_notify() -> None:
@@ -122,11 +123,15 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
     peak = cg.peak_watch() if cg is not None else None  # its peak reset, for the same reason
     started_wall, started = time.time(), clock.now()
     proc: subprocess.Popen[bytes] | None = None
+    # a warm process runs the task: one that another user's job never ran in, and never one of its own
+    hot = WARM if req.task and req.warm_max_tasks and req.user is None else None
     try:
         if (user := jobuser.JobUser.of(req.user)) is not None:
             jobuser.hand_over(jd.root, user)
-        if req.task:
-            pid = _fork_task(req, jd, cg)
+        if hot is not None:
+            pid = hot.start(req, cg)
+        elif req.task:
+            pid = warm.fork_fresh(req, jd, cg)
         else:
             proc = _spawn(req, jd, cg)  # held to the end: a Popen collected early reaps the job under our wait4
             pid = proc.pid
@@ -141,7 +146,9 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
         _told(jd, cg)
         return 0
     jd.write_shim(ShimRecord(os.getpid(), pid, pid, started_wall, str(cg.path) if cg is not None else None))
-    pidfd = _pidfd(pid)
+    pidfd = hot.pidfd if hot is not None else warm.pidfd_of(pid)
+    wake = [fd for fd in (pidfd, hot.sock.fileno() if hot is not None and hot.sock else None) if fd is not None]
+    warm_code: int | None = None  # the task's status, from a warm process that ran it to its end and lives on
     stop_metrics = threading.Event()
     metrics_thread: threading.Thread | None = None
     metrics_every = float(req.metrics_seconds)
@@ -158,12 +165,17 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
     while True:
         # wait first: a task is forked from this process, and until it ends each page this loop writes is copied
         # (~0.4 ms a task left alone to its end); so a short job is checked on only once it ended, a long one each tick
-        if pidfd is None:
+        if not wake:
             time.sleep(TICK)
-        else:  # wake the moment the job exits, not up to a tick later
-            select.select([pidfd], [], [], TICK)
+        else:  # wake the moment the job exits (or a warm process says its task ended), not up to a tick later
+            select.select(wake, [], [], TICK)
+        if hot is not None and (warm_code := hot.result()) is not None:
+            status, ru = 0, None
+            break
         done, status, ru = os.wait4(pid, os.WNOHANG)
         if done:
+            if hot is not None:
+                hot.gone()
             break
         now = clock.now()
         if not why:
@@ -201,7 +213,7 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
                 why = StopReason.MEMORY_HELD  # thrashing at its limit, which the kernel will not kill for
                 jobtree.signal_tree(pid, meter, signal.SIGTERM)
                 kill_at = now + grace
-    if pidfd is not None:
+    if pidfd is not None and hot is None:
         os.close(pidfd)
     if proc is not None:
         # reaped by our wait4: so told, the Popen never waits for its pid again, which a later job of this shim
@@ -211,25 +223,34 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
     stop_metrics.set()
     if metrics_thread is not None:
         metrics_thread.join(5)  # its last sample in this job's dir, not the next one's time
-    jobtree.signal_tree(pid, meter, signal.SIGKILL)
+    if warm_code is not None and hot is not None:
+        cpu, rss = hot.usage()  # its own, this task's; before it leaves the task's cgroup (or retires)
+        hot.between_tasks(cg)
+        jobtree.reap_all(pid, 2.0, keep=hot.pid)  # what the task left behind, not the warm process
+    else:
+        cpu, rss = (ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024) if ru is not None else (0.0, 0)
+        jobtree.signal_tree(pid, meter, signal.SIGKILL)
     if cg is not None:
         cg.kill_all()
-    jobtree.reap_all(pid, 2.0)
+    if warm_code is None:
+        jobtree.reap_all(pid, 2.0)
     oom, reason = False, ""
     if cg is not None:
         oom = cg.oom_kills() > oom_before or why is StopReason.MEMORY_HELD
         if why is StopReason.MEMORY_HELD:
             reason = f"out of memory (held at its limit for {held_seconds:g}s)"
         # the group stays: the worker gives it back for a later job, or removes it (`Cgroups.give`)
-    if req.task and not reason and not why and os.WIFEXITED(status) and os.WEXITSTATUS(status) == tasks.FAILED:
+    exit_code = warm_code if warm_code is not None else os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+    if req.task and not reason and not why and exit_code == tasks.FAILED:
         reason = tasks.reason(jd)  # its module could not be imported: one line, the job's reason
-    usage = meter.usage(ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024)
+    # a warm process's own CPU before this task is not this task's: its sampled share is replaced by the task's
+    usage = meter.usage(cpu, rss, without=pid if warm_code is not None else None)
     if peak is not None and (most := peak.peak_bytes()) is not None:  # the kernel's count over the sampled one
         usage = usage._replace(peak_rss_bytes=most)
     jd.write_exit(
         ExitRecord(
-            exit_code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-            signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+            exit_code=exit_code,
+            signal=os.WTERMSIG(status) if warm_code is None and os.WIFSIGNALED(status) else None,
             oom=oom,
             stopped=why,
             reason=reason,
@@ -249,26 +270,6 @@ def _told(jd: JobDir, cg: JobCgroup | None) -> None:
     gone cannot, so the shim removes it (one restarted that re-attaches the job finds it gone, as it would leave it)."""
     if not notify(jd.root.name + ("\0last" if _terminated.is_set() else "")) and cg is not None:
         cg.remove()
-
-
-def _fork_task(req: ShimRequest, jd: JobDir, cg: JobCgroup | None) -> int:
-    """A task's process: forked from this shim, itself forked from the warm shim host, never a new interpreter."""
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()  # nothing of the shim's own output is copied into the task's log
-    pid = os.fork()
-    if pid == 0:
-        tasks.child(req, jd, cg.join_path() if cg is not None else None)  # never returns
-    with contextlib.suppress(OSError):
-        os.setpgid(pid, pid)  # as the child does: whichever runs first, the group exists before any signal
-    return pid
-
-
-def _pidfd(pid: int) -> int | None:
-    """A descriptor that polls readable when `pid` exits (Linux 5.3+), or None to poll on a timer."""
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
 
 
 def _spawn(req: ShimRequest, jd: JobDir, cg: JobCgroup | None) -> subprocess.Popen[bytes]:

@@ -132,8 +132,15 @@ class ShimHost:
     """The worker's handle on its shim host process, and on the shims it forked: a job goes to an idle shim straight,
     and to the host, to be forked a shim, only when none is idle."""
 
-    def __init__(self, user: jobuser.JobUser | None = None, tasks_path: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        user: jobuser.JobUser | None = None,
+        tasks_path: list[str] | None = None,
+        warm_tasks: tuple[int, int] | None = None,
+    ) -> None:
         self.user = user  # the user every job runs as (`[plugins.executor] run_as`), or None: the worker's
+        # Python tasks in warm processes (`warm.py`): their most tasks and resident MiB; None: a fresh fork each
+        self.warm_tasks = warm_tasks
         self.tasks_path = [os.path.abspath(p) for p in tasks_path or []]  # first on the host's sys.path
         if user is not None and not jobuser.available():
             import logging  # the worker's side only: the host process never imports it

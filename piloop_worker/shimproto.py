@@ -61,6 +61,10 @@ class ShimRequest(NamedTuple):
     user: dict[str, Any] | None = None  # jobuser.JobUser.wire(): the user the job runs as
     code: str | None = None  # a task's shipped code, unpacked (`taskcode.CodeCache`): never preloaded by the host
     worker: str = ""  # the worker's name, for a task's one-line reason when its module cannot be imported
+    # a task in the shim's warm process (`warm.py`), not a fork of its own: the tasks and resident MiB past which
+    # that process is replaced; 0: a fresh fork
+    warm_max_tasks: int = 0
+    warm_max_rss_mb: int = 0
 
     def wire(self) -> bytes:
         d = self._asdict()

@@ -157,6 +157,20 @@ def _become(env: dict[str, str]) -> None:
             os.environ[name] = value
 
 
+def enter_task(req: ShimRequest) -> None:
+    """The Python side of a task's start, in its process (a fresh fork or a warm one, `warm.py`): its PYTHONPATH
+    first on sys.path, its shipped code's modules imported anew, its output line-buffered."""
+    for p in reversed([p for p in req.env.get("PYTHONPATH", "").split(os.pathsep) if p]):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    if req.code:
+        for name in shadowed(req.code):
+            del sys.modules[name]
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # lines reach the log (and `piloop attach`) as printed
+
+
 def child(req: ShimRequest, jd: JobDir, cgroup_join: Path | None) -> None:
     """The forked task process, up to its `os._exit`: its own process group, the job's log as stdout and stderr,
     the job's env and cwd, default signals, none of the shim's descriptors (its lock above all)."""
@@ -180,17 +194,8 @@ def child(req: ShimRequest, jd: JobDir, cgroup_join: Path | None) -> None:
             jobuser.isolate()
             jd = JobDir(Path(os.pardir))  # its dir through its cwd: the user cannot pass the dirs above it
         die_with_parent(shim_pid, signal.SIGKILL)  # after its user is set, which clears a parent-death signal
-        env = req.env
-        _become(env)
-        for p in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
-            if p not in sys.path:
-                sys.path.insert(0, p)
-        if req.code:
-            for name in shadowed(req.code):
-                del sys.modules[name]
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # lines reach the log (and `piloop attach`) as printed
+        _become(req.env)
+        enter_task(req)
         assert req.task is not None
         code = run(req.task, jd, req)
     except BaseException:  # noqa: BLE001 — the task's host reports any end as its exit status

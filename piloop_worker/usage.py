@@ -40,7 +40,11 @@ class Meter:
                 continue
         self.peak_rss = max(self.peak_rss, rss)
 
-    def usage(self, rusage_cpu: float = 0.0, rusage_maxrss: int = 0) -> UsageRecord:
-        """The usage so far; `rusage_*` from wait4 of the root cover children that ended between samples."""
-        cpu = max(sum(self._cpu.values()), rusage_cpu)
+    def usage(self, rusage_cpu: float = 0.0, rusage_maxrss: int = 0, without: int | None = None) -> UsageRecord:
+        """The usage so far; `rusage_*` from wait4 of the root cover children that ended between samples. With
+        `without` (a warm task process, which lives on), that process's samples are replaced by `rusage_cpu`."""
+        if without is None:
+            cpu = max(sum(self._cpu.values()), rusage_cpu)
+        else:
+            cpu = sum(v for (pid, _), v in self._cpu.items() if pid != without) + rusage_cpu
         return UsageRecord(max(self.peak_rss, rusage_maxrss), round(cpu, 3))

@@ -45,13 +45,19 @@ from piloop_common.cli.output import ago, emit_json, table
     "[plugins.tasks] path, else the dir the worker starts in).",
 )
 @click.option(
+    "--task-processes",
+    type=click.Choice(["warm", "fresh"]),
+    help="warm: Python tasks run one after another in long-lived processes with their modules imported; fresh: a "
+    "process forked for each task (default: the config's [plugins.tasks] processes, warm).",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     envvar="PILOOP_LOG_FORMAT",
     help="text (event=… key=value lines) or json (one object a line); default: the config's log_format.",
 )
 @click.pass_context
-def worker(ctx, server, socket, pool, token_file, name, image, workdir, tasks_path, log_format) -> None:
+def worker(ctx, server, socket, pool, token_file, name, image, workdir, tasks_path, task_processes, log_format) -> None:
     """Run a worker: it calls the server, and the server never calls it."""
     if ctx.invoked_subcommand:
         return
@@ -86,6 +92,7 @@ def worker(ctx, server, socket, pool, token_file, name, image, workdir, tasks_pa
             home=ctx.obj.home,
             log_format=log_format,
             tasks_path=list(tasks_path),
+            task_processes=task_processes,
         )
     )
 

@@ -82,7 +82,7 @@ def test_a_task_is_forked_from_the_warm_shim_host_not_a_new_interpreter(client):
         assert got["imported_by"] != got["pid"], got
         assert got["job"] in (first.id, second.id) and got["cwd"].endswith("/work")
     assert a["imported_by"] == b["imported_by"]  # imported once, in the host, for every task after
-    assert a["pid"] != b["pid"]
+    # whether the two ran in one warm process or two: tests/integration/test_warm_tasks.py
 
 
 def test_a_tasks_prints_reach_its_log_in_order(client):
