@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import pytest
 
-from piloop_common import configref
+from piloop_common import configref, stateref
 from piloop_common.cli import root
 
 REPO = Path(__file__).resolve().parents[2]
@@ -155,8 +155,8 @@ def test_doc_commands_are_real(doc: str) -> None:
 
 def test_architecture_state_block_is_generated() -> None:
     text = (DOCS / "architecture.md").read_text()
-    assert configref.STATE_BEGIN in text and configref.STATE_END in text
-    assert configref.splice_state(text) == text, (
+    assert stateref.STATE_BEGIN in text and stateref.STATE_END in text
+    assert stateref.splice_state(text) == text, (
         "docs/architecture.md's Redis keys or Lua scripts differ from piloop_server/state/: run "
         "`python -m piloop_common.configref --write` and commit it"
     )
@@ -164,7 +164,7 @@ def test_architecture_state_block_is_generated() -> None:
 
 def test_architecture_names_only_real_modules() -> None:
     text = (DOCS / "architecture.md").read_text()
-    text = text[: text.index(configref.STATE_BEGIN)]
+    text = text[: text.index(stateref.STATE_BEGIN)]
     files = [
         str(p.relative_to(REPO))
         for pkg in ("piloop_common", "piloop_server", "piloop_worker")
