@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from pydantic_core import ErrorDetails
 
 from piloop_common.config import CONFIG_FILE, Settings
 from piloop_common.errors import ConfigError
+
+ENV = "env"  # the source of the PILOOP_* variables; each value's own variable is in `Sources.origin`
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -46,7 +49,7 @@ def _env_source(env: dict[str, str]) -> tuple[dict[str, Any], dict[tuple[str, ..
         origin[("namespace",)] = "env PILOOP_NAMESPACE"
     if env.get("PILOOP_REDIS_URL"):
         data = _deep_merge(data, {"plugins": {"state": {"url": env["PILOOP_REDIS_URL"]}}})
-        origin[("plugins", "state")] = "env PILOOP_REDIS_URL"
+        origin[("plugins", "state", "url")] = "env PILOOP_REDIS_URL"
     for name in sorted(env):
         if not name.startswith("PILOOP_") or "__" not in name:
             continue
@@ -108,21 +111,43 @@ def _model_of(ann: Any) -> Any:
     return _model_of(meta) if meta not in (None, ann) else None
 
 
-def _describe(err: ErrorDetails, sources: list[tuple[str, dict[str, Any]]], origin: dict[tuple[str, ...], str]) -> str:
+def _variable(loc: tuple[str, ...], origin: dict[tuple[str, ...], str]) -> str | None:
+    """The env variable that gave `loc` or a table holding it (`env PILOOP_…`), if one did."""
+    return next((origin[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in origin), None)
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What `load_settings` merged, first to last (later wins): each source's name and data, and which env variable
+    gave each path the env source holds."""
+
+    home: Path
+    file: Path
+    layers: list[tuple[str, dict[str, Any]]]
+    origin: dict[tuple[str, ...], str]
+
+    def merged(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for _, data in self.layers:
+            out = _deep_merge(out, data)
+        return out
+
+    def source_of(self, loc: tuple[str, ...]) -> str | None:
+        """The last source that gives `loc` (`env PILOOP_…` for the env), or None when none does (a default)."""
+        for name, data in reversed(self.layers):
+            if _has_path(data, loc):
+                return (_variable(loc, self.origin) or name) if name == ENV else name
+        return None
+
+
+def _describe(err: ErrorDetails, sources: Sources) -> str:
     loc = tuple(
         str(p) for p in err["loc"] if not (isinstance(p, str) and p in ("local", "s3", "http", "cached", "modal"))
     )
     key = ".".join(loc[1:] if loc and loc[0] == "plugins" else loc) or "(top level)"
-    where = "defaults"
-    for i in range(len(loc), 0, -1):
-        if loc[:i] in origin:
-            where = origin[loc[:i]]
-            break
-    else:
-        for name, data in reversed(sources):
-            if _has_path(data, loc[:-1] if err["type"] == "missing" else loc):
-                where = name
-                break
+    where = (
+        _variable(loc, sources.origin) or sources.source_of(loc[:-1] if err["type"] == "missing" else loc) or "defaults"
+    )
     if err["type"] == "extra_forbidden":
         allowed = _allowed_keys(tuple(loc[:-1]))
         hint = f"; allowed: {', '.join(allowed)}" if allowed else ""
@@ -132,8 +157,8 @@ def _describe(err: ErrorDetails, sources: list[tuple[str, dict[str, Any]]], orig
     return f"{where}: {key}: {err['msg']}{shown}"
 
 
-def load_settings(home: Path | None = None, env: dict[str, str] | None = None, path: Path | None = None) -> Settings:
-    """Settings from every source; a ConfigError names what is wrong and where."""
+def read_sources(home: Path | None = None, env: dict[str, str] | None = None, path: Path | None = None) -> Sources:
+    """Every source's data, unvalidated; a ConfigError for a file that is not TOML or a PILOOP_PLUGINS not JSON."""
     env = dict(os.environ if env is None else env)
     home = Path(home or env.get("PILOOP_HOME") or Path.home() / ".piloop").expanduser()
     file = path or home / CONFIG_FILE
@@ -148,19 +173,27 @@ def load_settings(home: Path | None = None, env: dict[str, str] | None = None, p
         if not isinstance(parsed, dict):
             raise ConfigError('env PILOOP_PLUGINS: must be a JSON object of plugin tables, like {"network": {...}}')
         plugins_json = {"plugins": parsed}
-    sources = [(str(file), file_data), ("env", env_data), ("env PILOOP_PLUGINS", plugins_json)]
-    merged: dict[str, Any] = {}
-    for _, data in sources:
-        merged = _deep_merge(merged, data)
+    layers = [(str(file), file_data), (ENV, env_data), ("env PILOOP_PLUGINS", plugins_json)]
+    return Sources(home=home, file=file, layers=layers, origin=origin)
+
+
+def settings_from(sources: Sources) -> Settings:
+    """The sources validated into Settings; a ConfigError names what is wrong and where."""
+    merged = sources.merged()
     if "home" in merged:
-        raise ConfigError(f"{file}: home: set PILOOP_HOME or --home, not a key in config.toml")
+        raise ConfigError(f"{sources.file}: home: set PILOOP_HOME or --home, not a key in config.toml")
     try:
-        settings = Settings(home=home, **merged)
+        settings = Settings(home=sources.home, **merged)
     except ValidationError as e:
-        lines = [_describe(err, sources, origin) for err in e.errors()]
-        raise ConfigError("; ".join(lines), source=str(file)) from None
+        lines = [_describe(err, sources) for err in e.errors()]
+        raise ConfigError("; ".join(lines), source=str(sources.file)) from None
     _check_extras(settings, sources)
     return settings
+
+
+def load_settings(home: Path | None = None, env: dict[str, str] | None = None, path: Path | None = None) -> Settings:
+    """Settings from every source; a ConfigError names what is wrong and where."""
+    return settings_from(read_sources(home, env, path))
 
 
 # a provider whose client library is an extra (the module, the extra): without it the pool's first start failed
@@ -168,7 +201,7 @@ def load_settings(home: Path | None = None, env: dict[str, str] | None = None, p
 PROVIDER_EXTRAS = {"modal": ("modal", "piloop[modal]")}
 
 
-def _check_extras(settings: Settings, sources: list[tuple[str, dict[str, Any]]]) -> None:
+def _check_extras(settings: Settings, sources: Sources) -> None:
     """A ConfigError naming the pool and the extra to install, for a provider whose library is not importable."""
     for name, pool in sorted(settings.executor.pools.items()):
         provider = pool.provisioner.compute.provider if pool.provisioner else ""
@@ -178,7 +211,7 @@ def _check_extras(settings: Settings, sources: list[tuple[str, dict[str, Any]]])
         if importlib.util.find_spec(module) is not None:
             continue
         loc = ("plugins", "executor", "pools", name, "provisioner", "compute", "provider")
-        where = next((n for n, data in reversed(sources) if _has_path(data, loc)), "defaults")
+        where = sources.source_of(loc) or "defaults"
         raise ConfigError(
             f'{where}: executor.pools.{name}.provisioner.compute.provider = "{provider}" needs the {extra} extra, '
             f"which is not installed: pip install '{extra}'",

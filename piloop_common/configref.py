@@ -41,6 +41,25 @@ source, the key and what is allowed. The timings of `[plugins.executor]` are che
 `grace_seconds` must exceed `renew_seconds`, and `toleration_seconds` must exceed
 `grace_seconds + 2 × renew_seconds + request_timeout_seconds + kill_grace_seconds`.
 
+`piloop config check` reads the config as `piloop serve` does and prints every setting in effect with where it
+came from (`default`, `config.toml`, or the variable, `env PILOOP_…`), secrets masked: every `string (secret)`
+key, the password of any URL (`redis://:**********@host:6379/0`), and the values of a table's keys named like a
+credential (a pool's `env`). An invalid config exits 2 with the line `piloop serve` would give. `--json` prints
+`{"valid": …, "home": …, "file": …, "settings": {"<key>": {"value": …, "source": …}}}` (and `{"valid": false,
+"error": …}` with the exit 2).
+
+`piloop config schema` prints the JSON Schema of `config.toml`, read off the same models. For an editor that
+checks TOML against a schema (taplo, VS Code's Even Better TOML):
+
+```sh
+piloop config schema > ~/.piloop/config.schema.json
+```
+
+and make `#:schema ./config.schema.json` the first line of `config.toml` (a path relative to the file, or an
+`https://` URL). The editor then completes keys, shows these descriptions and marks an unknown key or a wrong
+type as you type. The schema cannot hold the checks across keys (the timings above), nor a provider's extra
+being installed: `piloop config check` runs those too. Print it again after an upgrade.
+
 While the daemon runs, `piloop limits set executor.<key>=<value> --reason "…"` overrides any key of
 `[plugins.executor]` (for instance `executor.pools.gpu.evaluations=0`) until `piloop limits unset`; see
 docs/operations.md.

@@ -12,6 +12,7 @@ from piloop_common.cli.admin import events, inbox, limits, token
 from piloop_common.cli.attach import attach
 from piloop_common.cli.campaign import campaign
 from piloop_common.cli.cas import cas
+from piloop_common.cli.config import config
 from piloop_common.cli.context import Cli
 from piloop_common.cli.daemon import init, serve, status, stop
 from piloop_common.cli.jobs import job
@@ -63,6 +64,7 @@ def root(ctx: click.Context, home: Path | None, server: str | None, token_file: 
 for command in (
     init,
     serve,
+    config,
     stop,
     status,
     worker,
