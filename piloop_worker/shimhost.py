@@ -39,6 +39,7 @@ from piloop_common.prctl import set_name
 from piloop_worker import (
     cgroups,
     clock,
+    gpus,
     jobuser,
     shim,
     spawning,
@@ -68,7 +69,10 @@ def handle(req: ShimRequest, channel: int, keep: tuple[int, ...]) -> None:
                 os.close(fd)
             shim.main_forked(req, socket.socket(fileno=channel))
         finally:
-            os._exit(0)
+            try:
+                gpus.close()  # NVML, if a job's metrics opened it in this shim: os._exit runs no atexit
+            finally:
+                os._exit(0)  # never back into the host's loop, whatever failed
     os.close(channel)
 
 
