@@ -39,6 +39,15 @@ def check_listen(settings: Any, listen: str) -> tuple[str, int]:
     return host, port
 
 
+def serve_listen(settings: Any, listen: str | None = None) -> str | None:
+    """The address `piloop serve` listens on beside its socket (`--listen`, else `[plugins.network] listen`), checked
+    by `check_listen`; None for the socket alone. `piloop config check` runs it too."""
+    where = listen or settings.plugins.network.listen
+    if where:
+        check_listen(settings, where)
+    return where or None
+
+
 def uvicorn_tls(settings: Any) -> dict[str, Any]:
     """uvicorn's TLS arguments for `[plugins.network] tls = {cert, key}` (none for "proxy" or unset)."""
     tls = settings.plugins.network.tls

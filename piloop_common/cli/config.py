@@ -26,10 +26,13 @@ def config_check(obj, as_json: bool) -> None:
     config exits 2 with the line `piloop serve` would give, naming the key."""
     from piloop_common.configcheck import check
     from piloop_common.configload import read_sources, settings_from
+    from piloop_common.listen import serve_listen
 
     try:
         sources = read_sources(obj.home)
-        checked = check(settings_from(sources), sources)
+        settings = settings_from(sources)
+        serve_listen(settings)  # as `piloop serve` checks it, beside the models' own checks
+        checked = check(settings, sources)
     except ConfigError as e:
         if as_json:
             emit_json({"valid": False, "error": e.message})

@@ -169,11 +169,10 @@ def serve(obj, detach: bool, listen: str | None, log_format: str | None, replica
         raise click.UsageError(
             "--replica serves the Redis another server uses: set [plugins.state] url (or PILOOP_REDIS_URL) to it"
         )
-    from piloop_common.listen import check_listen
+    from piloop_common.listen import serve_listen
     from piloop_server.serve import run
 
-    if listen or settings.plugins.network.listen:
-        check_listen(settings, listen or settings.plugins.network.listen)
+    serve_listen(settings, listen)
     pid = _pid(obj.home)
     if pid:
         raise click.ClickException(f"a daemon is already running (pid {pid}): `piloop stop` it first")

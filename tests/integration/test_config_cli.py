@@ -108,3 +108,12 @@ def test_the_schema_validates_the_config_it_describes(tmp_path):
     jsonschema.Draft202012Validator(got).validate(tomllib.loads(CONFIG))
     errors = list(jsonschema.Draft202012Validator(got).iter_errors({"plugins": {"executor": {"renew_second": 3}}}))
     assert errors and "renew_second" in errors[0].message
+
+
+def test_a_listen_serve_would_refuse_is_refused(tmp_path):
+    (tmp_path / "config.toml").write_text('[plugins.network]\nlisten = "0.0.0.0:8443"\n')
+    r = piloop(tmp_path, "config", "check")
+    assert r.returncode == 2 and "not a loopback address" in r.stderr and "tls" in r.stderr, r.stderr
+    assert piloop(tmp_path, "serve").stderr == r.stderr
+    (tmp_path / "config.toml").write_text('[plugins.network]\nlisten = "0.0.0.0:8443"\ntls = "proxy"\n')
+    assert piloop(tmp_path, "config", "check").returncode == 0
