@@ -298,7 +298,7 @@ class RetentionConfig(_Model):
     finished_seconds: float = Field(
         7 * DAY,
         ge=0,
-        description="A job that succeeded or was cancelled is removed from Redis this long after it ended "
+        description="A job that succeeded, was cancelled or expired is removed from Redis this long after it ended "
         "(0: kept forever). A campaign's jobs are kept while the campaign exists.",
     )
     failed_seconds: float = Field(

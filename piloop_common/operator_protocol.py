@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from piloop_common.protocol import HostSample, JobSpec, Kind, Message
+from piloop_common.protocol import HostSample, JobId, JobSpec, Kind, Message
 
 
 class SubmitRequest(Message):
@@ -17,6 +17,9 @@ class SubmitRequest(Message):
     campaign: str = ""
     image: str = ""
     spec: JobSpec
+    id: JobId | None = Field(
+        None, description="The job's id, chosen by the caller (Celery's task_id); none: a new one."
+    )
 
 
 class SubmitResponse(Message):
@@ -80,6 +83,10 @@ class JobView(Message):
     progress: list[dict[str, Any]] = Field(default_factory=list, description="The job's own notes: note, by, at_ms.")
     memory_mb: int = Field(0, description="The grant (MiB) of the job's current or next attempt; 0: none of its own.")
     retry_ms: int = Field(0, description="A failed job waiting to be tried again: when it goes back to the queue.")
+    not_before_ms: int = Field(
+        0, description="A job queued with a countdown: when it becomes claimable (Redis's clock)."
+    )
+    expires_ms: int = Field(0, description="A job queued with an expiry, not started yet: when it ends `expired`.")
     waiting: str = Field(
         "",
         description="Why a queued job has no lease, where the live workers of its pool tell (none "

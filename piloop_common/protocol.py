@@ -20,8 +20,8 @@ RELAY_TOKEN_HEADER = "x-piloop-lease-token"
 
 Kind = Literal["agent", "evaluation"]
 Outcome = Literal["succeeded", "failed", "cancelled", "fenced", "lost"]
-JobState = Literal["queued", "leased", "running", "succeeded", "failed", "cancelled", "lost", "worker_lost"]
-TERMINAL_STATES = ("succeeded", "failed", "cancelled", "lost", "worker_lost")
+JobState = Literal["queued", "leased", "running", "succeeded", "failed", "cancelled", "lost", "worker_lost", "expired"]
+TERMINAL_STATES = ("succeeded", "failed", "cancelled", "lost", "worker_lost", "expired")
 
 
 class Message(BaseModel):
@@ -36,6 +36,9 @@ ReportId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", de
 LEASE_TOKEN = r"^[0-9][0-9a-f.]{0,127}$"
 LeaseToken = Annotated[str, Field(pattern=LEASE_TOKEN, description="A lease's fencing token.")]
 Address = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$", description="A CAS address.")]
+# a task's exception class, qualified (`module.Qualname`), as the worker reports it and `retry_on` names it
+EXCEPTION_NAME = r"^[A-Za-z_][A-Za-z0-9_.]{0,199}$"
+COUNTDOWN_MOST = 366 * 86400  # the longest countdown or expiry: a year
 HELD_MOST = 1024  # the jobs one heartbeat may name
 LOG_CHUNKS_PER_CALL = 256  # a log append's chunks (the worker sends a few every few seconds)
 
@@ -189,6 +192,42 @@ class JobSpec(Message):
         2, ge=1, le=10, description=("Each further failed attempt waits this many times longer (at most an hour).")
     )
     campaign: CampaignJob | None = Field(None, description="Set by the server for a campaign's agents and evaluations.")
+    # timing and priority
+    retry_on: list[Annotated[str, Field(pattern=EXCEPTION_NAME)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description=(
+            "Tasks: the qualified names of the exception classes whose failure is retried (`builtins.OSError`; a "
+            "subclass of one counts); empty: every failed attempt is, while attempts are left."
+        ),
+    )
+    priority: int = Field(
+        0,
+        ge=0,
+        le=9,
+        description="0 to 9, 9 first: claims take a higher one first within a pool and kind; FIFO within one.",
+    )
+    countdown_seconds: float | None = Field(
+        None,
+        ge=0,
+        le=COUNTDOWN_MOST,
+        description="Not claimable until this long after it is queued (Redis's clock): it waits in `delayed`, queued.",
+    )
+    expires_seconds: float | None = Field(
+        None,
+        gt=0,
+        le=COUNTDOWN_MOST,
+        description="Not started (leased) within this long of being queued: it never runs and ends `expired`.",
+    )
+
+    @model_validator(mode="after")
+    def _timing(self) -> JobSpec:
+        if self.expires_seconds is not None and self.expires_seconds <= (self.countdown_seconds or 0):
+            raise ValueError(
+                f"expires_seconds ({self.expires_seconds:g}) is not after countdown_seconds "
+                f"({self.countdown_seconds or 0:g}): the job would expire before it may start"
+            )
+        return self
 
     @model_validator(mode="after")
     def _memory_cap(self) -> JobSpec:
@@ -278,6 +317,14 @@ class ReportRequest(Message):
     )
     score: float | None = Field(None, description="Evaluations of a campaign: the score the eval command printed.")
     fetched_bytes: int = Field(0, ge=0, description="Bytes of repo bundles the worker fetched for this job.")
+    error: list[Annotated[str, Field(pattern=EXCEPTION_NAME)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description=(
+            "Tasks that raised: the exception's classes, qualified, its own first then its bases (its MRO), for the "
+            "server's `retry_on` decision."
+        ),
+    )
 
 
 class ReportResponse(Message):

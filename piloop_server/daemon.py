@@ -125,7 +125,8 @@ class Pass:
             log.warning("event=daemon.rearmed leases=%d (the daemon was away longer than grace_seconds)", res.count)
         for job in res.lost:
             rt.events.escalate("job.lost", f"evaluation {job} was lost {rt.executor.max_lost} times in a row", job=job)
-        moved += rt.leases.due(self.fence)  # failed jobs whose backoff has passed go back to their queues
+        moved += rt.leases.due(self.fence)  # failed jobs whose backoff has passed (new ones their countdown) go back
+        rt.leases.expire_unstarted(self.fence)  # queued jobs whose expiry came first end `expired`
         self.still_leading()
         if self.provisioner is not None:
             # decides from Redis only: its platform calls are background tasks (piloop_server.tasks), off the pass

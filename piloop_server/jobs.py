@@ -51,7 +51,7 @@ def submit(rt: Runtime, req: SubmitRequest, by: str) -> str:
         raise BadRequest(f"--input: the CAS lacks {', '.join(missing_inputs)}")
     if req.spec.code and not rt.store.has_many([req.spec.code]):
         raise BadRequest(f"code {req.spec.code}: the CAS lacks it (push it again: `piloop task push DIR`)")
-    job_id = new_id()
+    job_id = req.id or new_id()  # a caller's own id (pattern-checked by the model): an id that exists is a conflict
     rt.leases.enqueue(
         job_id, req.kind, req.pool, req.spec.model_dump(mode="json"), by=by, campaign=req.campaign, image=req.image
     )
@@ -89,14 +89,16 @@ def view(rt: Runtime, job_id: str) -> JobView:
         progress=[json.loads(n) for n in got.progress],
         memory_mb=j.grant_mb,
         retry_ms=j.retry_at,
+        not_before_ms=j.not_before,
+        expires_ms=j.expires if j.state == "queued" else 0,
     )
 
 
 def waiting(rt: Runtime, v: JobView) -> str:
     """Why queued job `v` has no lease where the live workers of its pool tell (what claim.lua checks of each): none
     is live (and no provisioner starts one), none runs its image, or its grant is larger than every one's room. Empty
-    when one could take it, or the job waits out a backoff. It stays queued either way: a worker may come."""
-    if v.state != "queued" or v.retry_ms:
+    when one could take it, or the job waits out a backoff or a countdown. It stays queued either way: a worker may come."""
+    if v.state != "queued" or v.retry_ms or v.not_before_ms:
         return ""
     live = [w for w in rt.workers.all() if w.alive and w.pool == v.pool and not w.draining]
     pool = rt.executor.pools.get(v.pool)

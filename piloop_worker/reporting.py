@@ -70,6 +70,7 @@ class Reporting(Part):
             outputs=outputs,
             metrics=metrics,
             duration_seconds=rec.duration_seconds,
+            error=list(rec.error),
             **campaign,
         )
         assert self.spool is not None

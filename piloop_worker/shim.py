@@ -241,8 +241,10 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
             reason = f"out of memory (held at its limit for {held_seconds:g}s)"
         # the group stays: the worker gives it back for a later job, or removes it (`Cgroups.give`)
     exit_code = warm_code if warm_code is not None else os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-    if req.task and not reason and not why and exit_code == tasks.FAILED:
-        reason = tasks.reason(jd)  # its module could not be imported: one line, the job's reason
+    error: tuple[str, ...] = ()
+    if req.task and not why and exit_code == tasks.FAILED:
+        reason = reason or tasks.reason(jd)  # its module could not be imported: one line, the job's reason
+        error = tasks.error_classes(jd)  # what it raised, for the server's retry_on
     # a warm process's own CPU before this task is not this task's: its sampled share is replaced by the task's
     usage = meter.usage(cpu, rss, without=pid if warm_code is not None else None)
     if peak is not None and (most := peak.peak_bytes()) is not None:  # the kernel's count over the sampled one
@@ -256,6 +258,7 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
             reason=reason,
             usage=usage,
             duration_seconds=round(clock.now() - started, 3),
+            error=error,
             started=started_wall,
             ended=time.time(),
         )

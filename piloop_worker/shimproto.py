@@ -119,6 +119,7 @@ class ExitRecord(NamedTuple):
     duration_seconds: float = 0.0
     started: float | None = None
     ended: float | None = None
+    error: tuple[str, ...] = ()  # a task that raised: its exception's classes, qualified, its own first
 
     def wire(self) -> bytes:
         return json.dumps({**self._asdict(), "usage": self.usage._asdict()}).encode()
@@ -133,6 +134,7 @@ class ExitRecord(NamedTuple):
                 **_known(cls, d),
                 "stopped": StopReason.read(d.get("stopped") or ""),
                 "usage": UsageRecord(**_known(UsageRecord, d.get("usage") or {})),
+                "error": tuple(str(c) for c in d.get("error") or ()),
             }
         )
 

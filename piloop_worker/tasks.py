@@ -19,6 +19,7 @@ import importlib
 import json
 import os
 import pickle
+import re
 import signal
 import sys
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any
 
 from piloop_common.files import write_file
 from piloop_common.prctl import die_with_parent
+from piloop_common.protocol import EXCEPTION_NAME
 from piloop_worker import jobuser
 from piloop_worker.jobdir import JobDir
 from piloop_worker.shimproto import ShimRequest
@@ -35,6 +37,7 @@ FAILED = 1
 CRASHED = 70  # the runner itself could not start (EX_SOFTWARE)
 PATH_ENV = "PILOOP_TASKS_PATH"  # the tasks path, from the worker to its shim host
 REASON_MAX = 1000
+ERROR_CLASSES_MOST = 32  # as many as a report carries
 
 TASKS_PATH: list[str] = []  # the tasks path, as the host put it on sys.path (`use_path`)
 START_DIR = os.getcwd()  # the dir the worker (and so the host) started in, on sys.path as Python put it there
@@ -104,6 +107,24 @@ def reason(jd: JobDir) -> str:
     return why.splitlines()[0][:REASON_MAX] if isinstance(why, str) and why else ""
 
 
+def classes_of(e: BaseException) -> list[str]:
+    """An exception's classes, qualified (`builtins.ValueError`), its own first then its bases: what the server
+    matches a task's `retry_on` against, so a subclass of a listed class is retried as in Celery."""
+    return [f"{c.__module__}.{c.__qualname__}" for c in type(e).__mro__ if c is not object]
+
+
+def error_classes(jd: JobDir) -> tuple[str, ...]:
+    """The classes the task's process left in `error.json` (those a report may carry), or ()."""
+    try:
+        got = json.loads((jd.outputs / "error.json").read_bytes())
+    except (OSError, ValueError):
+        return ()
+    classes = got.get("classes") if isinstance(got, dict) else None
+    if not isinstance(classes, list):
+        return ()
+    return tuple(c for c in classes if isinstance(c, str) and re.fullmatch(EXCEPTION_NAME, c))[:ERROR_CLASSES_MOST]
+
+
 def load_arguments(jd: JobDir) -> tuple[str, list[Any], dict[str, Any]]:
     for ser in SERIALIZERS:
         path = jd.inputs / f"args.{ser}"
@@ -130,7 +151,13 @@ def run(target: str, jd: JobDir, req: ShimRequest | None = None) -> int:
                 raise
             sys.stderr.write(line + "\n")
             with contextlib.suppress(Exception):
-                error = {"type": "ModuleNotFoundError", "message": line, "traceback": "", "reason": line}
+                error = {
+                    "type": "ModuleNotFoundError",
+                    "classes": classes_of(e),
+                    "message": line,
+                    "traceback": "",
+                    "reason": line,
+                }
                 (jd.outputs / "error.json").write_text(json.dumps(error))
             return FAILED
         value = fn(*args, **kwargs)
@@ -142,7 +169,7 @@ def run(target: str, jd: JobDir, req: ShimRequest | None = None) -> int:
         sys.stderr.write(tb)
         with contextlib.suppress(Exception):
             (jd.outputs / "error.json").write_text(
-                json.dumps({"type": type(e).__name__, "message": str(e), "traceback": tb})
+                json.dumps({"type": type(e).__name__, "classes": classes_of(e), "message": str(e), "traceback": tb})
             )
         return FAILED
     (jd.outputs / f"result.{ser}").write_bytes(data)

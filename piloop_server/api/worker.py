@@ -352,7 +352,9 @@ def _as_report(body: ReportRequest, name: str, present: set[str]) -> Report:
         result |= {"head": body.head, "bundle": body.bundle, "workspace": body.workspace}
     if body.score is not None:
         result["score"] = body.score
-    return Report(body.report_id, body.job, body.token, name, outcome, result, reason, body.oom)
+    if body.error:
+        result["error"] = body.error
+    return Report(body.report_id, body.job, body.token, name, outcome, result, reason, body.oom, tuple(body.error))
 
 
 def _report(body: ReportRequest, rt: Runtime, name: str, present: set[str]) -> ReportResponse:

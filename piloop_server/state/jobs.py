@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from piloop_server.state.connection import Client
 from piloop_server.state.keys import Keys
 from piloop_server.state.records.codec import text as _s
-from piloop_server.state.records.job import FIELDS, Job
+from piloop_server.state.records.job import FIELDS, Job, queued_at
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class JobsState:
         for pool in pools:
             for kind in kinds:
                 depth, first, active = int(next(got)), next(got), sorted(_s(j) for j in next(got))
-                heads[(pool, kind)] = (depth, int(first[0][1]) if first else None, active)
+                heads[(pool, kind)] = (depth, queued_at(first[0][1]) if first else None, active)
         states = iter(self.field_of([j for _, _, ids in heads.values() for j in ids], "state"))
         out = {}
         for key, (depth, oldest, ids) in heads.items():
@@ -100,6 +100,6 @@ class QueueView:
     """One (pool, kind)'s queue and leases, for the metrics."""
 
     queued: int
-    oldest_ms: int | None  # the first in line's queue score: when it was first queued (ms, Redis's clock)
+    oldest_ms: int | None  # when the first in line was first queued (ms, Redis's clock; its score less its priority)
     leased: int
     running: int  # holding a lease and started (or gone from its hash since the read: counted here)

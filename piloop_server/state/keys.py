@@ -82,8 +82,13 @@ class Keys:
         return self._k("deadlines")
 
     def delayed(self) -> str:
-        """Sorted set job id -> when (ms) a failed job waiting out its backoff goes back to its queue."""
+        """Sorted set job id -> when (ms) a failed job waiting out its backoff, or a new one its countdown, goes back to
+        its queue."""
         return self._k("delayed")
+
+    def expiring(self) -> str:
+        """Sorted set job id -> when (ms) a queued job with an expiry ends `expired` if no lease took it by then."""
+        return self._k("expiring")
 
     def report(self, report_id: str) -> str:
         """The answer given to a report id, so a second copy gets the first's answer."""

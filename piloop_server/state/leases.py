@@ -68,7 +68,7 @@ class Leases:
         return int(
             self.scripts.run(
                 "enqueue",
-                [k.job(job_id), k.queue(pool, kind), k.jobs(), k.events()],
+                [k.job(job_id), k.queue(pool, kind), k.jobs(), k.events(), k.delayed(), k.expiring()],
                 [job_id, kind, pool, campaign, image, json.dumps(spec), by],
             )
         )
@@ -88,6 +88,8 @@ class Leases:
                 k.queue(pool, "agent"),
                 k.jobs(),
                 k.events(),
+                k.delayed(),
+                k.expiring(),
             ],
             [k.prefix(), job_id, pool, campaign, json.dumps(spec or {}), by, 1 if spec is not None else 0],
         )
@@ -169,6 +171,8 @@ class Leases:
                 k.campaign_live(),
                 k.daemon(),
                 k.worker_leases(name, other),
+                k.ended(),
+                k.expiring(),
             ],
             [
                 k.prefix(),
@@ -282,6 +286,7 @@ class Leases:
                 )
                 continue
             kind, pool = _s(kind_b), _s(pool_b)
+            policy = RetryPolicy.of(spec, (memory_caps or {}).get(pool))
             at.append(i)
             calls.append(
                 (
@@ -313,8 +318,10 @@ class Leases:
                         self.t.grace_ms,
                         self.t.toleration_ms,
                         1 if rep.oom else 0,
-                        *RetryPolicy.of(spec, (memory_caps or {}).get(pool)).args(),
+                        *policy.args(),
                         stale_summary(rep.result),
+                        " ".join(policy.retry_on),
+                        " ".join(rep.error),
                     ],
                 )
             )
@@ -323,9 +330,16 @@ class Leases:
         return out
 
     def due(self, fence: Fence | None = None) -> int:
-        """Put failed jobs whose backoff has passed back in their queues (the pass); how many."""
+        """Put failed jobs whose backoff has passed, and new ones whose countdown has, in their queues (the pass);
+        how many."""
         k = self.k
         return int(self.scripts.run("due", [k.delayed(), k.events()], [k.prefix(), EXPIRE_BATCH], fence))
+
+    def expire_unstarted(self, fence: Fence | None = None) -> int:
+        """End `expired` the queued jobs whose expiry came before any lease (the pass); how many."""
+        k = self.k
+        keys = [k.expiring(), k.delayed(), k.events(), k.ended()]
+        return int(self.scripts.run("unstarted", keys, [k.prefix(), EXPIRE_BATCH], fence))
 
     # -- the pass ----------------------------------------------------------------------
 

@@ -72,7 +72,7 @@ class RelayState:
         try:
             reply = self.scripts.run(
                 "relay_submit",
-                [*self._keys(c), k.job(job_id), k.queue(pool, "evaluation"), k.jobs()],
+                [*self._keys(c), k.job(job_id), k.queue(pool, "evaluation"), k.jobs(), k.delayed(), k.expiring()],
                 [*self._args(c), job_id, pool, campaign, json.dumps(spec), c.signed, RELAYED_EVALUATIONS],
             )
         except redis.exceptions.ResponseError as e:

@@ -16,7 +16,7 @@ from piloop_server.state.records.codec import text as _s
 from piloop_server.state.records.job import FIELDS as JF
 from piloop_server.state.scripts import Fence, Scripts
 
-FINISHED = ("succeeded", "cancelled")
+FINISHED = ("succeeded", "cancelled", "expired")  # expired: what its submitter asked for, like a cancel
 FAILED = ("failed", "lost", "worker_lost")
 PRUNE_BATCH = 500
 MEMORY_ALARM_FIELD = "memory_alarm"  # in the daemon hash: '1' while used memory is past the alarm's share

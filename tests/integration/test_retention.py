@@ -130,11 +130,11 @@ def test_a_campaigns_ended_jobs_stay_while_it_exists_and_go_once_it_is_removed(r
 @pytest.mark.parametrize(
     "finished, failed, split",
     [
-        (7, 30, (7, ("succeeded", "cancelled"), 30)),
+        (7, 30, (7, ("succeeded", "cancelled", "expired"), 30)),
         (30, 7, (7, ("failed", "lost", "worker_lost"), 30)),
-        (7, 7, (7, ("succeeded", "cancelled", "failed", "lost", "worker_lost"), -1)),
+        (7, 7, (7, ("succeeded", "cancelled", "expired", "failed", "lost", "worker_lost"), -1)),
         (0, 7, (7, ("failed", "lost", "worker_lost"), -1)),
-        (7, 0, (7, ("succeeded", "cancelled"), -1)),
+        (7, 0, (7, ("succeeded", "cancelled", "expired"), -1)),
         (0, 0, None),
     ],
 )

@@ -39,6 +39,8 @@ FIELDS: dict[str, str] = {
     "grant_mb": "grant_mb",  # the grant of its next attempt (its spec's, or raised after an out-of-memory one)
     "granted_mb": "granted_mb",  # the grant its current lease holds
     "retry_at": "retry_at",
+    "not_before": "not_before",  # a countdown's end (ms): claimable from then (it waits in `delayed` until)
+    "expires": "expires",  # (ms) not leased by then: it ends `expired`; removed at its first lease
     "result": "result",  # JSON: what the last report said
     "reason": "reason",
     "log_dropped": "log_dropped",  # log chunks past the cap, not kept
@@ -48,6 +50,9 @@ FIELDS: dict[str, str] = {
     "relayed": "relayed",  # an agent's: the evaluations it queued through its relay (relay_submit.lua caps them)
 }
 
+# A queue's score is `queued_ms - priority * PRIORITY_STEP`: a higher priority sorts ahead of every lower one queued
+# within 2^42 ms (139 years) of it, FIFO within one, and the time is the score modulo the step (include/timing.lua).
+PRIORITY_STEP = 2**42
 HISTORY_KEEP = 8  # leases a job remembers (each ~100 bytes)
 LEASE_STATES = ("leased", "running")
 
@@ -84,6 +89,8 @@ class Job:
     grant_mb: int = 0
     granted_mb: int = 0
     retry_at: int = 0
+    not_before: int = 0
+    expires: int = 0
     result: str = ""
     reason: str = ""
     log_dropped: int = 0
@@ -124,7 +131,15 @@ class Job:
         return got if isinstance(got, dict) else {}
 
 
+def queued_at(score: float) -> int:
+    """When a queue score's job was first queued (ms): the score less its priority's steps."""
+    return int(score) % PRIORITY_STEP
+
+
 def lua_include() -> str:
-    """The `job_fields` include: `JF.<attribute>` is the hash field's name."""
+    """The `job_fields` include: `JF.<attribute>` is the hash field's name; `PRIORITY_STEP` the queue score's."""
     pairs = ", ".join(f"{attr} = '{name}'" for attr, name in FIELDS.items())
-    return f"-- job_fields (generated from state/records/job.py): the job hash's field names\nlocal JF = {{{pairs}}}\n"
+    return (
+        f"-- job_fields (generated from state/records/job.py): the job hash's field names\nlocal JF = {{{pairs}}}\n"
+        f"local PRIORITY_STEP = {PRIORITY_STEP}\n"
+    )

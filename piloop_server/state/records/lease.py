@@ -67,6 +67,7 @@ class RetryPolicy:
     longest_ms: int
     growth: float
     memory_cap_mb: int  # 0: the worker's room
+    retry_on: tuple[str, ...] = ()  # the exception classes a failed attempt is retried for; empty: any failure
 
     @classmethod
     def of(cls, spec_json: str | bytes | None, pool_cap_mb: int | None) -> RetryPolicy:
@@ -81,9 +82,11 @@ class RetryPolicy:
             BACKOFF_LONGEST_SECONDS * 1000,
             spec.memory_growth,
             spec.memory_max_mb or pool_cap_mb or 0,
+            tuple(spec.retry_on),
         )
 
     def args(self) -> list[Any]:
+        """ARGV[12..17] of report.lua (`retry_on` goes after the stale summary, as ARGV[19])."""
         return [self.max_attempts, self.backoff_ms, self.factor, self.longest_ms, self.growth, self.memory_cap_mb]
 
 
@@ -139,6 +142,7 @@ class Report:
     result: dict[str, Any]
     reason: str = ""
     oom: bool = False
+    error: tuple[str, ...] = ()  # a task's exception classes, qualified, its own first (its MRO)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 -- KEYS[1] worker hash  KEYS[2] worker alive  KEYS[3] worker leases (this kind)
 -- KEYS[4] queue (pool, kind)  KEYS[5] deadlines  KEYS[6] active (pool, kind)  KEYS[7] token seq
 -- KEYS[8] generation  KEYS[9] events  KEYS[10] campaign live  KEYS[11] daemon hash
--- KEYS[12] worker leases (the other kind)
+-- KEYS[12] worker leases (the other kind)  KEYS[13] ended  KEYS[14] expiring
 -- ARGV[1] key prefix (job hashes are found by id here)  ARGV[2] worker  ARGV[3] kind
 -- ARGV[4] slots of this kind  ARGV[5] worker image  ARGV[6] toleration (ms)  ARGV[7] most to take
 -- ARGV[8] how deep to scan the queue  ARGV[9] the worker's room (MiB; -1: grants not checked)
@@ -11,6 +11,8 @@
 -- Memory: a job's grant is its hash's `grant_mb` (its spec's `memory_mb`, read once, or raised after an
 -- out-of-memory attempt), else the pool's; it is leased only when it fits in the room beside the grants of
 -- every lease the worker holds (`granted_mb` of each). A job without a grant counts 0 (limited to the room).
+-- Order: the queue's scores (include/timing.lua: priority, then FIFO). A candidate whose expiry has come ends
+-- `expired` here (include/expiry.lua), never leased late; a job's first lease removes its expiry.
 -- A token is `<generation><counter, 12 digits>.<random>`: the first part is the fencing order (one INCR, so it
 -- only grows), the random part makes it unguessable; it is compared whole.
 -- Reply: {'ok', id1, token1, id2, token2, ...} or {'none', reason}; reasons: recovering,
@@ -19,6 +21,7 @@
 -- @include clock
 -- @include job_fields
 -- @include events
+-- @include expiry
 local now = clock_ms()
 local hold = tonumber(redis.call('HGET', KEYS[11], 'hold_until') or '0')
 if hold > now then return {'none', 'recovering'} end
@@ -55,10 +58,17 @@ local function fits(grant)
   return room < 0 or granted + grant <= room
 end
 
--- A queued job this worker may run (its image is empty or the worker's), with its grant; nil when it may not.
+-- A queued job this worker may run (its image is empty or the worker's), with its grant; nil when it may not,
+-- and nil, true when its expiry had come: it ended `expired` and left the queue.
+local expired = 0
 local function candidate(id)
   local job = prefix .. 'job:' .. id
-  local f = redis.call('HMGET', job, JF.image, JF.campaign, JF.grant_mb)
+  local f = redis.call('HMGET', job, JF.image, JF.campaign, JF.grant_mb, JF.expires)
+  if f[4] and tonumber(f[4]) and tonumber(f[4]) <= now and
+      expire_unstarted(job, KEYS[4], KEYS[13], KEYS[9], KEYS[14], nil, id, now, 'worker:' .. worker) then
+    expired = expired + 1
+    return nil, true
+  end
   if not (f[1] == false or f[1] == '' or f[1] == image) then return nil end
   local grant = tonumber(f[3])
   if grant == nil then
@@ -68,7 +78,7 @@ local function candidate(id)
     redis.call('HSET', job, JF.grant_mb, grant)
   end
   if grant <= 0 then grant = default_mb end
-  return {id = id, campaign = f[2] or '', grant = grant}
+  return {id = id, campaign = f[2] or '', grant = grant, expires = f[4] and true or false}
 end
 
 local out = {'ok'}
@@ -92,6 +102,10 @@ local function lease(c)
   redis.call('SADD', KEYS[6], c.id)
   redis.call('HSET', job, JF.state, 'leased', JF.worker, worker, JF.token, token, JF.leased, now, JF.updated, now,
     JF.cancel, '0', JF.granted_mb, c.grant, JF.history, remember(job, worker .. '/' .. token))
+  if c.expires then
+    redis.call('HDEL', job, JF.expires)  -- it started: never expired now, whatever becomes of this lease
+    redis.call('ZREM', KEYS[14], c.id)
+  end
   if kind == 'agent' then redis.call('HINCRBY', KEYS[10], c.campaign, 1) end
   emit(KEYS[9], 'lease.granted', 'worker:' .. worker, 'job', c.id, 'token', token, 'worker', worker)
   out[#out + 1] = c.id
@@ -127,12 +141,12 @@ else
   while true do
     for _, id in ipairs(ids) do
       seen = seen + 1
-      local c = candidate(id)
+      local c, gone = candidate(id)
       if c then any = true end
       if c and fits(c.grant) then
         lease(c)
         if (#out - 1) / 2 >= want then break end
-      else
+      elseif not gone then
         kept = kept + 1
       end
     end
@@ -142,6 +156,6 @@ else
     if #ids == 0 then break end
   end
 end
-if not any then return {'none', 'image'} end
+if not any then return {'none', expired > 0 and 'nothing' or 'image'} end
 if #out == 1 then return {'none', 'memory'} end
 return out

@@ -1,8 +1,9 @@
 -- enqueue: put a new job in its pool's queue.
--- KEYS[1] job hash   KEYS[2] queue (pool, kind)   KEYS[3] jobs index   KEYS[4] events
+-- KEYS[1] job hash   KEYS[2] queue (pool, kind)   KEYS[3] jobs index   KEYS[4] events   KEYS[5] delayed
+-- KEYS[6] expiring
 -- ARGV[1] job id  ARGV[2] kind  ARGV[3] pool  ARGV[4] campaign  ARGV[5] image
 -- ARGV[6] spec (JSON)  ARGV[7] by (who asked)
--- Reply: the queue score (ms). Error PILOOP_CONFLICT when the id exists.
+-- Reply: when it was queued (ms). Error PILOOP_CONFLICT when the id exists.
 -- @include clock
 -- @include new_job
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -10,5 +11,5 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 local now = clock_ms()
 new_job(KEYS[1], KEYS[2], KEYS[3], KEYS[4], now, {id = ARGV[1], kind = ARGV[2], pool = ARGV[3],
-  campaign = ARGV[4], image = ARGV[5], spec = ARGV[6], by = ARGV[7]})
+  campaign = ARGV[4], image = ARGV[5], spec = ARGV[6], by = ARGV[7], delayed = KEYS[5], expiring = KEYS[6]})
 return now

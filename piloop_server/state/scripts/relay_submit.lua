@@ -4,7 +4,7 @@
 -- from the campaign record (built in Python), never from the agent. The new job's fields are those enqueue.lua
 -- writes, plus `parent`; the caller's `relayed` counts the evaluations it queued.
 -- KEYS[1] lease  KEYS[2] job hash (the caller)  KEYS[3] events  KEYS[4] new job hash  KEYS[5] queue (pool,
--- evaluation)  KEYS[6] jobs index
+-- evaluation)  KEYS[6] jobs index  KEYS[7] delayed  KEYS[8] expiring
 -- ARGV[1] job id  ARGV[2] token  ARGV[3] worker  ARGV[4] new job id  ARGV[5] pool  ARGV[6] campaign
 -- ARGV[7] spec (JSON)  ARGV[8] by  ARGV[9] the most evaluations one agent may queue
 -- Reply: {new job id, 1 if queued now or 0 if this agent had queued it already}. Errors: PILOOP_LEASE_LOST
@@ -33,6 +33,7 @@ if n >= tonumber(ARGV[9]) then
 end
 local now = clock_ms()
 new_job(KEYS[4], KEYS[5], KEYS[6], KEYS[3], now, {id = ARGV[4], kind = 'evaluation', pool = ARGV[5],
-  campaign = ARGV[6], image = '', spec = ARGV[7], by = ARGV[8], parent = ARGV[1]})
+  campaign = ARGV[6], image = '', spec = ARGV[7], by = ARGV[8], parent = ARGV[1], delayed = KEYS[7],
+  expiring = KEYS[8]})
 redis.call('HINCRBY', KEYS[2], JF.relayed, 1)
 return {ARGV[4], 1}

@@ -11,9 +11,12 @@
 -- backoff (ms), backoff factor, the longest backoff (ms), memory growth, the cap on a raised grant (MiB; 0: the
 -- worker's room)
 -- ARGV[18] what a stale report is kept as (JSON: its size and the CAS addresses it names, never its body)
+-- ARGV[19] the spec's retry_on (qualified exception class names, space-separated; empty: any failure retries)
+-- ARGV[20] the classes of the exception the task raised (its MRO, qualified, space-separated; empty: none)
 -- A failed run is an attempt. Out of memory with a grant below its cap: queued again at once with grant × growth
 -- (capped), not counted against max_attempts. Otherwise, with attempts left, it waits backoff × factor^(n-1) (at
--- most the longest) in `delayed`, still `queued`; the pass's due.lua puts it back in its queue.
+-- most the longest) in `delayed`, still `queued`; the pass's due.lua puts it back in its queue. With a retry_on,
+-- only an attempt whose exception is (a subclass of) one of its classes is retried: any other failure ends the job.
 -- Cancel wins: a job whose cancel was asked for ends `cancelled` whatever the run's outcome (it may have exited on
 -- its own once its relayed calls were refused, before its worker heard of the cancel); the result is kept.
 -- Reply: the answer as JSON, the same for every copy of one report id: {"answer":"accepted","state":...} or
@@ -84,7 +87,18 @@ else
       end
     end
     local counted = attempts - raises
-    if delay == nil and counted < max_attempts then
+    local retryable = ARGV[19] == ''
+    if not retryable then
+      for class in string.gmatch(ARGV[20], '%S+') do
+        if string.find(' ' .. ARGV[19] .. ' ', ' ' .. class .. ' ', 1, true) then retryable = true end
+      end
+      if not retryable and delay == nil and counted < max_attempts then
+        local raised = string.match(ARGV[20], '%S+')
+        reason = reason .. '; not retried: ' .. (raised and (raised .. ' is not') or 'it raised nothing') ..
+          ' in its retry_on'
+      end
+    end
+    if delay == nil and counted < max_attempts and retryable then
       delay = math.floor(math.min(backoff * factor ^ (counted - 1), longest))
       reason = reason .. '; attempt ' .. counted .. ' of ' .. max_attempts .. ' failed'
     end
