@@ -114,6 +114,12 @@ class TaskFailed(PiloopError):
     status = 500
 
 
+class TaskRevoked(TaskFailed):
+    """A task that never ran to its end because it was withdrawn: cancelled, or expired before it started."""
+
+    code = "task_revoked"
+
+
 class WaitTimeout(PiloopError, TimeoutError):
     """A job did not end within the time a caller waits for it."""
 

@@ -19,19 +19,22 @@ process forked from its warm interpreter (`piloop_worker.tasks`), and writes `re
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from piloop_common.cas.address import hash_bytes
 from piloop_common.client import SERVER_ENV, ApiClient, part
-from piloop_common.errors import BadRequest, Corrupt, TaskFailed, WaitTimeout
+from piloop_common.errors import BadRequest, Corrupt, WaitTimeout
 from piloop_common.operator_protocol import JobView
 from piloop_common.protocol import TERMINAL_STATES
+from piloop_common.taskoptions import TaskOptions
+from piloop_common.taskresult import AsyncResult
 
 R = TypeVar("R")
 SERIALIZERS = ("json", "pickle")
@@ -126,12 +129,27 @@ class Client:
         max_attempts: int | None = None,
         backoff: float | None = None,
         code: str | None = None,
+        priority: int | None = None,
+        countdown: float | None = None,
+        eta: dt.datetime | None = None,
+        expires: float | dt.datetime | None = None,
+        retry_on: Iterable[type[BaseException]] | None = None,
+        job_id: str | None = None,
     ) -> str:
         """Queue a job; its id. `inputs` maps a file name in the job's `inputs/` to a CAS address (`put_blob`).
         `memory` is its grant (`"4G"`, `"512M"`, or MiB); `max_attempts` and `backoff` (seconds) its retry policy;
-        a bad value raises BadRequest before anything is queued. `code` is a code snapshot's address (`push_code`)."""
+        a bad value raises BadRequest before anything is queued. `code` is a code snapshot's address (`push_code`).
+        `priority` (0..9, 9 first), `countdown`/`eta`, `expires` and `retry_on` are a task's (`TaskOptions`: a bad
+        one is a ValueError); `job_id` its id of the caller's choosing (one that exists is a Conflict)."""
         from piloop_common.sizes import parse_memory
 
+        timing = TaskOptions(
+            priority=priority,
+            countdown=countdown,
+            eta=eta,
+            expires=expires,
+            retry_on=tuple(retry_on) if retry_on is not None else None,
+        ).timing()
         if memory is not None and memory_mb is not None:
             raise BadRequest("memory and memory_mb: give one")
         spec: dict[str, Any] = {
@@ -142,6 +160,7 @@ class Client:
             "inputs": dict(inputs or {}),
             "timeout_seconds": timeout,
             "memory_mb": parse_memory(memory, "memory") if memory is not None else memory_mb,
+            **timing,
         }
         for key, value in (
             ("memory_growth", memory_growth),
@@ -152,7 +171,9 @@ class Client:
         ):
             if value is not None:
                 spec[key] = value
-        body = {"kind": kind, "pool": pool, "campaign": campaign, "image": image, "spec": spec}
+        body: dict[str, Any] = {"kind": kind, "pool": pool, "campaign": campaign, "image": image, "spec": spec}
+        if job_id is not None:
+            body["id"] = job_id
         return str(self.api.call("POST", "/v1/jobs", body)["job"])
 
     def show(self, job_id: str) -> JobView:
@@ -177,56 +198,11 @@ class Client:
         return b"".join(self.api.call_bytes("GET", f"/v1/jobs/{part(job_id)}/log/{i}").content for i in range(n))
 
 
-class AsyncResult(Generic[R]):
-    """A submitted task: `.get()` waits for it and gives its value, or raises `TaskFailed` with its traceback."""
-
-    def __init__(self, job_id: str, client: Client, serializer: str) -> None:
-        self.id, self.client, self.serializer = job_id, client, serializer
-
-    def __repr__(self) -> str:
-        return f"<AsyncResult {self.id}>"
-
-    @property
-    def state(self) -> str:
-        return self.client.show(self.id).state
-
-    def ready(self) -> bool:
-        return self.state in TERMINAL_STATES
-
-    def get(self, timeout: float | None = None) -> R:
-        view = self.client.wait(self.id, timeout)
-        outputs = view.result.get("outputs") or {}
-        if view.state == "succeeded":
-            raw = self.client.get_blob(outputs[f"result.{self.serializer}"])
-            value: R = json.loads(raw)["value"] if self.serializer == "json" else pickle.loads(raw)
-            return value
-        error: dict[str, Any] = {}
-        if "error.json" in outputs:
-            error = json.loads(self.client.get_blob(outputs["error.json"]))
-        tb = error.get("traceback") or self.client.log(self.id).decode(errors="replace")
-        what = f"{error['type']}: {error['message']}" if error else (view.reason or view.state)
-        raise TaskFailed(
-            f"task {self.id} {view.state}: {what}\n{tb}".rstrip(),
-            job=self.id,
-            state=view.state,
-            reason=view.reason,
-            error_type=error.get("type", ""),
-            traceback=tb,
-        )
-
-
 class Task(Generic[R]):
     """A function that runs on a worker: `.delay(*args, **kw)` queues it; calling it runs it here."""
 
     def __init__(
-        self,
-        fn: Callable[..., R],
-        *,
-        pool: str,
-        kind: str,
-        serializer: str,
-        timeout: float | None,
-        client: Client | None,
+        self, fn: Callable[..., R], *, kind: str, serializer: str, client: Client | None, options: TaskOptions
     ) -> None:
         if serializer not in SERIALIZERS:
             raise ValueError(f"serializer={serializer!r}: use one of {', '.join(SERIALIZERS)}")
@@ -234,11 +210,19 @@ class Task(Generic[R]):
             raise ValueError(
                 f"{fn.__qualname__}: a task must be defined at a module's top level, for a worker to import it"
             )
-        self.fn, self.pool, self.kind, self.serializer, self.timeout = fn, pool, kind, serializer, timeout
+        self.fn, self.kind, self.serializer, self.options = fn, kind, serializer, options
         self._client = client
         self.name = f"{fn.__module__}:{fn.__qualname__}"
         self.__doc__, self.__name__, self.__module__ = fn.__doc__, fn.__name__, fn.__module__
         self.__qualname__ = fn.__qualname__
+
+    @property
+    def pool(self) -> str:
+        return self.options.pool or "serve"
+
+    @property
+    def timeout(self) -> float | None:
+        return self.options.timeout
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         return self.fn(*args, **kwargs)
@@ -257,26 +241,58 @@ class Task(Generic[R]):
         args: tuple[Any, ...] | list[Any] = (),
         kwargs: dict[str, Any] | None = None,
         *,
+        countdown: float | None = None,
+        eta: dt.datetime | None = None,
+        expires: float | dt.datetime | None = None,
+        priority: int | None = None,
         pool: str | None = None,
+        job_id: str | None = None,
+        retries: int | None = None,
+        retry_backoff: float | bool | None = None,
+        retry_on: tuple[type[BaseException], ...] | None = None,
         timeout: float | None = None,
+        memory_gb: float | None = None,
         client: Client | None = None,
     ) -> AsyncResult[R]:
+        """Queue the task with `args` and `kwargs`; each option given here wins over the task's own (`@task`)."""
         if self.fn.__module__ == "__main__":
             raise ValueError(
                 f"{self.fn.__qualname__} is defined in __main__: a worker cannot import it; define the task in a module"
             )
+        o = TaskOptions(
+            pool=pool,
+            retries=retries,
+            retry_backoff=retry_backoff,
+            retry_on=retry_on,
+            timeout=timeout,
+            memory_gb=memory_gb,
+            priority=priority,
+            countdown=countdown,
+            eta=eta,
+            expires=expires,
+        ).over(self.options)
+        o.timing()  # a past expiry or eta: refused before the arguments are put
         payload = {"args": list(args), "kwargs": dict(kwargs or {})}
         data = json.dumps(payload).encode() if self.serializer == "json" else pickle.dumps(payload)
         c = client or self.client
         address = c.put_blob(data)
         job = c.submit(
             [self.name],
-            pool=pool or self.pool,
+            pool=o.pool or "serve",
             kind=self.kind,
             runner="task",
             inputs={f"args.{self.serializer}": address},
-            timeout=timeout or self.timeout,
+            timeout=o.timeout,
+            memory_mb=o.memory_mb(),
+            max_attempts=o.max_attempts(),
+            backoff=o.backoff_seconds(),
             code=c.push_code(c.code) if c.code is not None else None,  # a snapshot now: edits since ship too
+            priority=o.priority,
+            countdown=o.countdown,
+            eta=o.eta,
+            expires=o.expires,
+            retry_on=o.retry_on,
+            job_id=job_id,
         )
         return AsyncResult(job, c, self.serializer)
 
@@ -289,13 +305,28 @@ def task(
     serializer: str = "json",
     timeout: float | None = None,
     client: Client | None = None,
+    retries: int | None = None,
+    retry_backoff: float | bool | None = None,
+    retry_on: tuple[type[BaseException], ...] | None = None,
+    memory_gb: float | None = None,
+    priority: int | None = None,
 ) -> Any:
-    """Make a module-level function a task: `@task` or `@task(pool="gpu", serializer="pickle")`."""
+    """Make a module-level function a task: `@task` or `@task(pool="gpu", retries=3, retry_on=(OSError,))`.
+    A bad option is a ValueError here, at import."""
+    options = TaskOptions(
+        pool=pool,
+        retries=retries,
+        retry_backoff=retry_backoff,
+        retry_on=retry_on,
+        timeout=timeout,
+        memory_gb=memory_gb,
+        priority=priority,
+    )
 
     def wrap(f: Callable[..., R]) -> Task[R]:
-        return Task(f, pool=pool, kind=kind, serializer=serializer, timeout=timeout, client=client)
+        return Task(f, kind=kind, serializer=serializer, client=client, options=options)
 
     return wrap(fn) if fn is not None else wrap
 
 
-__all__ = ["AsyncResult", "Client", "Task", "task"]
+__all__ = ["AsyncResult", "Client", "Task", "TaskOptions", "task"]

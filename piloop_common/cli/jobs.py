@@ -66,6 +66,14 @@ def job() -> None:
     metavar="ADDRESS",
     help="A code snapshot (`piloop task push DIR`) the worker puts first on the job's PYTHONPATH.",
 )
+@click.option(
+    "--priority",
+    type=click.IntRange(0, 9),
+    metavar="N",
+    help="0 to 9, 9 first: claims take a higher one first within its pool and kind (default 0).",
+)
+@click.option("--countdown", metavar="DURATION", help="Not claimable until this long after it is queued, like 10m.")
+@click.option("--expires", metavar="DURATION", help="Not started within this long of being queued: it ends expired.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.argument("argv", nargs=-1, required=True, metavar="-- CMD ARGS…")
 @click.pass_obj
@@ -86,6 +94,9 @@ def submit(
     max_attempts,
     backoff,
     code,
+    priority,
+    countdown,
+    expires,
     as_json,
     argv,
 ) -> None:
@@ -100,6 +111,7 @@ def submit(
             policy["code"] = parse_address(code)
         except BadAddress as e:
             raise click.UsageError(f"--code: {e.message} (`piloop task push DIR` prints one)") from None
+    policy |= _timing(priority, countdown, expires)
     env = parse_env(envs)
     input_addrs = _put_inputs(obj, inputs) if inputs else {}
     spec = {
@@ -138,6 +150,23 @@ def _put_inputs(obj, inputs: tuple[str, ...]) -> dict[str, str]:
 
     store = open_store(obj.settings.plugins.cas, obj.home)
     return {path.name: store.put_file(path) for path in paths}
+
+
+def _timing(priority, countdown, expires) -> dict[str, Any]:
+    """The spec's priority, countdown and expiry from the flags (taskoptions checks them as the Python API does)."""
+    from piloop_common.errors import BadRequest
+    from piloop_common.taskoptions import TaskOptions
+
+    try:
+        return TaskOptions(
+            priority=priority,
+            countdown=parse_duration(countdown, "--countdown") if countdown else None,
+            expires=parse_duration(expires, "--expires") if expires else None,
+        ).timing()
+    except BadRequest as e:
+        raise click.UsageError(e.message) from None
+    except ValueError as e:
+        raise click.UsageError(f"{'--expires' if 'expires' in str(e) else '--countdown'}: {e}") from None
 
 
 def _policy(memory, memory_mb, growth, memory_max, max_attempts, backoff) -> dict[str, Any]:
@@ -191,7 +220,7 @@ def listing(obj, state, pool, limit, as_json) -> None:
                     j["id"],
                     j["kind"],
                     j["pool"],
-                    j["state"],
+                    _state(j),
                     j["attempts"],
                     j["worker"] or "-",
                     when(j["created_ms"]),
@@ -239,6 +268,11 @@ def show(obj, job_id, as_json) -> None:
     ]
     if j.get("retry_ms"):
         lines.insert(-2, ("retry at", when(j["retry_ms"])))
+    for key, label in (("not_before_ms", "not before"), ("expires_ms", "expires")):
+        if j.get(key):
+            lines.insert(4, (label, stamp(j[key])))  # under its state: what it waits for
+    if j["spec"].get("priority"):
+        lines.insert(4, ("priority", f"{j['spec']['priority']} (of 0-9, 9 first)"))
     if j.get("waiting"):
         lines.insert(4, ("waiting", j["waiting"]))  # under its state
     if note := log_note(j):
@@ -250,6 +284,16 @@ def show(obj, job_id, as_json) -> None:
     width = max(len(k) for k, _ in lines)
     for k, v in lines:
         click.echo(f"{k.ljust(width)}  {v}")
+
+
+def _state(j: dict[str, Any]) -> str:
+    """`job list`'s state: a queued job waiting out a countdown says until when, one with a priority says it."""
+    out = j["state"]
+    if j.get("not_before_ms"):
+        out += f" (not before {stamp(j['not_before_ms'])})"
+    if j["state"] == "queued" and j["spec"].get("priority"):
+        out += f" p{j['spec']['priority']}"
+    return out
 
 
 def stamp(ms: int | None) -> str:
@@ -300,7 +344,7 @@ def wait(obj, job_ids, timeout, as_json) -> None:
     \b
     Exit status:
       0    every job succeeded
-      1    a job ended otherwise (failed, cancelled, lost, worker_lost)
+      1    a job ended otherwise (failed, cancelled, lost, worker_lost, expired)
       124  --timeout passed first
       other  as every piloop command: 2 a usage or config error, 1 an error such as an unknown job id
     """

@@ -50,3 +50,32 @@ def chatty(n):
 def text(n):
     """A result of about `n` bytes."""
     return "x" * n
+
+
+class Flaky(OSError):
+    """A subclass of a class a task's retry_on names: it is retried as its base is."""
+
+
+def _attempt(marker: str) -> int:
+    """This attempt's number (from 1), counted in a file the test names."""
+    with open(marker, "a+") as f:
+        f.write(".")
+        f.seek(0)
+        return len(f.read())
+
+
+@task(retries=2, retry_backoff=1, retry_on=(OSError,))
+def flaky(marker, fails, kind="flaky"):
+    """Raises (a Flaky, or a ValueError with kind="value") on its first `fails` attempts, then returns the attempt."""
+    n = _attempt(marker)
+    if n <= fails:
+        raise (Flaky if kind == "flaky" else ValueError)(f"attempt {n} fails")
+    return n
+
+
+@task
+def sleepy(seconds):
+    import time
+
+    time.sleep(seconds)
+    return seconds

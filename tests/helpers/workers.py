@@ -24,12 +24,14 @@ RENEW, GRACE, TOLERATION, KILL_GRACE = 0.5, 2.0, 6.0, 0.5
 # a silent worker's jobs are stopped 6 − 2 × 0.5 = 5 s after it sent its last acknowledged heartbeat
 FENCE_AFTER = TOLERATION - 2 * RENEW
 GPU = "\n[plugins.executor.pools.gpu]\nagents = 1\nevaluations = 1\nmax_load = 1000\nmin_memory_gb = 0\n"
-ENDED = ("succeeded", "failed", "lost", "cancelled", "worker_lost")
+ENDED = ("succeeded", "failed", "lost", "cancelled", "worker_lost", "expired")
 
 
-def tcp_server(redis_url: str, namespace: str, extra: str = GPU, config: str = FAST_EXECUTOR) -> Daemon:
+def tcp_server(
+    redis_url: str, namespace: str, extra: str = GPU, config: str = FAST_EXECUTOR, env: dict[str, str] | None = None
+) -> Daemon:
     """`piloop serve --listen 127.0.0.1:<port>` with a `gpu` pool for remote workers; `.url` is its address."""
-    d = Daemon(short_home(), config=config + extra, redis_url=redis_url, namespace=namespace)
+    d = Daemon(short_home(), config=config + extra, redis_url=redis_url, namespace=namespace, env=env)
     port = free_port()
     d.start(listen=f"127.0.0.1:{port}")
     d.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
