@@ -154,3 +154,24 @@ def test_a_job_id_of_the_callers_choosing(client):
 
     with pytest.raises(Conflict, match="exists"):
         tasks_mod.add.apply_async((4, 5), job_id=job_id, client=client)
+
+
+def test_job_submit_takes_the_timing_flags_and_show_and_list_print_them(server):
+    job = server.cli(
+        "job", "submit", "--priority", "4", "--countdown", "1h", "--expires", "2h", "--", "true", check=True
+    ).stdout.strip()
+    try:
+        shown = server.cli("job", "show", job, check=True).stdout
+        lines = dict(line.split(None, 1) if " " in line else (line, "") for line in shown.splitlines())
+        assert lines["state"].strip() == "queued" and lines["priority"].startswith("4 (of 0-9, 9 first)"), shown
+        assert "not before" in shown and "expires" in shown and "waiting" not in shown, shown
+        with server.api() as api:
+            view = api.call("GET", f"/v1/jobs/{job}")
+        assert view["spec"]["priority"] == 4 and view["spec"]["countdown_seconds"] == 3600.0
+        assert view["not_before_ms"] == view["created_ms"] + 3_600_000, view
+        assert view["expires_ms"] == view["created_ms"] + 7_200_000
+        listed = server.cli("job", "list", "--state", "queued", check=True).stdout
+        row = next(line for line in listed.splitlines() if line.split()[0] == job)
+        assert "(not before" in row and "p4" in row, row
+    finally:
+        assert server.cli("job", "cancel", job, check=True).stdout.strip() == f"{job}: cancelled"
