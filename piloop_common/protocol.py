@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from piloop_common.bytecaps import LOG_MAX_BYTES, RESULT_MAX_BYTES
+from piloop_common.exceptionnames import CLASSES_MOST, EXCEPTION_NAME
 
 PROTOCOL = 1
 API = "/v1"
@@ -36,8 +37,6 @@ ReportId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", de
 LEASE_TOKEN = r"^[0-9][0-9a-f.]{0,127}$"
 LeaseToken = Annotated[str, Field(pattern=LEASE_TOKEN, description="A lease's fencing token.")]
 Address = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$", description="A CAS address.")]
-# a task's exception class, qualified (`module.Qualname`), as the worker reports it and `retry_on` names it
-EXCEPTION_NAME = r"^[A-Za-z_][A-Za-z0-9_.]{0,199}$"
 COUNTDOWN_MOST = 366 * 86400  # the longest countdown or expiry: a year
 HELD_MOST = 1024  # the jobs one heartbeat may name
 LOG_CHUNKS_PER_CALL = 256  # a log append's chunks (the worker sends a few every few seconds)
@@ -195,7 +194,7 @@ class JobSpec(Message):
     # timing and priority
     retry_on: list[Annotated[str, Field(pattern=EXCEPTION_NAME)]] = Field(
         default_factory=list,
-        max_length=32,
+        max_length=CLASSES_MOST,
         description=(
             "Tasks: the qualified names of the exception classes whose failure is retried (`builtins.OSError`; a "
             "subclass of one counts); empty: every failed attempt is, while attempts are left."
@@ -319,7 +318,7 @@ class ReportRequest(Message):
     fetched_bytes: int = Field(0, ge=0, description="Bytes of repo bundles the worker fetched for this job.")
     error: list[Annotated[str, Field(pattern=EXCEPTION_NAME)]] = Field(
         default_factory=list,
-        max_length=32,
+        max_length=CLASSES_MOST,
         description=(
             "Tasks that raised: the exception's classes, qualified, its own first then its bases (its MRO), for the "
             "server's `retry_on` decision."

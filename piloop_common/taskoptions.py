@@ -15,14 +15,11 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from piloop_common.exceptionnames import qualified
+
 PRIORITY_MOST = 9  # 0..9, 9 first (JobSpec.priority)
 RETRIES_MOST = 99  # JobSpec.max_attempts is at most 100
 CELERY_BACKOFF_SECONDS = 1.0  # retry_backoff=True: Celery's first wait
-
-
-def exception_name(cls: type[BaseException]) -> str:
-    """A class's qualified name as the worker reports a task's exception (`builtins.ValueError`)."""
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _seconds(value: Any, what: str) -> float:
@@ -137,7 +134,7 @@ class TaskOptions:
                 )
             out["expires_seconds"] = float(expires)
         if self.retry_on:
-            out["retry_on"] = [exception_name(c) for c in self.retry_on]
+            out["retry_on"] = [qualified(c) for c in self.retry_on]
         return out
 
     def max_attempts(self) -> int | None:

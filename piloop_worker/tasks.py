@@ -25,9 +25,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from piloop_common.exceptionnames import CLASSES_MOST, EXCEPTION_NAME, classes_of
 from piloop_common.files import write_file
 from piloop_common.prctl import die_with_parent
-from piloop_common.protocol import EXCEPTION_NAME
 from piloop_worker import jobuser
 from piloop_worker.jobdir import JobDir
 from piloop_worker.shimproto import ShimRequest
@@ -37,7 +37,6 @@ FAILED = 1
 CRASHED = 70  # the runner itself could not start (EX_SOFTWARE)
 PATH_ENV = "PILOOP_TASKS_PATH"  # the tasks path, from the worker to its shim host
 REASON_MAX = 1000
-ERROR_CLASSES_MOST = 32  # as many as a report carries
 
 TASKS_PATH: list[str] = []  # the tasks path, as the host put it on sys.path (`use_path`)
 START_DIR = os.getcwd()  # the dir the worker (and so the host) started in, on sys.path as Python put it there
@@ -107,12 +106,6 @@ def reason(jd: JobDir) -> str:
     return why.splitlines()[0][:REASON_MAX] if isinstance(why, str) and why else ""
 
 
-def classes_of(e: BaseException) -> list[str]:
-    """An exception's classes, qualified (`builtins.ValueError`), its own first then its bases: what the server
-    matches a task's `retry_on` against, so a subclass of a listed class is retried as in Celery."""
-    return [f"{c.__module__}.{c.__qualname__}" for c in type(e).__mro__ if c is not object]
-
-
 def error_classes(jd: JobDir) -> tuple[str, ...]:
     """The classes the task's process left in `error.json` (those a report may carry), or ()."""
     try:
@@ -122,7 +115,7 @@ def error_classes(jd: JobDir) -> tuple[str, ...]:
     classes = got.get("classes") if isinstance(got, dict) else None
     if not isinstance(classes, list):
         return ()
-    return tuple(c for c in classes if isinstance(c, str) and re.fullmatch(EXCEPTION_NAME, c))[:ERROR_CLASSES_MOST]
+    return tuple(c for c in classes if isinstance(c, str) and re.fullmatch(EXCEPTION_NAME, c))[:CLASSES_MOST]
 
 
 def load_arguments(jd: JobDir) -> tuple[str, list[Any], dict[str, Any]]:
