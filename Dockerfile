@@ -23,12 +23,12 @@ RUN groupadd --system --gid 10001 piloop \
  && install -d -o piloop -g piloop -m 0700 /var/lib/piloop
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY piloop_common ./piloop_common
 COPY piloop_server ./piloop_server
 COPY piloop_worker ./piloop_worker
 # Only PyPI: the build backend and every dependency come from the index pip is pointed at.
-RUN pip install . \
+RUN pip install '.[server]' \
  && cd / && rm -rf /src \
  && piloop --version
 

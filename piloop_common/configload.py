@@ -19,6 +19,7 @@ from pydantic_core import ErrorDetails
 
 from piloop_common.config import CONFIG_FILE, Settings
 from piloop_common.errors import ConfigError
+from piloop_common.extras import requirement
 
 ENV = "env"  # the source of the PILOOP_* variables; each value's own variable is in `Sources.origin`
 
@@ -198,7 +199,7 @@ def load_settings(home: Path | None = None, env: dict[str, str] | None = None, p
 
 # a provider whose client library is an extra (the module, the extra): without it the pool's first start failed
 # minutes later, in the task log only
-PROVIDER_EXTRAS = {"modal": ("modal", "piloop[modal]")}
+PROVIDER_EXTRAS = {"modal": ("modal", requirement("modal"))}
 
 
 def _check_extras(settings: Settings, sources: Sources) -> None:

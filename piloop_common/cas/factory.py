@@ -8,6 +8,7 @@ from pathlib import Path
 from piloop_common.cas.base import Store
 from piloop_common.cas.config import CachedCasConfig, CasConfig, HttpCasConfig, LocalCasConfig, S3CasConfig
 from piloop_common.errors import ConfigError
+from piloop_common.extras import install_line, missing
 
 
 def open_store(cfg: CasConfig, home: Path) -> Store:
@@ -17,6 +18,10 @@ def open_store(cfg: CasConfig, home: Path) -> Store:
 
         return LocalStore(_under(home, cfg.path, "cas"))
     if isinstance(cfg, S3CasConfig):
+        if missing(("boto3",)):  # a worker-only install: the s3 provider's library is an extra
+            raise ConfigError(
+                f'[plugins.cas] provider = "s3" needs boto3, which is not installed: {install_line("s3")}'
+            )
         from piloop_common.cas.s3 import S3Store
 
         return S3Store(cfg)

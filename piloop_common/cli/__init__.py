@@ -22,6 +22,7 @@ from piloop_common.cli.task import task
 from piloop_common.cli.ui import ui
 from piloop_common.cli.worker import worker
 from piloop_common.errors import ConfigError, PiloopError
+from piloop_common.extras import MissingExtra
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -98,6 +99,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(e.exit_code)
     except ConfigError as e:
         click.echo(f"piloop: config: {e.message}", err=True)
+        sys.exit(2)
+    except MissingExtra as e:
+        click.echo(f"piloop: {e.message}", err=True)
         sys.exit(2)
     except PiloopError as e:
         click.echo(f"piloop: {e.message}", err=True)

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from piloop_common.extras import need_server
+
 if TYPE_CHECKING:
     from piloop_common.cas.base import Store
 
@@ -84,6 +86,7 @@ def gc(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     A second collection while one sweeps says so and exits 0."""
     from piloop_common.cli.output import emit_json, table
 
+    need_server("piloop cas gc")
     with _errors():
         from piloop_server.cas_gc import collect
         from piloop_server.state.connection import connect
@@ -133,6 +136,7 @@ def serve(ctx: click.Context, listen: str) -> None:
     """Serve `[plugins.cas]` over HTTP to workers, until stopped: any live piloop token reads and writes."""
     from piloop_common.listen import check_listen, uvicorn_tls
 
+    need_server("piloop cas serve")
     with _errors():
         settings = ctx.obj.settings
         host, port = check_listen(settings, listen)

@@ -16,6 +16,7 @@ import click
 from piloop_common.cli.live import agent_lines
 from piloop_common.cli.output import ago, emit_json, progress, progress_done, table
 from piloop_common.errors import PiloopError, Unavailable
+from piloop_common.extras import need_server
 
 PID_FILE = "piloop.pid"
 
@@ -123,6 +124,7 @@ def _gc(gc: dict[str, Any] | None) -> str:
 @click.pass_obj
 def init(obj) -> None:
     """Write a commented config.toml, create the CAS identity, and start the daemon on its socket."""
+    need_server("piloop init")
     home: Path = obj.home
     home.mkdir(parents=True, exist_ok=True)
     home.chmod(0o700)
@@ -164,6 +166,7 @@ def init(obj) -> None:
 @click.pass_obj
 def serve(obj, detach: bool, listen: str | None, log_format: str | None, replica: bool) -> None:
     """Run the daemon: the API, the pass, and its own worker `serve`."""
+    need_server("piloop serve")
     settings = obj.settings
     if replica and settings.plugins.state.embedded:
         raise click.UsageError(

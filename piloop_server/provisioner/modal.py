@@ -1,6 +1,6 @@
 """The `modal` provider: each worker is a Modal Sandbox of an image with `piloop` in it.
 
-`modal` is imported here only, and this module only when a pool uses it (`piloop[modal]` on the server, with
+`modal` is imported here only, and this module only when a pool uses it (`piloop-jobs[modal]` on the server, with
 Modal's credentials). The sandbox runs `piloop worker --server URL --pool P` with its token in its environment,
 carries the server's id as a tag (`Sandbox.list(tags=…)` finds ours, never another server's), and has a name
 made from the server's id and the worker's, so a retried start never makes a second one.

@@ -51,9 +51,12 @@ class RemoteWorker:
         args: tuple[str, ...] = (),
         name: str = "",
         url: str = "",
+        command: tuple[str, ...] = (sys.executable, "-m", "piloop_common.cli"),
     ) -> None:
+        """`command` runs piloop: this venv's by default, another install's `bin/piloop` to test that install."""
         self.d, self.token, self.pool, self.env, self.args, self.name = d, token, pool, env or {}, args, name
         self.url = url  # `URL1,URL2`: several servers (else the daemon's)
+        self.command = command
         self.home = short_home("w")
         if same_cas:
             (self.home / "config.toml").write_text(f'[plugins.cas]\nprovider = "local"\npath = "{d.home}/cas"\n')
@@ -64,17 +67,7 @@ class RemoteWorker:
         self.log = open(self.home / "worker.log", "ab")
         # a session of its own: a test may stop the worker with its shim host as one group (the shims have theirs)
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "piloop_common.cli",
-                "worker",
-                "--server",
-                self.url or self.d.url,
-                "--pool",
-                self.pool,
-                *self.args,
-            ],
+            [*self.command, "worker", "--server", self.url or self.d.url, "--pool", self.pool, *self.args],
             env=env,
             stdout=self.log,
             stderr=self.log,

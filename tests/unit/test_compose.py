@@ -380,7 +380,7 @@ def test_dockerfile() -> None:
     entry = [a for i, a in steps if i == "ENTRYPOINT"]
     assert entry and json.loads(entry[-1]) == ["piloop"], 'ENTRYPOINT ["piloop"] in exec form'
     runs = " ".join(a for i, a in steps if i == "RUN")
-    assert "pip install ." in runs
+    assert "pip install '.[server]'" in runs
     assert not re.search(r"\b(curl|wget|git clone|apt-get)\b", runs), "no fetches beyond PyPI"
     env = " ".join(a for i, a in steps if i == "ENV")
     assert f"PILOOP_HOME={HOME}" in env, "the compose file mounts configs under the image's PILOOP_HOME"
@@ -392,5 +392,5 @@ def test_dockerfile() -> None:
 def test_dockerignore_lets_the_package_in() -> None:
     lines = [x.strip() for x in (REPO / ".dockerignore").read_text().splitlines() if x.strip() and x[0] != "#"]
     if "*" in lines:
-        for need in ("pyproject.toml", "README.md", "piloop_common/", "piloop_server/", "piloop_worker/"):
+        for need in ("pyproject.toml", "README.md", "LICENSE", "piloop_common/", "piloop_server/", "piloop_worker/"):
             assert f"!{need}" in lines, f".dockerignore keeps {need} out of the build"

@@ -27,7 +27,7 @@ image = "ghcr.io/acme/piloop-worker:0.3"
 @pytest.fixture
 def no_modal():
     if importlib.util.find_spec("modal") is not None:
-        pytest.skip("modal is installed here: the refusal needs an install without piloop[modal]")
+        pytest.skip("modal is installed here: the refusal needs an install without piloop-jobs[modal]")
 
 
 def test_a_modal_pool_without_the_modal_extra_is_refused_naming_the_extra(tmp_path, no_modal):
@@ -36,7 +36,7 @@ def test_a_modal_pool_without_the_modal_extra_is_refused_naming_the_extra(tmp_pa
         load_settings(tmp_path, env={})
     assert e.value.message == (
         f'{tmp_path / "config.toml"}: executor.pools.gpu.provisioner.compute.provider = "modal" needs the '
-        "piloop[modal] extra, which is not installed: pip install 'piloop[modal]'"
+        "piloop-jobs[modal] extra, which is not installed: pip install 'piloop-jobs[modal]'"
     )
 
 
@@ -45,7 +45,7 @@ def test_the_same_pool_from_the_environment_names_the_environment(tmp_path, no_m
         "PILOOP_PLUGINS": '{"executor": {"pools": {"gpu": {"provisioner": {"max": 1, "compute": '
         '{"provider": "modal", "image": "x"}}}}}}'
     }
-    with pytest.raises(ConfigError, match=r"^env PILOOP_PLUGINS: executor\.pools\.gpu\..*piloop\[modal\]"):
+    with pytest.raises(ConfigError, match=r"^env PILOOP_PLUGINS: executor\.pools\.gpu\..*piloop-jobs\[modal\]"):
         load_settings(tmp_path, env=env)
 
 
@@ -58,7 +58,7 @@ def test_the_cli_refuses_it_in_one_line_with_exit_2(tmp_path, no_modal):
         timeout=60,
     )
     assert r.returncode == 2, r.stderr
-    assert r.stderr.startswith("piloop: config: ") and "pip install 'piloop[modal]'" in r.stderr
+    assert r.stderr.startswith("piloop: config: ") and "pip install 'piloop-jobs[modal]'" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "redis").exists()  # nothing started
 
 

@@ -1,0 +1,81 @@
+"""A worker-only install, for real: a fresh venv, `pip install <this tree>` without extras (its base dependencies
+from the package index, fast from pip's cache), then what a user of it sees. The server's libraries are not there,
+`piloop worker --help` works, `piloop serve` says in one line which extra to install, and a worker of that venv runs
+a job for a real server (this venv's)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from piloop_common.extras import DISTRIBUTION, SERVER_MODULES
+from tests.helpers.workers import state, submit, token
+
+REPO = Path(__file__).resolve().parents[2]
+# the modules a worker imports at its start: the CLI, the worker's loop and entry point, the shim host and the shim
+WORKER_ENTRY = ("piloop_common.cli", "piloop_worker.main", "piloop_worker.loop", "piloop_worker.shimhost")
+
+
+@pytest.fixture(scope="module")
+def base_venv(tmp_path_factory) -> Path:
+    """A venv holding `pip install <repo>`: the base install, no extra."""
+    root = tmp_path_factory.mktemp("base") / "venv"
+    venv.EnvBuilder(with_pip=True).create(root)
+    r = subprocess.run(
+        [str(root / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return root
+
+
+def run(venv_root: Path, *argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    # cwd away from the tree, so `-m` and the scripts import the installed copy, not the checkout
+    return subprocess.run(
+        [str(venv_root / "bin" / argv[0]), *argv[1:]], capture_output=True, text=True, timeout=60, cwd=cwd
+    )
+
+
+def test_the_base_install_has_none_of_the_servers_libraries(base_venv, tmp_path):
+    code = (
+        "import importlib.util, json; from importlib.metadata import version; "
+        f"print(json.dumps([[m for m in {list(SERVER_MODULES)!r} if importlib.util.find_spec(m)], "
+        f"version({DISTRIBUTION!r})]))"
+    )
+    r = run(base_venv, "python", "-c", code, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    present, version = json.loads(r.stdout)
+    assert present == [], f"a worker-only install pulled the server's {present}"
+    assert version == "0.1.0"
+
+
+def test_the_workers_modules_import_in_the_base_install(base_venv, tmp_path):
+    code = f"import importlib; [importlib.import_module(m) for m in {list(WORKER_ENTRY)!r}]"
+    r = run(base_venv, "python", "-c", code, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = run(base_venv, "piloop", "worker", "--help", cwd=tmp_path)
+    assert r.returncode == 0 and "Run a worker" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("argv", [("serve",), ("init",), ("cas", "serve"), ("cas", "gc")])
+def test_a_server_command_says_which_extra_to_install(base_venv, tmp_path, argv):
+    r = run(base_venv, "piloop", "--home", str(tmp_path / "home"), *argv, cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.startswith(f"piloop: piloop {' '.join(argv)} runs the server, whose libraries are not installed (")
+    assert r.stderr.rstrip().endswith(f"pip install '{DISTRIBUTION}[server]'"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not (tmp_path / "home").exists() or not any((tmp_path / "home").iterdir()), "nothing was written"
+
+
+def test_a_worker_of_the_base_install_runs_a_job(base_venv, server, workers):
+    w = workers(server, token(server, "lean1"), command=(str(base_venv / "bin" / "piloop"),)).start()
+    job = submit(server, sys.executable, "-c", "print('score=0.5')")
+    v = state(server, job, "succeeded", "failed", "lost", timeout=60)
+    assert v["state"] == "succeeded" and v["worker"] == "lean1", (v, w.output())
