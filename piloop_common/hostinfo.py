@@ -1,4 +1,5 @@
-"""A sample of this host for the server: CPUs, load, free memory and disk, memory pressure (PSI).
+"""A sample of this host for the server: CPUs, load, free memory (less where a cgroup limit leaves less) and disk,
+memory pressure (PSI).
 
 `sample()` may be slow on a sick host (a hung NFS mount under `--dir`), so callers that must
 not wait use `Sampler`, which refreshes in its own thread and answers from its cache.
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import psutil
 
+from piloop_common import cgroupmem
 from piloop_common.protocol import HostSample
 
 PSI_MEMORY = Path("/proc/pressure/memory")
@@ -53,7 +55,7 @@ def sample(disk_path: Path | str = "/", psi_path: Path = PSI_MEMORY) -> HostSamp
     return HostSample(
         cpus=psutil.cpu_count() or 1,
         load1=round(os.getloadavg()[0], 2),
-        memory_available_gb=round(psutil.virtual_memory().available / 1e9, 3),
+        memory_available_gb=round(cgroupmem.available_bytes(int(psutil.virtual_memory().available)) / 1e9, 3),
         disk_free_gb=round(psutil.disk_usage(str(path)).free / 1e9, 3),
         memory_pressure=memory_pressure(psi_path),
     )

@@ -18,25 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
+from piloop_common.cgroupmem import CGROUP_ROOT, own_path
 from piloop_common.files import read_file, write_file
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 OOM_KILL = re.compile(r"^oom_kill (\d+)$", re.M)  # compiled here, in the shim host: each shim would compile it again
-
-
-def _own_path(controller: str | None) -> str:
-    """Our cgroup's path in the v2 hierarchy (controller None) or in a v1 controller's."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return "/"
-    for line in lines:
-        hid, ctrls, path = line.split(":", 2)
-        if controller is None and hid == "0" and ctrls == "":
-            return path
-        if controller is not None and controller in ctrls.split(","):
-            return path
-    return "/"
 
 
 class JobCgroup(NamedTuple):  # not a dataclass: the shim host imports this, and dataclasses brings inspect and ast
@@ -188,7 +173,7 @@ def own_procs(version: int, root: Path = CGROUP_ROOT) -> Path | None:
     """The `cgroup.procs` of this process's own group, or None where it is not writable. Cached: the shim host
     asks first, and its shims, in its group too, inherit the answer."""
     base = root if version == 2 else root / "memory"
-    procs = base / _own_path(None if version == 2 else "memory").lstrip("/") / "cgroup.procs"
+    procs = base / own_path(None if version == 2 else "memory").lstrip("/") / "cgroup.procs"
     return procs if os.access(procs, os.W_OK) else None
 
 
@@ -228,7 +213,7 @@ class Cgroups:
             return "no cgroup v2 hierarchy at " + str(root)
         if "memory" not in _read(root / "cgroup.controllers").split():
             return "cgroup v2 has no memory controller"
-        own = root / _own_path(None).lstrip("/")
+        own = root / own_path(None).lstrip("/")
         # a cgroup with processes cannot give controllers to children (no internal processes), so
         # our jobs go in a sibling of our own cgroup where we may write to its parent
         last = ""
@@ -251,7 +236,7 @@ class Cgroups:
         if not (mem / "memory.limit_in_bytes").exists():
             return "no cgroup v1 memory controller"
         last = ""
-        for parent in (mem / _own_path("memory").lstrip("/"), mem):
+        for parent in (mem / own_path("memory").lstrip("/"), mem):
             base = parent / f"piloop-{name}"
             try:
                 base.mkdir(exist_ok=True)
