@@ -16,12 +16,15 @@ import logging
 import os
 import random
 import threading
+import time
 from typing import TYPE_CHECKING
 
+from piloop_common import workerhealth
 from piloop_common.client import ApiClient
 from piloop_common.config import ExecutorConfig
 from piloop_common.errors import NotFound, PiloopError, Refused
 from piloop_common.protocol import HeartbeatResponse
+from piloop_common.workerhealth import WorkerHealth
 from piloop_worker import clock
 
 if TYPE_CHECKING:
@@ -134,7 +137,7 @@ class Heartbeat(threading.Thread):
         w = self.worker
         held = w.snapshot()
         hello = w.hello(held)
-        sent = clock.now()
+        sent, sent_wall = clock.now(), time.time()
         try:
             resp = self.api.call(
                 "POST", "/v1/worker/heartbeat", hello, model=HeartbeatResponse, timeout=w.timed.request_timeout_seconds
@@ -161,4 +164,16 @@ class Heartbeat(threading.Thread):
         self._fails = 0
         w.reach.ok(w.name)
         w.apply(statuses, sent, held)
+        self._record_health(sent_wall)
         return True
+
+    def _record_health(self, sent_wall: float) -> None:
+        """`<dir>/health.json` for `piloop worker check`: this heartbeat, sent at `sent_wall`, was acknowledged."""
+        w = self.worker
+        if w.workdir is None or w.timing is None:
+            return
+        record = WorkerHealth(worker=w.name, pid=os.getpid(), acked_at=sent_wall, grace_seconds=w.timing.grace_seconds)
+        try:
+            workerhealth.write(w.workdir, record)
+        except OSError as e:  # a full disk: the check then says the record is old, which it is
+            log.warning("event=worker.health_unwritten worker=%s error=%s", w.name, e.strerror)

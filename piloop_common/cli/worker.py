@@ -97,6 +97,31 @@ def worker(ctx, server, socket, pool, token_file, name, image, workdir, tasks_pa
     )
 
 
+@worker.command("check")
+@click.option(
+    "--dir",
+    "workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The worker's --dir (default: each worker's under $PILOOP_HOME/work).",
+)
+@click.pass_obj
+def worker_check(obj, workdir: Path | None) -> None:
+    """Exit 0 if the worker here is healthy: running, its last heartbeat acknowledged within the server's
+    grace_seconds (a container's health check: it asks the worker's own record, not the server)."""
+    from piloop_common import workerhealth
+
+    dirs = [workdir] if workdir else sorted(p.parent for p in (obj.home / "work").glob(f"*/{workerhealth.FILE}"))
+    if not dirs:
+        click.echo(
+            f"piloop: no worker has heartbeated here yet (no {obj.home / 'work'}/*/{workerhealth.FILE})", err=True
+        )
+        sys.exit(1)
+    verdicts = [workerhealth.verdict(d) for d in dirs]
+    for ok, line in verdicts:
+        click.echo(f"piloop: {line}", err=not ok)
+    sys.exit(0 if all(ok for ok, _ in verdicts) else 1)
+
+
 @worker.command("list")
 @click.option(
     "--wide", is_flag=True, help="Also each worker's host, its room (the memory it can grant) and what it has granted."
