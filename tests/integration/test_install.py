@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from piloop_common.extras import DISTRIBUTION, SERVER_MODULES
+from tests.helpers.redis import wait_for
 from tests.helpers.workers import state, submit, token
+from tests.integration.test_campaigns import AGENT, EVAL, job, make_repo, show
 
 REPO = Path(__file__).resolve().parents[2]
 # the modules a worker imports at its start: the CLI, the worker's loop and entry point, the shim host and the shim
@@ -107,3 +109,23 @@ def test_a_worker_of_the_base_install_runs_a_job(base_venv, server, workers):
     job = submit(server, sys.executable, "-c", "print('score=0.5')")
     v = state(server, job, "succeeded", "failed", "lost", timeout=60)
     assert v["state"] == "succeeded" and v["worker"] == "lean1", (v, w.output())
+
+
+def test_a_worker_of_the_base_install_runs_a_campaign(base_venv, server, workers, tmp_path):
+    """The worker image's side of a campaign without Docker: git clones, the agent's commits back, its evaluation
+    scored, all on a worker without the server's libraries."""
+    make_repo(tmp_path / "repo", big=1000)
+    workers(server, token(server, "lean2"), command=(str(base_venv / "bin" / "piloop"),)).start()
+    p = server.cli(
+        "campaign", "create", "lean", "--repo", str(tmp_path / "repo"), "--agent-cmd", AGENT, "--eval-cmd", EVAL,
+        "--agents", "1", "--agent-pool", "gpu", "--eval-pool", "gpu",
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+
+    def scored() -> list:
+        return [r for r in show(server, "lean")["runs"] if r["score"] is not None]
+
+    runs = wait_for(scored, 120, what="a scored run")
+    assert runs[0]["score"] == 1 and runs[0]["branch"].startswith("runs/"), runs
+    assert job(server, runs[0]["job"])["worker"] == job(server, runs[0]["evaluation"])["worker"] == "lean2"
+    assert server.cli("campaign", "pause", "lean").returncode == 0
