@@ -1,6 +1,6 @@
 """This host's GPUs: each one's utilization and memory, for the metrics beside each job (`metrics.py`).
 
-Read through NVML (`pynvml`, from the `piloop[gpu]` extra, `nvidia-ml-py`) where it is installed: initialised once
+Read through NVML (`pynvml`, from the `piloop-jobs[gpu]` extra, `nvidia-ml-py`) where it is installed: initialised once
 per process, on the first sample, and shut down when the process ends (`close`, which the shim calls before it
 exits, and `atexit` for any other process). A process that NVML fails in (no driver, no library) has no GPUs for
 the rest of its life, and is not asked again each sample. Only where `pynvml` is not installed is `nvidia-smi`
@@ -60,7 +60,7 @@ class _Nvml:
                 else:
                     self.installed = True
             if not self.installed:
-                raise ImportError("pynvml is not installed (the piloop[gpu] extra)")
+                raise ImportError("pynvml is not installed (the piloop-jobs[gpu] extra)")
             if self.pid != os.getpid():
                 import pynvml
 
