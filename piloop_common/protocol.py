@@ -21,7 +21,9 @@ RELAY_TOKEN_HEADER = "x-piloop-lease-token"
 
 Kind = Literal["agent", "evaluation"]
 Outcome = Literal["succeeded", "failed", "cancelled", "fenced", "lost"]
-JobState = Literal["queued", "leased", "running", "succeeded", "failed", "cancelled", "lost", "worker_lost", "expired"]
+JobState = Literal[
+    "waiting", "queued", "leased", "running", "succeeded", "failed", "cancelled", "lost", "worker_lost", "expired"
+]
 TERMINAL_STATES = ("succeeded", "failed", "cancelled", "lost", "worker_lost", "expired")
 
 
@@ -38,6 +40,10 @@ LEASE_TOKEN = r"^[0-9][0-9a-f.]{0,127}$"
 LeaseToken = Annotated[str, Field(pattern=LEASE_TOKEN, description="A lease's fencing token.")]
 Address = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$", description="A CAS address.")]
 COUNTDOWN_MOST = 366 * 86400  # the longest countdown or expiry: a year
+# dependencies: the most parents one job waits on, and a chain's input before the parent's result fills it in
+AFTER_MOST = 64
+PIPE_PLACEHOLDER = "sha256:" + "0" * 64
+PIPE_INPUTS = ("parent.json", "parent.pickle")
 HELD_MOST = 1024  # the jobs one heartbeat may name
 LOG_CHUNKS_PER_CALL = 256  # a log append's chunks (the worker sends a few every few seconds)
 
@@ -226,6 +232,32 @@ class JobSpec(Message):
                 f"expires_seconds ({self.expires_seconds:g}) is not after countdown_seconds "
                 f"({self.countdown_seconds or 0:g}): the job would expire before it may start"
             )
+        return self
+
+    # dependencies
+    after: list[JobId] = Field(
+        default_factory=list,
+        max_length=AFTER_MOST,
+        description=(
+            "Parent jobs: this one waits (`waiting`) until every one has succeeded, and ends `cancelled` naming the "
+            "first that failed, was cancelled, lost or expired."
+        ),
+    )
+    pipe: JobId | None = Field(
+        None,
+        description=(
+            "A chain's parent (one of `after`): its task result becomes this task's first argument, the input "
+            "`parent.<serializer>` whose address the server fills in once the parent has succeeded."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _pipe_is_a_parent(self) -> JobSpec:
+        piped = [name for name in PIPE_INPUTS if name in self.inputs]
+        if self.pipe is not None and (self.pipe not in self.after or len(piped) != 1):
+            raise ValueError(f"pipe {self.pipe}: a chain's parent is one of `after`, its input parent.json or .pickle")
+        if self.pipe is None and PIPE_PLACEHOLDER in self.inputs.values():
+            raise ValueError("an input's address is a chain's placeholder, and the job has no `pipe`")
         return self
 
     @model_validator(mode="after")

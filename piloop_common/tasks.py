@@ -32,7 +32,7 @@ from piloop_common.cas.address import hash_bytes
 from piloop_common.client import SERVER_ENV, ApiClient, part
 from piloop_common.errors import BadRequest, Corrupt, WaitTimeout
 from piloop_common.operator_protocol import JobView
-from piloop_common.protocol import TERMINAL_STATES
+from piloop_common.protocol import PIPE_PLACEHOLDER, TERMINAL_STATES
 from piloop_common.taskoptions import TaskOptions
 from piloop_common.taskresult import AsyncResult
 
@@ -135,8 +135,11 @@ class Client:
         expires: float | dt.datetime | None = None,
         retry_on: Iterable[type[BaseException]] | None = None,
         job_id: str | None = None,
+        depends_on: list[str] | None = None,
+        pipe: tuple[str, str] | None = None,
     ) -> str:
-        """Queue a job; its id. `inputs` maps a file name in the job's `inputs/` to a CAS address (`put_blob`).
+        """Queue a job; its id. `depends_on` (job ids): it waits until all have succeeded, and ends `cancelled` when
+        one fails; `pipe` (a chain's parent and its serializer): that parent's result is this task's first argument. `inputs` maps a file name in the job's `inputs/` to a CAS address (`put_blob`).
         `memory` is its grant (`"4G"`, `"512M"`, or MiB); `max_attempts` and `backoff` (seconds) its retry policy;
         a bad value raises BadRequest before anything is queued. `code` is a code snapshot's address (`push_code`).
         `priority` (0..9, 9 first), `countdown`/`eta`, `expires` and `retry_on` are a task's (`TaskOptions`: a bad
@@ -171,6 +174,12 @@ class Client:
         ):
             if value is not None:
                 spec[key] = value
+        # dependencies (piloop_common/canvas.py)
+        if depends_on:
+            spec["after"] = list(dict.fromkeys(depends_on))
+        if pipe is not None:
+            spec["after"] = list(dict.fromkeys([*spec.get("after", []), pipe[0]]))
+            spec["pipe"], spec["inputs"][f"parent.{pipe[1]}"] = pipe[0], PIPE_PLACEHOLDER
         body: dict[str, Any] = {"kind": kind, "pool": pool, "campaign": campaign, "image": image, "spec": spec}
         if job_id is not None:
             body["id"] = job_id
@@ -236,6 +245,11 @@ class Task(Generic[R]):
     def delay(self, *args: Any, **kwargs: Any) -> AsyncResult[R]:
         return self.apply_async(args, kwargs)
 
+    def encode(self, args: tuple[Any, ...] | list[Any] = (), kwargs: dict[str, Any] | None = None) -> bytes:
+        """The arguments blob (`args.<serializer>`) of a call with `args` and `kwargs`."""
+        payload = {"args": list(args), "kwargs": dict(kwargs or {})}
+        return json.dumps(payload).encode() if self.serializer == "json" else pickle.dumps(payload)
+
     def apply_async(
         self,
         args: tuple[Any, ...] | list[Any] = (),
@@ -253,6 +267,8 @@ class Task(Generic[R]):
         timeout: float | None = None,
         memory_gb: float | None = None,
         client: Client | None = None,
+        depends_on: list[str] | None = None,
+        pipe: tuple[str, str] | None = None,
     ) -> AsyncResult[R]:
         """Queue the task with `args` and `kwargs`; each option given here wins over the task's own (`@task`)."""
         if self.fn.__module__ == "__main__":
@@ -272,10 +288,8 @@ class Task(Generic[R]):
             expires=expires,
         ).over(self.options)
         o.timing()  # a past expiry or eta: refused before the arguments are put
-        payload = {"args": list(args), "kwargs": dict(kwargs or {})}
-        data = json.dumps(payload).encode() if self.serializer == "json" else pickle.dumps(payload)
         c = client or self.client
-        address = c.put_blob(data)
+        address = c.put_blob(self.encode(args, kwargs))
         job = c.submit(
             [self.name],
             pool=o.pool or "serve",
@@ -293,8 +307,23 @@ class Task(Generic[R]):
             expires=o.expires,
             retry_on=o.retry_on,
             job_id=job_id,
+            depends_on=depends_on,
+            pipe=pipe,
         )
         return AsyncResult(job, c, self.serializer)
+
+    # -- canvas (piloop_common/canvas.py) ----------------------------------------------------
+    def s(self, *args: Any, **kwargs: Any) -> Any:
+        """A signature: this task with these arguments, to chain, group or schedule."""
+        from piloop_common.canvas import Signature
+
+        return Signature(self, args, kwargs)
+
+    def map(self, iterable: Any, *, client: Client | None = None) -> Any:
+        """Queue this task once per item (its one argument); the `GroupResult`, in the items' order."""
+        from piloop_common.canvas import group
+
+        return group(self.s(x) for x in iterable).apply_async(client=client)
 
 
 def task(
@@ -330,3 +359,8 @@ def task(
 
 
 __all__ = ["AsyncResult", "Client", "Task", "TaskOptions", "task"]
+
+# the canvas, importable from here as from Celery's top level (it imports this module: below every name it needs)
+from piloop_common.canvas import GroupResult, chain, group  # noqa: E402
+
+__all__ += ["GroupResult", "chain", "group"]

@@ -127,6 +127,9 @@ class Pass:
             rt.events.escalate("job.lost", f"evaluation {job} was lost {rt.executor.max_lost} times in a row", job=job)
         moved += rt.leases.due(self.fence)  # failed jobs whose backoff has passed (new ones their countdown) go back
         rt.leases.expire_unstarted(self.fence)  # queued jobs whose expiry came first end `expired`
+        moved += rt.dependencies.settle(
+            self.fence
+        ).queued  # children of the jobs that ended since (state/dependencies.py)
         self.still_leading()
         if self.provisioner is not None:
             # decides from Redis only: its platform calls are background tasks (piloop_server.tasks), off the pass

@@ -9,7 +9,7 @@ import secrets as _secrets
 from piloop_common import envnames
 from piloop_common.errors import BadRequest, NotFound
 from piloop_common.operator_protocol import JobView, SubmitRequest
-from piloop_common.protocol import JOB_ID, TERMINAL_STATES
+from piloop_common.protocol import JOB_ID, PIPE_PLACEHOLDER, TERMINAL_STATES
 from piloop_common.sizes import format_memory
 from piloop_server.runtime import Runtime
 
@@ -27,6 +27,18 @@ def check_id(job_id: str) -> str:
 
 
 def submit(rt: Runtime, req: SubmitRequest, by: str) -> str:
+    check_submit(rt, req)
+    job_id = req.id or new_id()  # a caller's own id (pattern-checked by the model): an id that exists is a conflict
+    spec = req.spec.model_dump(mode="json")
+    if req.spec.after:  # waits on its parents (state/dependencies.py)
+        rt.dependencies.submit(job_id, req.kind, req.pool, spec, by=by, campaign=req.campaign, image=req.image)
+    else:
+        rt.leases.enqueue(job_id, req.kind, req.pool, spec, by=by, campaign=req.campaign, image=req.image)
+    return job_id
+
+
+def check_submit(rt: Runtime, req: SubmitRequest) -> None:
+    """BadRequest naming what of `req` this server cannot queue: its pool, grant, secrets, inputs or code."""
     if req.pool not in rt.executor.pools:
         raise BadRequest(f"--pool {req.pool}: no such pool (pools: {', '.join(sorted(rt.executor.pools))})")
     pool = rt.executor.pools[req.pool]
@@ -46,16 +58,12 @@ def submit(rt: Runtime, req: SubmitRequest, by: str) -> str:
         missing = [s for s in req.spec.secrets if s not in have]
         if missing:
             raise BadRequest(f"--secret: no secret named {', '.join(missing)} (`piloop secret list`)")
-    missing_inputs = sorted(set(req.spec.inputs.values()) - rt.store.has_many(list(req.spec.inputs.values())))
+    given = [a for a in req.spec.inputs.values() if a != PIPE_PLACEHOLDER]  # a chain's: filled in at its release
+    missing_inputs = sorted(set(given) - rt.store.has_many(given))
     if missing_inputs:
         raise BadRequest(f"--input: the CAS lacks {', '.join(missing_inputs)}")
     if req.spec.code and not rt.store.has_many([req.spec.code]):
         raise BadRequest(f"code {req.spec.code}: the CAS lacks it (push it again: `piloop task push DIR`)")
-    job_id = req.id or new_id()  # a caller's own id (pattern-checked by the model): an id that exists is a conflict
-    rt.leases.enqueue(
-        job_id, req.kind, req.pool, req.spec.model_dump(mode="json"), by=by, campaign=req.campaign, image=req.image
-    )
-    return job_id
 
 
 def view(rt: Runtime, job_id: str) -> JobView:
@@ -98,6 +106,8 @@ def waiting(rt: Runtime, v: JobView) -> str:
     """Why queued job `v` has no lease where the live workers of its pool tell (what claim.lua checks of each): none
     is live (and no provisioner starts one), none runs its image, or its grant is larger than every one's room. Empty
     when one could take it, or the job waits out a backoff or a countdown. It stays queued either way: a worker may come."""
+    if v.state == "waiting":
+        return f"it waits until {', '.join(v.spec.get('after') or [])} succeeded (--after, a chain)"
     if v.state != "queued" or v.retry_ms or v.not_before_ms:
         return ""
     live = [w for w in rt.workers.all() if w.alive and w.pool == v.pool and not w.draining]

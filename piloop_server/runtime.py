@@ -14,6 +14,7 @@ from piloop_server.limits import Limits
 from piloop_server.secrets import Secrets
 from piloop_server.state.campaigns import CampaignsState
 from piloop_server.state.connection import Client
+from piloop_server.state.dependencies import Dependencies
 from piloop_server.state.disruption import Disruption
 from piloop_server.state.events import Events
 from piloop_server.state.generation import GenerationCheck, GenerationRecord, current_generation, ensure_generation
@@ -49,6 +50,7 @@ class Runtime:
     workers: WorkersState = field(init=False)
     campaigns: CampaignsState = field(init=False)
     relay: RelayState = field(init=False)
+    dependencies: Dependencies = field(init=False)
     taskqueues: TaskQueues = field(init=False)
     retention: Retention = field(init=False)
     user: str = field(default_factory=getpass.getuser)
@@ -73,6 +75,7 @@ class Runtime:
         self.taskqueues = TaskQueues(self.redis, self.keys.rq_prefix())
         self.retention = Retention(self.redis, self.keys)
         self.relay = RelayState(self.redis, self.keys, self.caps.progress_keep)  # one per runtime: its SHAs load once
+        self.dependencies = Dependencies(self.redis, self.keys, self.caps.events)
         self.refresh_limits()
 
     def check_generation(self, record: GenerationRecord) -> GenerationCheck:

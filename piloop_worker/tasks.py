@@ -119,13 +119,24 @@ def error_classes(jd: JobDir) -> tuple[str, ...]:
 
 
 def load_arguments(jd: JobDir) -> tuple[str, list[Any], dict[str, Any]]:
+    """The serializer, args and kwargs of the call; a chain's link gets its parent's result first (the input
+    `parent.json` or `parent.pickle`, the parent's `result.<serializer>`, which the server filled in)."""
     for ser in SERIALIZERS:
         path = jd.inputs / f"args.{ser}"
         if path.exists():
             raw = path.read_bytes()
             data = json.loads(raw) if ser == "json" else pickle.loads(raw)
-            return ser, list(data.get("args") or []), dict(data.get("kwargs") or {})
+            return ser, [*_piped(jd), *(data.get("args") or [])], dict(data.get("kwargs") or {})
     raise FileNotFoundError(f"a task needs the input args.json or args.pickle; {jd.inputs} has neither")
+
+
+def _piped(jd: JobDir) -> list[Any]:
+    for ser in SERIALIZERS:
+        path = jd.inputs / f"parent.{ser}"
+        if path.exists():
+            raw = path.read_bytes()
+            return [json.loads(raw)["value"] if ser == "json" else pickle.loads(raw)]
+    return []
 
 
 def dump_result(ser: str, value: Any) -> bytes:

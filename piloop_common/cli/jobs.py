@@ -74,6 +74,13 @@ def job() -> None:
 )
 @click.option("--countdown", metavar="DURATION", help="Not claimable until this long after it is queued, like 10m.")
 @click.option("--expires", metavar="DURATION", help="Not started within this long of being queued: it ends expired.")
+@click.option(
+    "--after",
+    "after",
+    multiple=True,
+    metavar="JOB",
+    help="Queue it only once this job has succeeded (repeatable); a parent's failure ends it cancelled.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.argument("argv", nargs=-1, required=True, metavar="-- CMD ARGS…")
 @click.pass_obj
@@ -97,6 +104,7 @@ def submit(
     priority,
     countdown,
     expires,
+    after,
     as_json,
     argv,
 ) -> None:
@@ -122,6 +130,8 @@ def submit(
         "timeout_seconds": parse_duration(timeout, "--timeout") if timeout else None,
         **policy,
     }
+    if after:
+        spec["after"] = list(dict.fromkeys(after))
     body = {"kind": kind, "pool": pool, "campaign": campaign, "image": image, "spec": spec}
     with obj.api() as api:
         got = api.call("POST", "/v1/jobs", body)

@@ -38,6 +38,7 @@ _SET_BY_CAMPAIGN = {
     "memory_growth": "--memory-growth",
     "max_attempts": "--max-attempts",
     "backoff_seconds": "--backoff",
+    "after": "--after",
 }
 _DEFAULTS: dict[str, Any] = {
     "kind": "evaluation",

@@ -90,6 +90,16 @@ class Keys:
         """Sorted set job id -> when (ms) a queued job with an expiry ends `expired` if no lease took it by then."""
         return self._k("expiring")
 
+    # dependencies (state/dependencies.py)
+    def job_children(self, job_id: str) -> str:
+        """Set of the jobs waiting on this one (`after`) and those it queued from inside itself (nested): the pass
+        settles them once it has ended, then deletes the set."""
+        return self._k("job", job_id, "children")
+
+    def dependencies_cursor(self) -> str:
+        """String: the `ended` score (ms) the pass's next look for ended parents starts at (dependencies.lua)."""
+        return self._k("dependencies", "cursor")
+
     def report(self, report_id: str) -> str:
         """The answer given to a report id, so a second copy gets the first's answer."""
         return self._k("report", report_id)

@@ -2,7 +2,7 @@
 import { api, bytes, q } from "./api.js";
 import { draw, el, stateCell, table, td, when } from "./dom.js";
 
-const STATES = ["", "queued", "leased", "running", "succeeded", "failed", "lost", "cancelled", "worker_lost", "expired"];
+const STATES = ["", "waiting", "queued", "leased", "running", "succeeded", "failed", "lost", "cancelled", "worker_lost", "expired"];
 const ENDED = new Set(["succeeded", "failed", "lost", "cancelled", "worker_lost", "expired"]);
 
 function cancelButton(id, after, said) {
