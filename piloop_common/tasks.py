@@ -64,7 +64,13 @@ class Client:
     ) -> Client:
         """`server`, else `PILOOP_SERVER` (https, or http on a loopback address; the token is `token`, else
         `token_file`'s first line, else `PILOOP_TOKEN`, else `PILOOP_HTTPS_TOKEN`; the server's CA `ca`, else
-        `PILOOP_CA`), else the local daemon's socket under `home`, `PILOOP_HOME` or ~/.piloop."""
+        `PILOOP_CA`), else the local daemon's socket under `home`, `PILOOP_HOME` or ~/.piloop. Inside a job
+        (`PILOOP_RELAY` set), with no server given: the job's relay, so what it submits are its own children, in its
+        own pool (`piloop_common.nested`)."""
+        from piloop_common.nested import NestedClient, relay_path
+
+        if not server and (relay := relay_path()) is not None:
+            return cls(NestedClient(relay, timeout=timeout), code=code)
         if server:
             return cls(ApiClient.remote(server, token=token, token_file=token_file, ca=ca, timeout=timeout), code=code)
         if os.environ.get(SERVER_ENV) and (token or token_file or ca):

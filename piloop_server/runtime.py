@@ -21,6 +21,7 @@ from piloop_server.state.generation import GenerationCheck, GenerationRecord, cu
 from piloop_server.state.jobs import JobsState
 from piloop_server.state.keys import Keys
 from piloop_server.state.leases import Leases
+from piloop_server.state.nested import Nested
 from piloop_server.state.provisioned import ProvisionedState
 from piloop_server.state.records.lease import Caps, Timings
 from piloop_server.state.relay import RelayState
@@ -51,6 +52,7 @@ class Runtime:
     campaigns: CampaignsState = field(init=False)
     relay: RelayState = field(init=False)
     dependencies: Dependencies = field(init=False)
+    nested: Nested = field(init=False)
     taskqueues: TaskQueues = field(init=False)
     retention: Retention = field(init=False)
     user: str = field(default_factory=getpass.getuser)
@@ -76,6 +78,7 @@ class Runtime:
         self.retention = Retention(self.redis, self.keys)
         self.relay = RelayState(self.redis, self.keys, self.caps.progress_keep)  # one per runtime: its SHAs load once
         self.dependencies = Dependencies(self.redis, self.keys, self.caps.events)
+        self.nested = Nested(self.redis, self.keys, self.caps.events)
         self.refresh_limits()
 
     def check_generation(self, record: GenerationRecord) -> GenerationCheck:

@@ -10,13 +10,14 @@ from typing import Any
 
 import redis
 
-from piloop_common.errors import BadRequest, Conflict, LeaseLost, NotFound, PiloopError, Unavailable
+from piloop_common.errors import BadRequest, Conflict, Forbidden, LeaseLost, NotFound, PiloopError, Unavailable
 from piloop_server.state.records.job import lua_include as job_fields_include
 
 # `PILOOP_<CODE> message` replies from the scripts, and the errors they stand for.
 _ERRORS: dict[str, type[PiloopError]] = {
     "PILOOP_BAD_REQUEST": BadRequest,
     "PILOOP_CONFLICT": Conflict,
+    "PILOOP_FORBIDDEN": Forbidden,
     "PILOOP_LEASE_LOST": LeaseLost,
     "PILOOP_UNKNOWN_WORKER": NotFound,
 }

@@ -1,11 +1,12 @@
-"""Tasks for the canvas tests (chains, groups, jobs that wait on others)."""
+"""Tasks for the canvas and nested-work tests (chains, groups, children queued from inside a task)."""
 
 from __future__ import annotations
 
 import os
 import time
 
-from piloop_common.tasks import task
+from piloop_common.errors import PiloopError
+from piloop_common.tasks import Client, task
 
 
 @task
@@ -45,3 +46,29 @@ def marker(path):
 def sleepy(seconds):
     time.sleep(seconds)
     return seconds
+
+
+@task
+def nested_add(a, b):
+    """Queues add(a, b) from inside itself, through its relay, and returns its result and the child's id."""
+    child = add.delay(a, b)
+    return {"value": child.get(timeout=60), "child": child.id}
+
+
+@task
+def nested_elsewhere(pool):
+    """Tries to queue a child in another pool; the refusal's message."""
+    try:
+        add.apply_async((1, 2), pool=pool)
+    except PiloopError as e:
+        return {"error": e.code, "message": e.message}
+    return {"error": ""}
+
+
+@task
+def nested_sleeper(seconds):
+    """Queues a sleeping child, notes its id on itself (progress), and sleeps."""
+    child = sleepy.delay(seconds)
+    Client.from_env().api.call("POST", "/v1/relay/progress", {"note": child.id})
+    time.sleep(seconds)
+    return child.id

@@ -1,4 +1,4 @@
-"""Chains, groups and `depends_on` on a real `piloop serve` (its serve worker runs the tasks)."""
+"""Chains, groups, `depends_on` and nested work on a real `piloop serve` (its serve worker runs the tasks)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,15 @@ from tests.helpers.redis import wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
 
 REPO = str(Path(__file__).resolve().parents[2])
+# a pool no worker serves: a nested submit naming it must be refused, not queued there
+CONFIG = FAST_EXECUTOR + "\n[plugins.executor.pools.gpu]\nevaluations = 1\n"
 
 
 @pytest.fixture(scope="module")
 def server(redis_server):
     d = Daemon(
         short_home(),
-        config=FAST_EXECUTOR,
+        config=CONFIG,
         redis_url=redis_server.url,
         namespace="t" + uuid.uuid4().hex[:10],
         env={"PYTHONPATH": REPO},
@@ -117,3 +119,32 @@ def test_a_group_result_cancels_every_job_not_ended(client):
     for j in g.ids:
         assert ended(client, j).state == "cancelled"
     assert g.ready() and not g.successful() and g.completed_count() == 0
+
+
+def test_a_task_queues_a_child_from_inside_itself_and_gets_its_result(client):
+    got = ct.nested_add.apply_async((20, 22), client=client).get(timeout=90)
+    assert got["value"] == 42
+    child = client.show(got["child"])
+    assert child.state == "succeeded" and child.pool == "serve" and child.spec["argv"] == [ct.add.name]
+
+
+def test_a_nested_submit_naming_another_pool_is_refused(client):
+    got = ct.nested_elsewhere.apply_async(("gpu",), client=client).get(timeout=60)
+    assert got["error"] == "forbidden", got
+    assert "runs in pool serve: the jobs it queues go to its own pool, not gpu" in got["message"], got
+    assert not [j for j in client.api.call("GET", "/v1/jobs", params={"pool": "gpu"})], "a job reached pool gpu"
+
+
+def test_cancelling_a_parent_cancels_the_child_it_queued(client):
+    parent = ct.nested_sleeper.apply_async((60,), client=client)
+    child = wait_for(lambda: [n["note"] for n in client.show(parent.id).progress], 60, 0.1, "the child's id")[0]
+    wait_for(lambda: client.show(child).state in ("leased", "running"), 60, 0.1, "the child running")
+    client.api.call("POST", f"/v1/jobs/{parent.id}/cancel")
+    assert ended(client, parent.id).state == "cancelled"
+    assert ended(client, child).state == "cancelled"
+    asked = [
+        e
+        for e in client.api.call("GET", "/v1/events", params={"last": 2000})
+        if e.get("type") == "job.cancel_requested" and e.get("job") == child
+    ]
+    assert [e["by"] for e in asked] == ["service:daemon"], asked  # the pass, when it saw its parent cancelled

@@ -5,12 +5,14 @@
 -- full batch it starts at the batch's last score. The cursor is written only when it moves: an idle pass writes
 -- nothing.
 -- For each parent ended since then that has a `children` set: each child still `waiting` is settled (queued, or
--- ended naming the parent: include/dependencies.lua). Then the set is deleted: a child still
+-- ended naming the parent: include/dependencies.lua); a parent that ended `cancelled` cancels the children it queued
+-- from inside itself (nested: their `parent` is it) that have not ended. Then the set is deleted: a child still
 -- waiting is in the set of each parent it still waits on. Idempotent (a second daemon finds nothing waiting, no
 -- set), and a grandchild is settled by the next pass, when its ended parent is seen.
--- Reply: {jobs queued, jobs ended}.
+-- Reply: {jobs queued, jobs ended or cancelling}.
 -- @include clock
 -- @include dependencies
+-- @include cancel_job
 local BY = 'service:daemon'
 local now = clock_ms()
 local prefix, batch, overlap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -24,9 +26,21 @@ for i = 1, #got, 2 do
   local set = prefix .. 'job:' .. parent .. ':children'
   local kids = redis.call('SMEMBERS', set)
   if #kids > 0 then
+    local pstate = redis.call('HGET', prefix .. 'job:' .. parent, JF.state)
     for _, kid in ipairs(kids) do
-      local st = settle(prefix, KEYS[3], KEYS[1], kid, BY, now)
-      if st == 'queued' then queued = queued + 1 elseif st == 'cancelled' then ended = ended + 1 end
+      local job = prefix .. 'job:' .. kid
+      local f = redis.call('HMGET', job, JF.state, JF.parent, JF.pool, JF.kind)
+      if f[1] == 'waiting' then
+        local st = settle(prefix, KEYS[3], KEYS[1], kid, BY, now)
+        if st == 'queued' then queued = queued + 1 elseif st == 'cancelled' then ended = ended + 1 end
+      end
+      f = redis.call('HMGET', job, JF.state, JF.parent, JF.pool, JF.kind)
+      if pstate == 'cancelled' and f[2] == parent and (f[1] == 'queued' or f[1] == 'waiting' or f[1] == 'leased'
+          or f[1] == 'running') then
+        cancel_job(job, prefix .. 'queue:' .. f[3] .. ':' .. f[4], KEYS[4], KEYS[1], KEYS[3], kid, BY,
+          'cancelled with its parent ' .. parent, now)
+        ended = ended + 1
+      end
     end
     redis.call('DEL', set)
   end
