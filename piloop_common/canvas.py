@@ -1,11 +1,14 @@
-"""Signatures, groups and chains, in Celery's words where they fit.
+"""Signatures, groups, chains and periodic tasks, in Celery's words where they fit.
 
-    from piloop_common.tasks import chain, group
+    from piloop_common.tasks import chain, group, periodic
 
     add.s(2, 3)                                  # a signature: a task and its arguments, not queued yet
     chain(add.s(2, 3), double.s()).delay()       # double(add(2, 3)): double waits for add, gets its result first
     group(add.s(i, i) for i in range(10)).delay().get(timeout=60)   # [0, 2, 4, …], in order
     add.map([1, 2, 3])                           # a GroupResult: one job per item
+
+    @periodic(cron="*/5 * * * *")                # a task with a cron; `client.schedule(report)` registers it
+    def report(): ...
 
 A chain's link is a job waiting on the one before (its spec's `after` and `pipe`): the server queues it once its
 parent has succeeded, filling in the parent's result as its input `parent.<serializer>`, which the worker passes as
@@ -15,11 +18,11 @@ its first argument; a parent that fails ends every link after it `cancelled`, na
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from piloop_common.errors import Conflict, WaitTimeout
-from piloop_common.tasks import AsyncResult, Client, Task
+from piloop_common.tasks import AsyncResult, Client, Task, task
 
 
 class Signature:
@@ -172,4 +175,40 @@ def group(*sigs: Signature | Iterable[Signature]) -> Group:
     return Group(flat)
 
 
-__all__ = ["Chain", "Group", "GroupResult", "Signature", "chain", "group"]
+def periodic(cron: str, **options: Any) -> Callable[[Callable[..., Any]], Task[Any]]:
+    """`@periodic(cron="*/5 * * * *")`: a task (`@task`'s options) with a cron, registered by `client.schedule(fn)`
+    or `piloop schedule add NAME --task module:fn`; each tick queues it once, with no arguments."""
+
+    def wrap(fn: Callable[..., Any]) -> Task[Any]:
+        t: Task[Any] = task(**options)(fn)
+        t.cron = cron  # type: ignore[attr-defined]
+        return t
+
+    return wrap
+
+
+def schedule(client: Client, what: Any, *, name: str | None, cron: str | None, pool: str | None) -> Any:
+    """`Client.schedule`: register `what` (a task, or a signature) to be queued at each tick of `cron` (else the
+    task's own `@periodic` cron) under `name` (else the function's name, dashed)."""
+    from piloop_common.schedule_protocol import ScheduleView
+
+    sig = what if isinstance(what, Signature) else Signature(what)
+    t = sig.task
+    cron = cron or getattr(t, "cron", None)
+    if not cron:
+        raise ValueError(f"{t.name}: give cron=… or make it with @periodic(cron=…)")
+    blob = client.put_blob(t.encode(sig.args, sig.kwargs))
+    spec: dict[str, Any] = {"runner": "task", "argv": [t.name], "inputs": {f"args.{t.serializer}": blob}}
+    if t.timeout:
+        spec["timeout_seconds"] = t.timeout
+    if client.code is not None:
+        spec["code"] = client.push_code(client.code)
+    body = {
+        "name": name or t.fn.__name__.lower().replace("_", "-"),
+        "cron": cron,
+        "job": {"kind": t.kind, "pool": pool or t.pool, "spec": spec},
+    }
+    return client.api.call("POST", "/v1/schedules", body, model=ScheduleView)
+
+
+__all__ = ["Chain", "Group", "GroupResult", "Signature", "chain", "group", "periodic"]

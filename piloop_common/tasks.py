@@ -191,6 +191,13 @@ class Client:
             body["id"] = job_id
         return str(self.api.call("POST", "/v1/jobs", body)["job"])
 
+    def schedule(self, what: Any, *, name: str | None = None, cron: str | None = None, pool: str | None = None) -> Any:
+        """Register a periodic schedule: `what` is a task made with `@periodic(cron=…)` (or any task with `cron`),
+        or a signature (`task.s(…)`); each tick queues it once (piloop_common/canvas.py). Its `ScheduleView`."""
+        from piloop_common.canvas import schedule
+
+        return schedule(self, what, name=name, cron=cron, pool=pool)
+
     def show(self, job_id: str) -> JobView:
         return self.api.call("GET", f"/v1/jobs/{part(job_id)}", model=JobView)
 
@@ -367,6 +374,6 @@ def task(
 __all__ = ["AsyncResult", "Client", "Task", "TaskOptions", "task"]
 
 # the canvas, importable from here as from Celery's top level (it imports this module: below every name it needs)
-from piloop_common.canvas import GroupResult, chain, group  # noqa: E402
+from piloop_common.canvas import GroupResult, chain, group, periodic  # noqa: E402
 
-__all__ += ["GroupResult", "chain", "group"]
+__all__ += ["GroupResult", "chain", "group", "periodic"]

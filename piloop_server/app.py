@@ -11,7 +11,21 @@ from starlette.exceptions import HTTPException
 
 from piloop_common import __version__
 from piloop_common.errors import PiloopError
-from piloop_server.api import admin, blobs, campaigns, docs, joblog, jobs, metrics, nested, relay, secrets, ui, worker
+from piloop_server.api import (
+    admin,
+    blobs,
+    campaigns,
+    docs,
+    joblog,
+    jobs,
+    metrics,
+    nested,
+    relay,
+    schedules,
+    secrets,
+    ui,
+    worker,
+)
 from piloop_server.api.answers import error_answer, replaying
 from piloop_server.auth import SOCKET_SCOPE
 from piloop_server.metrics import Metrics
@@ -36,6 +50,7 @@ def create_app(rt: Runtime, daemon_info: dict[str, Any] | None = None) -> FastAP
         secrets.router,
         relay.router,
         nested.router,
+        schedules.router,
         campaigns.router,
         campaigns.worker_router,
         metrics.router,

@@ -1,7 +1,7 @@
-"""The daemon's pass, every `pass_seconds`: the generation, limits, the disruption hold, lease expiry,
-provisioned pools, and retention (of Redis, the CAS and the daemon's logs). Of several servers on one namespace
-only the pass leader runs it (piloop_server/leader.py), under its fencing token; the others only follow the limits
-and keep their own logs."""
+"""The daemon's pass, every `pass_seconds`: the generation, limits, the disruption hold, lease expiry, jobs waiting on
+others and periodic schedules, provisioned pools, and retention (of Redis, the CAS and the daemon's logs). Of several
+servers on one namespace only the pass leader runs it (piloop_server/leader.py), under its fencing token; the others
+only follow the limits and keep their own logs."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from piloop_common.config import ExecutorConfig
 from piloop_common.errors import PiloopError
-from piloop_server import campaigns, cas_gc, logfiles
+from piloop_server import campaigns, cas_gc, logfiles, schedules
 from piloop_server.leader import Leadership
 from piloop_server.runtime import Runtime
 from piloop_server.state.disruption import Policy
@@ -127,9 +127,8 @@ class Pass:
             rt.events.escalate("job.lost", f"evaluation {job} was lost {rt.executor.max_lost} times in a row", job=job)
         moved += rt.leases.due(self.fence)  # failed jobs whose backoff has passed (new ones their countdown) go back
         rt.leases.expire_unstarted(self.fence)  # queued jobs whose expiry came first end `expired`
-        moved += rt.dependencies.settle(
-            self.fence
-        ).queued  # children of the jobs that ended since (state/dependencies.py)
+        moved += rt.dependencies.settle(self.fence).queued  # children of the jobs that ended since (dependencies.py)
+        moved += rt.schedules.tick(schedules.next_after, self.fence)  # each due schedule's job, once a tick
         self.still_leading()
         if self.provisioner is not None:
             # decides from Redis only: its platform calls are background tasks (piloop_server.tasks), off the pass

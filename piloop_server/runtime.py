@@ -26,6 +26,7 @@ from piloop_server.state.provisioned import ProvisionedState
 from piloop_server.state.records.lease import Caps, Timings
 from piloop_server.state.relay import RelayState
 from piloop_server.state.retention import Retention
+from piloop_server.state.schedules import Schedules
 from piloop_server.state.taskqueue import TaskQueues
 from piloop_server.state.workers import WorkersState
 from piloop_server.tokens import CACHE_SECONDS, TokenStore
@@ -52,6 +53,7 @@ class Runtime:
     campaigns: CampaignsState = field(init=False)
     relay: RelayState = field(init=False)
     dependencies: Dependencies = field(init=False)
+    schedules: Schedules = field(init=False)
     nested: Nested = field(init=False)
     taskqueues: TaskQueues = field(init=False)
     retention: Retention = field(init=False)
@@ -78,6 +80,7 @@ class Runtime:
         self.retention = Retention(self.redis, self.keys)
         self.relay = RelayState(self.redis, self.keys, self.caps.progress_keep)  # one per runtime: its SHAs load once
         self.dependencies = Dependencies(self.redis, self.keys, self.caps.events)
+        self.schedules = Schedules(self.redis, self.keys, self.caps.events)
         self.nested = Nested(self.redis, self.keys, self.caps.events)
         self.refresh_limits()
 

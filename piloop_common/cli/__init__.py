@@ -17,6 +17,7 @@ from piloop_common.cli.context import Cli
 from piloop_common.cli.daemon import init, serve, status, stop
 from piloop_common.cli.jobs import job
 from piloop_common.cli.relay import progress
+from piloop_common.cli.schedule import schedule
 from piloop_common.cli.secret import secret
 from piloop_common.cli.task import task
 from piloop_common.cli.ui import ui
@@ -80,6 +81,7 @@ for command in (
     attach,
     campaign,
     task,
+    schedule,
     ui,
 ):
     root.add_command(command)

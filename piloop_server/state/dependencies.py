@@ -17,7 +17,7 @@ import redis
 
 from piloop_server.state.keys import Keys
 from piloop_server.state.records.codec import text as _s
-from piloop_server.state.scripts import EventCap, Scripts
+from piloop_server.state.scripts import EventCap, Fence, Scripts
 
 SETTLE_BATCH = 1000  # ended jobs the pass looks at in one script
 OVERLAP_MS = 2000  # it looks again this far back: a job may end in the ms of the last look
@@ -50,12 +50,13 @@ class Dependencies:
             )
         )
 
-    def settle(self) -> Settled:
+    def settle(self, fence: Fence | None = None) -> Settled:
         """The pass's step: settle the children of the jobs that ended since the last look (any daemon's)."""
         k = self.k
         reply = self.scripts.run(
             "dependencies",
             [k.ended(), k.dependencies_cursor(), k.events(), k.delayed()],
             [k.prefix(), SETTLE_BATCH, OVERLAP_MS],
+            fence,
         )
         return Settled(int(reply[0]), int(reply[1]))

@@ -90,7 +90,7 @@ class Keys:
         """Sorted set job id -> when (ms) a queued job with an expiry ends `expired` if no lease took it by then."""
         return self._k("expiring")
 
-    # dependencies (state/dependencies.py)
+    # dependencies (state/dependencies.py) and schedules (state/schedules.py)
     def job_children(self, job_id: str) -> str:
         """Set of the jobs waiting on this one (`after`) and those it queued from inside itself (nested): the pass
         settles them once it has ended, then deletes the set."""
@@ -99,6 +99,14 @@ class Keys:
     def dependencies_cursor(self) -> str:
         """String: the `ended` score (ms) the pass's next look for ended parents starts at (dependencies.lua)."""
         return self._k("dependencies", "cursor")
+
+    def schedules(self) -> str:
+        """Hash schedule name -> its record (JSON: cron, the job to queue, who added it)."""
+        return self._k("schedules")
+
+    def schedule_ticks(self) -> str:
+        """Sorted set schedule name -> its next tick (ms): the pass queues each due one once."""
+        return self._k("schedules", "ticks")
 
     def report(self, report_id: str) -> str:
         """The answer given to a report id, so a second copy gets the first's answer."""

@@ -21,7 +21,7 @@ from piloop_server.state.scripts import Fenced, fenced
 from tests.helpers.redis import wait_for
 
 # every script the pass runs that changes state; the fence include must stay in each
-PASS_SCRIPTS = ("expire", "due", "unstarted", "disruption", "prune", "forget_worker")
+PASS_SCRIPTS = ("expire", "due", "unstarted", "dependencies", "schedule_tick", "disruption", "prune", "forget_worker")
 
 
 def _events(r, keys: Keys, etype: str) -> list[dict[str, str]]:

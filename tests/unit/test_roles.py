@@ -26,6 +26,8 @@ OPERATOR_WRITES = {
     ("POST", "/v1/campaigns/{name}/resume"),
     ("DELETE", "/v1/campaigns/{name}"),
     ("POST", "/v1/inbox/{eid}/ack"),
+    ("POST", "/v1/schedules"),
+    ("DELETE", "/v1/schedules/{name}"),
 }
 
 

@@ -10,6 +10,8 @@
 -- waiting is in the set of each parent it still waits on. Idempotent (a second daemon finds nothing waiting, no
 -- set), and a grandchild is settled by the next pass, when its ended parent is seen.
 -- Reply: {jobs queued, jobs ended or cancelling}.
+-- Fenced: the leader lease and the pass's token follow (include/fence.lua).
+-- @include fence
 -- @include clock
 -- @include dependencies
 -- @include cancel_job

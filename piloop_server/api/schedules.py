@@ -1,0 +1,27 @@
+"""Periodic schedules: add, list, remove (`piloop schedule …`, `Client.schedule`)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from piloop_common.schedule_protocol import ScheduleRequest, ScheduleView
+from piloop_server import schedules
+from piloop_server.api.deps import OperatorDep, RuntimeDep, ViewerDep
+
+router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
+
+
+@router.post("", response_model=ScheduleView)
+def add(body: ScheduleRequest, rt: RuntimeDep, caller: OperatorDep) -> ScheduleView:
+    return schedules.add(rt, body, caller.signed)
+
+
+@router.get("", response_model=list[ScheduleView])
+def listing(rt: RuntimeDep, caller: ViewerDep) -> list[ScheduleView]:
+    return schedules.listing(rt)
+
+
+@router.delete("/{name}")
+def remove(name: str, rt: RuntimeDep, caller: OperatorDep) -> dict:
+    schedules.remove(rt, name, caller.signed)
+    return {"removed": name}

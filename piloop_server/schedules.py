@@ -1,0 +1,73 @@
+"""Periodic schedules: a cron and the job each of its ticks queues (`piloop schedule add`, `Client.schedule`).
+
+The pass queues a due tick's job once, whatever the number of daemons (state/schedules.py). Cron is UTC, in
+croniter's syntax: five fields, or six with seconds last. A tick missed while no daemon ran is queued once (the
+first one missed), then the schedule resumes at its first tick after now: never one job per missed tick.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from croniter import croniter
+
+from piloop_common.errors import BadRequest, NotFound
+from piloop_common.schedule_protocol import ScheduleRequest, ScheduleView, check_cron
+from piloop_server.runtime import Runtime
+from piloop_server.state.schedules import ScheduleRecord
+
+
+def next_after(cron: str, after_ms: int) -> int:
+    """The cron's first tick strictly after `after_ms` (ms since the epoch, UTC)."""
+    start = datetime.fromtimestamp(after_ms / 1000, UTC)
+    return int(croniter(cron, start).get_next(float) * 1000)
+
+
+def add(rt: Runtime, req: ScheduleRequest, by: str) -> ScheduleView:
+    from piloop_server import jobs
+
+    check_cron(req.cron)
+    if req.job.spec.after:
+        raise BadRequest("a schedule's job cannot wait on other jobs (--after): each tick's job stands alone")
+    jobs.check_submit(rt, req.job)  # the checks a submit makes, now, rather than at every tick
+    rec = ScheduleRecord(
+        name=req.name,
+        cron=req.cron,
+        kind=req.job.kind,
+        pool=req.job.pool,
+        campaign=req.job.campaign,
+        image=req.job.image,
+        spec=req.job.spec.model_dump_json(),
+        by=by,
+        created_ms=rt.schedules.now_ms(),
+    )
+    first = next_after(req.cron, rec.created_ms)
+    rt.schedules.add(rec, first)
+    return view(ScheduleRecord(**{**rec.__dict__, "next_ms": first}))
+
+
+def view(rec: ScheduleRecord) -> ScheduleView:
+    import json
+
+    return ScheduleView(
+        name=rec.name,
+        cron=rec.cron,
+        next_ms=rec.next_ms,
+        kind=rec.kind,
+        pool=rec.pool,
+        campaign=rec.campaign,
+        image=rec.image,
+        spec=json.loads(rec.spec),
+        by=rec.by,
+        created_ms=rec.created_ms,
+    )
+
+
+def listing(rt: Runtime) -> list[ScheduleView]:
+    return [view(r) for r in rt.schedules.all()]
+
+
+def remove(rt: Runtime, name: str, by: str) -> None:
+    if not rt.schedules.remove(name):
+        raise NotFound(f"no schedule {name} (`piloop schedule list`)")
+    rt.events.add("schedule.removed", by, schedule=name)
