@@ -65,11 +65,11 @@ class Client:
         """`server`, else `PILOOP_SERVER` (https, or http on a loopback address; the token is `token`, else
         `token_file`'s first line, else `PILOOP_TOKEN`, else `PILOOP_HTTPS_TOKEN`; the server's CA `ca`, else
         `PILOOP_CA`), else the local daemon's socket under `home`, `PILOOP_HOME` or ~/.piloop. Inside a job
-        (`PILOOP_RELAY` set), with no server given: the job's relay, so what it submits are its own children, in its
-        own pool (`piloop_common.nested`)."""
+        (`PILOOP_RELAY` set), with no server or home given: the job's relay, so what it submits are its own children,
+        in its own pool (`piloop_common.nested`)."""
         from piloop_common.nested import NestedClient, relay_path
 
-        if not server and (relay := relay_path()) is not None:
+        if not server and home is None and (relay := relay_path()) is not None:
             return cls(NestedClient(relay, timeout=timeout), code=code)
         if server:
             return cls(ApiClient.remote(server, token=token, token_file=token_file, ca=ca, timeout=timeout), code=code)
@@ -144,12 +144,13 @@ class Client:
         depends_on: list[str] | None = None,
         pipe: tuple[str, str] | None = None,
     ) -> str:
-        """Queue a job; its id. `depends_on` (job ids): it waits until all have succeeded, and ends `cancelled` when
-        one fails; `pipe` (a chain's parent and its serializer): that parent's result is this task's first argument. `inputs` maps a file name in the job's `inputs/` to a CAS address (`put_blob`).
+        """Queue a job; its id. `inputs` maps a file name in the job's `inputs/` to a CAS address (`put_blob`).
         `memory` is its grant (`"4G"`, `"512M"`, or MiB); `max_attempts` and `backoff` (seconds) its retry policy;
         a bad value raises BadRequest before anything is queued. `code` is a code snapshot's address (`push_code`).
         `priority` (0..9, 9 first), `countdown`/`eta`, `expires` and `retry_on` are a task's (`TaskOptions`: a bad
-        one is a ValueError); `job_id` its id of the caller's choosing (one that exists is a Conflict)."""
+        one is a ValueError); `job_id` its id of the caller's choosing (one that exists is a Conflict);
+        `depends_on` (job ids): it waits until all have succeeded, and ends `cancelled` when one fails; `pipe` (a
+        chain's parent and its serializer): that parent's result is this task's first argument."""
         from piloop_common.sizes import parse_memory
 
         timing = TaskOptions(
