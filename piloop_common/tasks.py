@@ -234,7 +234,8 @@ class Task(Generic[R]):
                 f"{fn.__qualname__}: a task must be defined at a module's top level, for a worker to import it"
             )
         self.fn, self.kind, self.serializer, self.options = fn, kind, serializer, options
-        self._client = client
+        self._client = client  # given to @task: always this one
+        self._env_client: tuple[str, Client] | None = None  # made from the environment, and the job it was made in
         self.name = f"{fn.__module__}:{fn.__qualname__}"
         self.__doc__, self.__name__, self.__module__ = fn.__doc__, fn.__name__, fn.__module__
         self.__qualname__ = fn.__qualname__
@@ -252,9 +253,16 @@ class Task(Generic[R]):
 
     @property
     def client(self) -> Client:
-        if self._client is None:
-            self._client = Client.from_env()
-        return self._client
+        """The client given to `@task`, else one from the environment, made again in each job: a warm task process
+        (docs/worker.md) runs job after job, each with its own relay, which a client kept from the last would miss."""
+        if self._client is not None:
+            return self._client
+        job = os.environ.get("PILOOP_JOB", "")
+        if self._env_client is None or self._env_client[0] != job:
+            if self._env_client is not None:
+                self._env_client[1].close()
+            self._env_client = (job, Client.from_env())
+        return self._env_client[1]
 
     def delay(self, *args: Any, **kwargs: Any) -> AsyncResult[R]:
         return self.apply_async(args, kwargs)
