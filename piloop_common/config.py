@@ -238,8 +238,15 @@ class NetworkConfig(_Model):
 class StateConfig(_Model):
     url: SecretStr | None = Field(
         None,
-        description="The Redis URL (`redis://`, `rediss://`, `unix://`); absent: the "
-        "embedded Redis under `$PILOOP_HOME`.",
+        description="The Redis URL (`redis://`, `rediss://`, `unix://`, or Sentinel's "
+        "`redis+sentinel://[user:pass@]host:26379,host2:26379/service[/db]`, `rediss+sentinel://` with TLS); "
+        "absent: the embedded Redis under `$PILOOP_HOME`.",
+    )
+    password_file: Path | None = Field(
+        None, description="A file holding the Redis password (its first line), instead of one in `url`; never logged."
+    )
+    ca_file: Path | None = Field(
+        None, description="The CA certificate (PEM) that a `rediss://` Redis's certificate must chain to."
     )
     events_max: int = Field(
         100_000, ge=1000, description="The events stream keeps about this many of the newest events."

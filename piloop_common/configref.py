@@ -66,6 +66,32 @@ docs/operations.md.
 """
 
 FOOTER = """\
+## Redis: Sentinel, TLS, an ACL user
+
+```toml
+[plugins.state]
+url = "rediss+sentinel://piloop@10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/piloop/0"
+password_file = "/etc/piloop/redis.password"   # its first line; never logged
+ca_file = "/etc/piloop/redis-ca.pem"
+```
+
+- **Sentinel** is one URL, in the form `redis-sentinel-url` and several Redis clients read:
+  `redis+sentinel://[user:pass@]host:port,host:port/<service>[/<db>]` (port 26379 when left out). Celery's
+  `sentinel://h1;sentinel://h2` needs its service in a separate option; one string keeps the state in one key.
+  redis-py's `Sentinel(...).master_for(service)` gives the connection: each new connection asks the Sentinels for
+  the master, so a failover is followed (docs/faults.md, "Redis fails over"). The Sentinels are asked without
+  credentials; `rediss+sentinel://` speaks TLS to the master and to the Sentinels.
+- **TLS** is `rediss://` (or `rediss+sentinel://`), the server's certificate checked against `ca_file` (else the
+  system's CAs).
+- **An ACL user** is the URL's user; its password is the URL's or `password_file`'s (the file wins). Messages name
+  the Redis as `rediss://user:***@host:port/0`: no log line, error or `piloop status` shows a password. A wrong one
+  is refused at start, naming the Redis, not the password.
+- **CONFIG refused** (`rename-command CONFIG ""`, or a user without `+config`, as managed Redis services do): the
+  `noeviction` check reads `maxmemory_policy` from `INFO memory` instead, logs `event=redis.unchecked` saying so, and
+  `piloop status` shows it under `redis` as `not checked: …`. Where INFO does not say either, the check is skipped and
+  says that. piloop needs no other admin command: tested with `+@all` and CONFIG renamed away (Redis 7).
+- rq's workers connect the same way (the same URL, TLS and credentials).
+
 ## Environment beside the config
 
 | variable | what |

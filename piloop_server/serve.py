@@ -204,7 +204,9 @@ def run(
     redis_proc = embedded.start(home) if own_redis else None
     try:
         client = connect(settings, home)
-        check_policy(client)
+        policy = check_policy(client)
+        if policy.note:
+            log.warning("event=redis.unchecked %s", policy.note)
         store = open_store(settings.plugins.cas, home)
         rt = Runtime(settings=settings, home=home, redis=client, store=store, cas_id=store.identity())
         check_stored_names(client, rt.keys)  # a name from before the name rule could collide with a key

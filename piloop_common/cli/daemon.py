@@ -287,6 +287,8 @@ def status(obj, as_json: bool) -> None:
         f"redis    {'embedded' if r['embedded'] else 'external'}, generation {r['generation']}, "
         f"namespace {r['namespace']}"
     )
+    if r.get("unchecked"):
+        click.echo(f"         not checked: {r['unchecked']}")
     if "used_memory" in r:  # a server from before retention says nothing of it
         used, most = r["used_memory"], r["maxmemory"]
         of = f" of maxmemory {_mib(most)} ({used / most:.0%})" if most else " (no maxmemory set)"

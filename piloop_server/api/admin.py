@@ -15,6 +15,7 @@ from piloop_server import campaign_admin, cas_gc, workers
 from piloop_server.api.deps import AdminDep, OperatorDep, RuntimeDep, ViewerDep
 from piloop_server.provisioner.manager import summary as provisioned_pools
 from piloop_server.runtime import Runtime
+from piloop_server.state.connection import read_policy
 from piloop_server.state.leader import LeaderLease
 
 router = APIRouter(prefix="/v1", tags=["admin"])
@@ -49,6 +50,7 @@ def status(request: Request, rt: RuntimeDep, caller: ViewerDep) -> dict:
             "used_memory": (mem := rt.retention.memory()).used,
             "maxmemory": mem.maxmemory,
             "retained_jobs": rt.retention.retained(),
+            "unchecked": read_policy(rt.redis).note,  # what the noeviction check could not read ("" when none)
         },
         "retention": rt.settings.plugins.retention.model_dump(),
         "cas_gc": dict(zip(("last_ms", "next_ms"), cas_gc.due_ms(rt, info.get("started_ms", 0)), strict=True)),

@@ -11,6 +11,7 @@ from typing import Any
 import redis
 
 from piloop_common.errors import BadRequest, Conflict, Forbidden, LeaseLost, NotFound, PiloopError, Unavailable
+from piloop_server.state import retry
 from piloop_server.state.records.job import lua_include as job_fields_include
 
 # `PILOOP_<CODE> message` replies from the scripts, and the errors they stand for.
@@ -125,16 +126,23 @@ class Scripts:
         self._sha[name] = sha
         return sha
 
+    def _sender(self, name: str) -> redis.Redis:
+        """The client that sends this script: one whose lost connection is not retried for a script that is not safe
+        to run twice (state.retry)."""
+        once = getattr(self.client, "once", None)
+        return once if name in retry.ONCE and isinstance(once, redis.Redis) else self.client
+
     def run(self, name: str, keys: list[str], args: list[Any], fence: Fence | None = None) -> Any:
         sha = self._sha.get(name) or self._load(name)
         keys, args = _fence_call(name, keys, args, fence)
         args = [*args, self.cap]
+        sender = self._sender(name)
         try:
             try:
-                return self.client.evalsha(sha, len(keys), *keys, *args)
+                return sender.evalsha(sha, len(keys), *keys, *args)
             except redis.exceptions.NoScriptError:
                 # Redis restarted or SCRIPT FLUSH: load again, once.
-                return self.client.evalsha(self._load(name), len(keys), *keys, *args)
+                return sender.evalsha(self._load(name), len(keys), *keys, *args)
         except redis.exceptions.RedisError as e:
             err = _translated(e)
             if err is e:
@@ -149,7 +157,7 @@ class Scripts:
         out: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
         for attempt in (0, 1):
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self._sender(name).pipeline(transaction=False)
             for i in todo:
                 keys, args = calls[i]
                 pipe.evalsha(sha, len(keys), *keys, *args, self.cap)

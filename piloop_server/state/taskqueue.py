@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from piloop_common.config import Settings
-from piloop_server.state.connection import Client, state_url
+from piloop_server.state.connection import Client, open_client
 from piloop_server.state.records.codec import text as _s
 
 log = logging.getLogger("piloop.tasks")
@@ -85,8 +85,9 @@ class TaskQueues:
 
 
 def rq_connection(settings: Settings, home: Path) -> Client:
-    """rq's own client: rq lengthens its socket timeout for the blocking pop, which the Runtime's must not get."""
-    return redis.Redis.from_url(state_url(settings, home), socket_connect_timeout=5)
+    """rq's own client, on the same Redis as the server's (Sentinel, TLS and credentials alike): rq lengthens its
+    socket timeout for the blocking pop, which the Runtime's must not get."""
+    return open_client(settings, home, socket_connect_timeout=5)
 
 
 def _worker_alive(conn: Client, name: str) -> bool:

@@ -50,11 +50,20 @@ def wait_for(cond, timeout: float = 10.0, interval: float = 0.02, what: str = "c
 class RedisProcess:
     """One redis-server with AOF in its own directory; can be stopped, killed and restarted."""
 
-    def __init__(self, workdir: Path, port: int | None = None, appendonly: bool = True) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        appendonly: bool = True,
+        extra: tuple[str, ...] = (),
+        binary: str | None = None,
+    ) -> None:
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.extra = extra  # more redis-server arguments (a replica's --replicaof, TLS, an ACL file)
+        self.binary = binary  # another redis-server than the tests' usual one
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -63,7 +72,7 @@ class RedisProcess:
 
     def start(self) -> RedisProcess:
         args = [
-            redis_server_binary(),
+            self.binary or redis_server_binary(),
             "--port",
             str(self.port),
             "--bind",
@@ -80,13 +89,17 @@ class RedisProcess:
             "noeviction",
             "--loglevel",
             "warning",
+            *self.extra,
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         import redis
 
         def up() -> bool:
             with redis.Redis(port=self.port, socket_connect_timeout=0.2) as c:
-                return bool(c.ping())
+                try:
+                    return bool(c.ping())
+                except (redis.exceptions.ResponseError, redis.exceptions.AuthenticationError):
+                    return True  # it answers, asking for credentials
 
         wait_for(up, 10, what=f"redis-server on port {self.port}")
         return self

@@ -1,0 +1,106 @@
+"""A Redis as a managed service gives it: TLS with its own CA, an ACL user whose password is in a file, and CONFIG
+renamed away. `piloop serve` connects, says what it could not check, and runs a job; a wrong password is refused
+without being named."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from piloop_common.configload import load_settings
+from piloop_server.state.taskqueue import rq_connection
+from tests.helpers.certs import make_pki
+from tests.helpers.redis import RedisProcess, free_port
+from tests.helpers.serve import FAST_EXECUTOR, Daemon, piloop, short_home
+from tests.helpers.workers import state, submit
+
+REDIS7 = shutil.which("redis-server", path="/usr/bin")
+PASSWORD = "s3cret-Pa55word-xyz"
+
+pytestmark = pytest.mark.skipif(REDIS7 is None, reason="Debian's redis-server 7 (with TLS) is not installed")
+
+
+@pytest.fixture
+def managed(tmp_path):
+    pki = make_pki(tmp_path / "pki")
+    acl = tmp_path / "users.acl"
+    acl.write_text(f"user default off\nuser piloop on >{PASSWORD} ~* &* +@all\n")
+    tls = free_port()
+    rp = RedisProcess(
+        tmp_path / "redis",
+        binary=REDIS7,
+        extra=(
+            "--tls-port",
+            str(tls),
+            "--tls-cert-file",
+            str(pki.cert),
+            "--tls-key-file",
+            str(pki.key),
+            "--tls-ca-cert-file",
+            str(pki.ca),
+            "--tls-auth-clients",
+            "no",
+            "--aclfile",
+            str(acl),
+            "--rename-command",
+            "CONFIG",
+            "",
+        ),
+    ).start()
+    yield rp, tls, pki
+    rp.stop(kill=True)
+
+
+def _config(tls: int, ca: str, password_file: str) -> str:
+    return FAST_EXECUTOR + (
+        f'\n[plugins.state]\nurl = "rediss://piloop@127.0.0.1:{tls}/0"\n'
+        f'password_file = "{password_file}"\nca_file = "{ca}"\n'
+    )
+
+
+def test_tls_an_acl_user_a_password_file_and_no_config_serve_runs_a_job_and_says_what_it_did_not_check(
+    managed, tmp_path, namespace
+):
+    _, tls, pki = managed
+    pw = tmp_path / "redis.password"
+    pw.write_text(PASSWORD + "\n")
+    pw.chmod(0o600)
+    d = Daemon(short_home(), config=_config(tls, str(pki.ca), str(pw)), namespace=namespace)
+    d.start()
+    try:
+        log = d.daemon_log()
+        assert "event=redis.unchecked CONFIG is refused" in log and "read from INFO memory" in log, log[-2000:]
+        assert PASSWORD not in log
+        status = d.cli("status", check=True).stdout
+        assert "not checked: CONFIG is refused" in status, status
+        job = submit(d, "sh", "-c", "echo managed", pool="serve")
+        assert state(d, job, timeout=60)["state"] == "succeeded"
+        # rq's client is the same Redis, the same way: TLS, the user and the file's password
+        rq = rq_connection(load_settings(d.home, env={"PILOOP_NAMESPACE": namespace}), d.home)
+        assert rq.ping()
+        assert rq.acl_whoami() in (b"piloop", "piloop")
+    finally:
+        d.cleanup()
+
+
+def test_a_wrong_password_is_refused_and_no_message_names_it(managed, tmp_path, namespace):
+    _, tls, pki = managed
+    wrong = "not-the-Pa55word-abc"
+    pw = tmp_path / "wrong.password"
+    pw.write_text(wrong + "\n")
+    home = short_home()
+    (home / "config.toml").write_text(_config(tls, str(pki.ca), str(pw)))
+    out = piloop(home, "serve", env={"PILOOP_NAMESPACE": namespace}, timeout=60)
+    assert out.returncode != 0
+    text = out.stdout + out.stderr + "".join(p.read_text() for p in (home / "logs").glob("*.log"))
+    assert "refused the credentials" in text, text[-2000:]
+    assert wrong not in text and PASSWORD not in text
+    assert "Traceback" not in out.stderr
+    # a password in the URL is not named either
+    (home / "config.toml").write_text(
+        FAST_EXECUTOR + f'\n[plugins.state]\nurl = "rediss://piloop:{wrong}@127.0.0.1:{tls}/0"\nca_file = "{pki.ca}"\n'
+    )
+    out = piloop(home, "serve", env={"PILOOP_NAMESPACE": namespace}, timeout=60)
+    assert out.returncode != 0 and wrong not in out.stdout + out.stderr, out.stderr
+    shutil.rmtree(home, ignore_errors=True)
