@@ -91,6 +91,19 @@ class Pass:
 
     def check_generation(self) -> None:
         rt = self.rt
+        fo = rt.check_failover(self.record)
+        if fo is not None and fo.marked:
+            lost = (
+                f"it lacks {fo.lost_bytes} bytes of the writes last seen"
+                if fo.lost_bytes > 0
+                else "it may lack the last writes"
+            )
+            log.warning("event=redis.failover generation=%d lost_bytes=%d", fo.generation, fo.lost_bytes)
+            rt.events.escalate(
+                "redis.failover",
+                f"Redis failed over to a new primary ({lost}; generation now {fo.generation}): no work is handed "
+                f"out for {rt.executor.grace_seconds:g}s while workers re-announce what they hold",
+            )
         gen = rt.check_generation(self.record)
         if gen.lost_data:
             rt.events.escalate(

@@ -17,6 +17,7 @@ from piloop_server.state.connection import Client
 from piloop_server.state.dependencies import Dependencies
 from piloop_server.state.disruption import Disruption
 from piloop_server.state.events import Events
+from piloop_server.state.failover import Failover, Watch
 from piloop_server.state.generation import GenerationCheck, GenerationRecord, current_generation, ensure_generation
 from piloop_server.state.jobs import JobsState
 from piloop_server.state.keys import Keys
@@ -87,6 +88,17 @@ class Runtime:
     def check_generation(self, record: GenerationRecord) -> GenerationCheck:
         """The generation marker against the daemon's record; after a data loss no work is handed out for grace."""
         return ensure_generation(self.redis, self.keys, record, int(self.executor.grace_seconds * 1000))
+
+    def check_failover(self, record: GenerationRecord) -> Failover | None:
+        """A new primary that may lack the last writes (state.failover): the generation moved up, claims held."""
+        watch = getattr(self.redis, "repl_watch", None)
+        if not isinstance(watch, Watch):
+            return None
+        ns = self.keys.namespace
+        found = watch.check(self.redis, self.keys, record.read(ns), int(self.executor.grace_seconds * 1000))
+        if found is not None and found.generation > record.read(ns):
+            record.write(ns, found.generation)
+        return found
 
     def generation(self) -> int | None:
         return current_generation(self.redis, self.keys)

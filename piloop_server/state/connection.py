@@ -15,6 +15,7 @@ from redis.sentinel import Sentinel
 from piloop_common.config import Settings
 from piloop_common.errors import ConfigError, Unavailable
 from piloop_server.state import embedded, retry, target
+from piloop_server.state.failover import Watch
 from piloop_server.state.records.codec import text as _s
 
 # the errors that mean Redis is not answering (the API answers 503 for them)
@@ -28,9 +29,10 @@ Client = redis.Redis
 
 class StateClient(redis.Redis):
     """The server's client: plain commands retried (state.retry); `once`, on the same Redis, sends the calls that
-    may go out only once."""
+    may go out only once; `repl_watch` follows the replication id (state.failover)."""
 
     once: redis.Redis | None = None
+    repl_watch: Watch | None = None
 
 
 def state_url(settings: Settings, home: Path) -> str:
@@ -45,12 +47,14 @@ def where(settings: Settings, home: Path) -> str:
     return f"[plugins.state] url ({target.read(settings.plugins.state, state_url(settings, home)).where()})"
 
 
-def _build(t: target.Target, policy: Retry, cls: type[redis.Redis], **opts: Any) -> Any:
+def _build(t: target.Target, policy: Retry, watch: Watch | None, cls: type[redis.Redis], **opts: Any) -> Any:
     common: dict[str, Any] = {"retry": policy, **opts}
     if t.username is not None:
         common["username"] = t.username
     if t.password is not None:
         common["password"] = t.password
+    if watch is not None:
+        common["redis_connect_func"] = watch.connected
     if t.tls and t.ca_file:
         common["ssl_ca_certs"] = t.ca_file
     if t.sentinel:
@@ -65,8 +69,10 @@ def _build(t: target.Target, policy: Retry, cls: type[redis.Redis], **opts: Any)
 def open_client(settings: Settings, home: Path, **opts: Any) -> StateClient:
     """A client on the state Redis, not yet connected; `opts` are redis-py's (timeouts)."""
     t = target.read(settings.plugins.state, state_url(settings, home))
-    client: StateClient = _build(t, retry.idempotent(), StateClient, **opts)
-    client.once = _build(t, retry.once(), redis.Redis, **opts)
+    watch = Watch(sentinel=t.sentinel)
+    client: StateClient = _build(t, retry.idempotent(), watch, StateClient, **opts)
+    client.once = _build(t, retry.once(), watch, redis.Redis, **opts)
+    client.repl_watch = watch
     return client
 
 

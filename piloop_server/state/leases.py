@@ -11,6 +11,7 @@ import redis
 from piloop_common.bytecaps import LOG_MARKER_ROOM
 from piloop_common.errors import NotFound, PiloopError, TooLarge
 from piloop_server.state import logcap
+from piloop_server.state.failover import Watch
 from piloop_server.state.keys import Keys
 from piloop_server.state.logcap import Live, Sizes
 from piloop_server.state.records.codec import text as _s
@@ -155,6 +156,9 @@ class Leases:
         """Lease up to `most` jobs of `kind` from `pool` to worker `name`, in one script. With `room_mb`, only
         jobs whose grant (theirs, else `default_mb`) fits beside the worker's grants are taken."""
         k = self.k
+        watch = getattr(self.r, "repl_watch", None)
+        if isinstance(watch, Watch) and watch.suspect and not watch.claims_may_go(self.r, k):
+            return Claim(reason="recovering")  # a new primary, not yet checked for lost writes (state.failover)
         other = KINDS[1 - KINDS.index(kind)]
         reply = self.scripts.run(
             "claim",

@@ -1,0 +1,134 @@
+"""A failover seen from the daemon: a new primary that may lack the last writes it acknowledged.
+
+Redis replicates asynchronously: a replica promoted by Sentinel (or by a managed service behind one address) may
+not have received the last writes. Each process watches its Redis's replication id and offset (`INFO
+replication`): at each pass, and on each new connection (redis-py's connect hook, so a claim on the new primary is
+held before the next pass). A new primary whose `master_replid2` is the id last seen was promoted from a replica of
+the old one; its `second_repl_offset` says how much of the old stream it has, so the bytes known lost are the
+offset last seen past it (writes after the last look may be lost too: it is treated as a loss either way). Over
+Sentinel any change of id counts, since the daemon cannot tell a promotion it did not watch from a restart.
+
+On a failover (failover.lua, once per new primary): the generation moves up (tokens start with it, so none is
+issued again, whatever sequence the new primary lost), claims are held for grace (`recovering`) while workers
+re-announce their leases (a lease the new primary lacks is answered `lost` and its job stopped), and the daemon
+escalates `redis.failover`. `WAIT 1` then makes the marker reach a replica before work goes out again.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from piloop_server.state.keys import Keys
+from piloop_server.state.records.codec import text as _s
+from piloop_server.state.scripts import Scripts
+
+WAIT_MS = 1000  # WAIT 1 after the marker: how long it may hold the pass (once per failover)
+
+
+@dataclass(frozen=True)
+class Replication:
+    role: str
+    replid: str
+    replid2: str
+    offset: int
+    second_offset: int  # where the promoted primary's own history begins (-1: not promoted)
+
+    @classmethod
+    def of(cls, info: dict[str, Any]) -> Replication:
+        return cls(
+            role=str(info.get("role", "")),
+            replid=str(info.get("master_replid", "")),
+            replid2=str(info.get("master_replid2", "")),
+            offset=int(info.get("master_repl_offset", 0)),
+            second_offset=int(info.get("second_repl_offset", -1)),
+        )
+
+
+@dataclass(frozen=True)
+class Failover:
+    generation: int
+    marked: bool  # False: another server marked this primary already
+    promoted: bool  # the new primary was a replica of the one last seen
+    lost_bytes: int  # of the replication stream last seen that the new primary lacks (-1: unknown)
+
+
+def replication(client: redis.Redis) -> Replication | None:
+    """`INFO replication`, or None where Redis refuses INFO."""
+    try:
+        return Replication.of(client.info("replication"))
+    except redis.exceptions.ResponseError:
+        return None
+
+
+class Watch:
+    """What one process last saw of its Redis's replication, and whether a connection since met another id."""
+
+    def __init__(self, sentinel: bool) -> None:
+        self.sentinel = sentinel
+        self.seen: Replication | None = None
+        self.suspect = False
+        self.lock = threading.Lock()
+
+    def connected(self, conn: Any) -> None:
+        """redis-py's `redis_connect_func`: the usual handshake, then the new connection's replication id."""
+        conn.on_connect()
+        conn.send_command("INFO", "replication")
+        try:
+            raw = conn.read_response()
+        except redis.exceptions.ResponseError:
+            return  # INFO refused: the pass cannot watch either (it says so)
+        replid = _field(_s(raw), "master_replid")
+        with self.lock:
+            if self.seen is not None and replid and replid != self.seen.replid:
+                self.suspect = True
+
+    def claims_may_go(self, client: redis.Redis, keys: Keys) -> bool:
+        """Called while suspect: False until this primary is the one seen, or a server marked its failover."""
+        rep = replication(client)
+        with self.lock:
+            seen = self.seen
+            if rep is None or seen is None or rep.replid == seen.replid:
+                self.suspect = False
+                return True
+        if _s(client.hget(keys.daemon(), "failover_replid")) != rep.replid:
+            return False  # the pass has yet to decide
+        with self.lock:
+            self.seen, self.suspect = rep, False
+        return True
+
+    def check(self, client: redis.Redis, keys: Keys, record_generation: int, hold_ms: int) -> Failover | None:
+        """The pass's look: None while the primary is the one seen; a Failover when a new one may lack writes."""
+        rep = replication(client)
+        if rep is None:
+            return None
+        with self.lock:
+            seen, self.seen = self.seen, rep
+        if seen is None or rep.replid == seen.replid or rep.role != "master":
+            with self.lock:
+                self.suspect = False
+            return None
+        promoted = rep.replid2 == seen.replid and rep.second_offset > 0
+        if not promoted and not self.sentinel:
+            with self.lock:
+                self.suspect = False
+            return None  # a restart of the same Redis: the generation marker tells a loss of its data
+        lost = max(0, seen.offset - (rep.second_offset - 1)) if promoted else -1
+        marked, gen = Scripts(client).run(
+            "failover", [keys.generation(), keys.daemon()], [rep.replid, record_generation, hold_ms]
+        )
+        client.wait(1, WAIT_MS)  # the marker and the hold on a replica before any claim is answered again
+        with self.lock:
+            self.suspect = False
+        return Failover(generation=int(gen), marked=bool(marked), promoted=promoted, lost_bytes=lost)
+
+
+def _field(info: str, name: str) -> str:
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        if key == name:
+            return value.strip()
+    return ""
