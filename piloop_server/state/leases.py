@@ -9,8 +9,9 @@ from typing import Any
 import redis
 
 from piloop_common.bytecaps import LOG_MARKER_ROOM
-from piloop_common.errors import NotFound, PiloopError, TooLarge
+from piloop_common.errors import NotFound, PiloopError, TooLarge, Unavailable
 from piloop_server.state import logcap
+from piloop_server.state.errors import UNREACHABLE
 from piloop_server.state.failover import Watch
 from piloop_server.state.keys import Keys
 from piloop_server.state.logcap import Live, Sizes
@@ -160,44 +161,63 @@ class Leases:
         if isinstance(watch, Watch) and watch.suspect and not watch.claims_may_go(self.r, k):
             return Claim(reason="recovering")  # a new primary, not yet checked for lost writes (state.failover)
         other = KINDS[1 - KINDS.index(kind)]
-        reply = self.scripts.run(
-            "claim",
-            [
-                k.worker(name),
-                k.worker_alive(name),
-                k.worker_leases(name, kind),
-                k.queue(pool, kind),
-                k.deadlines(),
-                k.active(pool, kind),
-                k.token_seq(),
-                k.generation(),
-                k.events(),
-                k.campaign_live(),
-                k.daemon(),
-                k.worker_leases(name, other),
-                k.ended(),
-                k.expiring(),
-            ],
-            [
-                k.prefix(),
-                name,
-                kind,
-                slots,
-                image,
-                self.t.toleration_ms,
-                most,
-                CLAIM_SCAN_DEPTH,
-                -1 if room_mb is None else room_mb,
-                default_mb or 0,
-                HISTORY_KEEP,
-                *(secrets.token_hex(TOKEN_RANDOM_BYTES) for _ in range(max(0, most))),
-            ],
-        )
+        randoms = [secrets.token_hex(TOKEN_RANDOM_BYTES) for _ in range(max(0, most))]
+        try:
+            reply = self.scripts.run(
+                "claim",
+                [
+                    k.worker(name),
+                    k.worker_alive(name),
+                    k.worker_leases(name, kind),
+                    k.queue(pool, kind),
+                    k.deadlines(),
+                    k.active(pool, kind),
+                    k.token_seq(),
+                    k.generation(),
+                    k.events(),
+                    k.campaign_live(),
+                    k.daemon(),
+                    k.worker_leases(name, other),
+                    k.ended(),
+                    k.expiring(),
+                ],
+                [
+                    k.prefix(),
+                    name,
+                    kind,
+                    slots,
+                    image,
+                    self.t.toleration_ms,
+                    most,
+                    CLAIM_SCAN_DEPTH,
+                    -1 if room_mb is None else room_mb,
+                    default_mb or 0,
+                    HISTORY_KEEP,
+                    *randoms,
+                ],
+            )
+        except Unavailable:
+            # the claim went out once (state.retry) and its answer was lost: it ran in full or not at all
+            found = self._refind(name, kind, randoms)
+            if not found:
+                raise
+            return Claim(leases=found)
         reply = [_s(x) for x in reply]
         if reply[0] == "none":
             return Claim(reason=reply[1])
         rest = reply[1:]
         return Claim(leases=[Lease(rest[i], rest[i + 1]) for i in range(0, len(rest), 2)])
+
+    def _refind(self, name: str, kind: str, randoms: list[str]) -> list[Lease]:
+        """The leases a claim whose answer was lost granted: the worker's, whose token ends with a random part
+        that call drew (read with the retrying client; none while Redis is still out of reach)."""
+        ends = {"." + r for r in randoms}
+        try:
+            ids = sorted(_s(i) for i in self.r.smembers(self.k.worker_leases(name, kind)))
+            tokens = [_s(self.r.hget(self.k.job(i), JF["token"])) for i in ids]
+        except UNREACHABLE:
+            return []
+        return [Lease(i, t) for i, t in zip(ids, tokens, strict=True) if t[t.rfind(".") :] in ends]
 
     def _job_keys(self, job_id: str) -> tuple[str, str]:
         f = self.r.hmget(self.k.job(job_id), JF["kind"], JF["pool"])

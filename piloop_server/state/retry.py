@@ -6,8 +6,8 @@ So are the scripts that are safe to run twice: `report` (answered by its report 
 `register`, `cancel`, `drain` and the pass's scripts (they act on what they find). The scripts in `ONCE` are not:
 a second `claim` would lease more jobs, a second `append_log` or `relay_progress` would append twice, and
 `enqueue`, `launch` and `release` would answer a conflict or a lost lease for what they did. They go out once and
-a lost connection answers 503 `unavailable`: the worker's own retry then asks again, and a claim whose answer was
-lost is a lease that nobody runs, requeued after toleration (docs/faults.md).
+a lost connection answers 503 `unavailable`: the worker's own retry then asks again. A claim that ran is answered
+all the same: `Leases.claim` finds the leases it granted by their tokens' random parts, drawn before the call.
 
 With Sentinel the pool finds the new master on the next connect; the backoff spans the reconnect after a
 promotion (Sentinel's own detection takes `down-after-milliseconds` first, during which calls answer 503).
