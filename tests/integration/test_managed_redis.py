@@ -18,7 +18,7 @@ from tests.helpers.workers import state, submit
 REDIS7 = shutil.which("redis-server", path="/usr/bin")
 PASSWORD = "s3cret-Pa55word-xyz"
 
-pytestmark = pytest.mark.skipif(REDIS7 is None, reason="Debian's redis-server 7 (with TLS) is not installed")
+needs_redis7 = pytest.mark.skipif(REDIS7 is None, reason="Debian's redis-server 7 (with TLS) is not installed")
 
 
 @pytest.fixture
@@ -59,6 +59,7 @@ def _config(tls: int, ca: str, password_file: str) -> str:
     )
 
 
+@needs_redis7
 def test_tls_an_acl_user_a_password_file_and_no_config_serve_runs_a_job_and_says_what_it_did_not_check(
     managed, tmp_path, namespace
 ):
@@ -84,6 +85,7 @@ def test_tls_an_acl_user_a_password_file_and_no_config_serve_runs_a_job_and_says
         d.cleanup()
 
 
+@needs_redis7
 def test_a_wrong_password_is_refused_and_no_message_names_it(managed, tmp_path, namespace):
     _, tls, pki = managed
     wrong = "not-the-Pa55word-abc"
@@ -104,3 +106,17 @@ def test_a_wrong_password_is_refused_and_no_message_names_it(managed, tmp_path, 
     out = piloop(home, "serve", env={"PILOOP_NAMESPACE": namespace}, timeout=60)
     assert out.returncode != 0 and wrong not in out.stdout + out.stderr, out.stderr
     shutil.rmtree(home, ignore_errors=True)
+
+
+def test_with_config_renamed_away_a_redis_that_may_evict_is_still_refused_from_info(tmp_path, namespace):
+    rp = RedisProcess(
+        tmp_path / "r", extra=("--maxmemory-policy", "allkeys-lru", "--rename-command", "CONFIG", "")
+    ).start()
+    try:
+        d = Daemon(short_home(), redis_url=rp.url, namespace=namespace)
+        with pytest.raises(AssertionError) as e:
+            d.start(timeout=20)
+        assert "maxmemory-policy is allkeys-lru" in str(e.value)
+        d.cleanup()
+    finally:
+        rp.stop()
