@@ -75,9 +75,10 @@ password_file = "/etc/piloop/redis.password"   # its first line; never logged
 ca_file = "/etc/piloop/redis-ca.pem"
 ```
 
-- **Sentinel** is one URL, in the form `redis-sentinel-url` and several Redis clients read:
-  `redis+sentinel://[user:pass@]host:port,host:port/<service>[/<db>]` (port 26379 when left out). Celery's
-  `sentinel://h1;sentinel://h2` needs its service in a separate option; one string keeps the state in one key.
+- **Sentinel** is one URL, in the form the `redis-sentinel-url` package defined and RedisVL and prefect-redis read:
+  `redis+sentinel://[user:pass@]host:port,host:port/<service>[/<db>]` (port 26379 when left out; no `?options`).
+  Celery's `sentinel://h1;sentinel://h2` needs its service in a separate option; one string keeps the state in one
+  key.
   redis-py's `Sentinel(...).master_for(service)` gives the connection: each new connection asks the Sentinels for
   the master, so a failover is followed (docs/faults.md, "Redis fails over"). The Sentinels are asked without
   credentials; `rediss+sentinel://` speaks TLS to the master and to the Sentinels.

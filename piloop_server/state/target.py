@@ -1,8 +1,8 @@
 """Which Redis `[plugins.state]` names, read into one record: a URL redis-py reads, or Sentinels and a service.
 
-The Sentinel form is the one `redis-sentinel-url` and several Redis clients read:
+The Sentinel form is the one the `redis-sentinel-url` package defined and RedisVL and prefect-redis read:
 `redis+sentinel://[user:pass@]host1:26379,host2:26379/service[/db]` (`rediss+sentinel://`: TLS to the master and to
-the Sentinels). The password may instead come from `password_file`; it is kept out of every repr, log and error.
+the Sentinels), without their `?options`. The password may instead come from `password_file`; it is kept out of every repr, log and error.
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ def read(st: StateConfig, url: str) -> Target:
 
 def _sentinel(url: str, tls: bool, password: str | None, ca: str | None) -> Target:
     rest = url.partition("://")[2]
+    if "?" in rest:
+        raise ConfigError("[plugins.state] url: a Sentinel URL takes no ?options (password_file and ca_file are keys)")
     netloc, _, path = rest.partition("/")
     userinfo, at, hosts = netloc.rpartition("@")
     if not at:

@@ -33,6 +33,7 @@ def test_a_sentinel_url_names_its_sentinels_service_database_and_user():
         ("redis+sentinel://h:port/main", "the port must be a number"),
         ("redis+sentinel://h/main/zero", "must be a number"),
         ("http://h:6379", "must start redis://"),
+        ("redis+sentinel://h/main?sentinel_password=x", "takes no"),
     ],
 )
 def test_a_bad_state_url_is_refused_naming_what_is_wrong(url, says):
