@@ -1,7 +1,9 @@
 """The one retry policy for Redis calls: which calls are tried again after a connection was lost, and how.
 
 A connection error or a timeout leaves a call either not sent or sent with its answer lost, and only an idempotent
-call may be sent again. Plain commands are reads or writes that set a value (SET, HSET, DEL, EXPIRE): tried again.
+call may be sent again. Plain commands are reads or writes that set a value (SET, HSET, DEL, EXPIRE): tried again;
+the two that are not (an event's XADD, the provisioned workers' name INCR) cost at most a doubled event or a skipped
+number.
 So are the scripts that are safe to run twice: `report` (answered by its report id), `heartbeat` (renews),
 `register`, `cancel`, `drain` and the pass's scripts (they act on what they find). The scripts in `ONCE` are not:
 a second `claim` would lease more jobs, a second `append_log` or `relay_progress` would append twice, and

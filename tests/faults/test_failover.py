@@ -114,6 +114,12 @@ def test_a_promoted_replica_that_lacks_the_last_writes_holds_claims_escalates_an
             what="the daemon to hold claims on the new primary",
         )
         assert int(held.hget(f"{{{namespace}}}:daemon", "failover_at")) >= switched_ms
+        wait_for(  # the worker's claims meanwhile, as the new primary keeps their reason
+            lambda: q.hget(f"{{{namespace}}}:worker:wa", "reason") == b"recovering",
+            10,
+            interval=0.01,
+            what="a claim answered recovering",
+        )
 
         def escalated() -> list[dict]:
             with d.api() as api:
