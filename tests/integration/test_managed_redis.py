@@ -1,19 +1,24 @@
 """A Redis as a managed service gives it: TLS with its own CA, an ACL user whose password is in a file, and CONFIG
 renamed away. `piloop serve` connects, says what it could not check, and runs a job; a wrong password is refused
-without being named."""
+without being named. And serve's background (rq) workers over Sentinel."""
 
 from __future__ import annotations
 
 import shutil
+import uuid
 
 import pytest
 
 from piloop_common.configload import load_settings
+from piloop_server import tasks
+from piloop_server.state.connection import open_client
 from piloop_server.state.taskqueue import rq_connection
 from tests.helpers.certs import make_pki
-from tests.helpers.redis import RedisProcess, free_port
+from tests.helpers.redis import RedisProcess, free_port, wait_for
+from tests.helpers.sentinel import SentinelSet
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, piloop, short_home
 from tests.helpers.workers import state, submit
+from tests.integration.test_background import MOD, REPO, _events, _submitter
 
 REDIS7 = shutil.which("redis-server", path="/usr/bin")
 PASSWORD = "s3cret-Pa55word-xyz"
@@ -120,3 +125,18 @@ def test_with_config_renamed_away_a_redis_that_may_evict_is_still_refused_from_i
         d.cleanup()
     finally:
         rp.stop()
+
+
+def test_serves_background_workers_run_a_task_over_sentinel(tmp_path, namespace):
+    """rq's client is built like the server's: over Sentinel, serve's background worker runs a submitted task."""
+    ss = SentinelSet(tmp_path / "redis").start()
+    d = Daemon(short_home(), redis_url=ss.url, namespace=namespace, env={"PYTHONPATH": REPO, tasks.RETRY_ENV: "1,1"})
+    d.start()
+    try:
+        client = open_client(load_settings(d.home, env={"PILOOP_NAMESPACE": namespace}), d.home)
+        name = uuid.uuid4().hex[:8]
+        assert tasks.submit(_submitter(client, namespace), f"{MOD}:mark", name, key=name)
+        wait_for(lambda: _events(d, "test.done", name), 30, interval=0.1, what="the task to run over Sentinel")
+    finally:
+        d.cleanup()
+        ss.stop()
