@@ -81,9 +81,11 @@ class Watch:
             raw = conn.read_response()
         except redis.exceptions.ResponseError:
             return  # INFO refused: the pass cannot watch either (it says so)
-        replid = _field(_s(raw), "master_replid")
+        rep = Replication.of(dict(_fields(_s(raw))))
         with self.lock:
-            if self.seen is not None and replid and replid != self.seen.replid:
+            if self.seen is None:
+                self.seen = rep  # a server that does not run the pass (a follower) watches from its first connection
+            elif rep.replid and rep.replid != self.seen.replid:
                 self.suspect = True
 
     def claims_may_go(self, client: redis.Redis, keys: Keys) -> bool:
@@ -91,11 +93,11 @@ class Watch:
         rep = replication(client)
         with self.lock:
             seen = self.seen
-            if rep is None or seen is None or rep.replid == seen.replid:
-                self.suspect = False
+            if rep is None or seen is None or not self._failed_over(seen, rep):
+                self.seen, self.suspect = rep or seen, False
                 return True
         if _s(client.hget(keys.daemon(), "failover_replid")) != rep.replid:
-            return False  # the pass has yet to decide
+            return False  # the pass (on whichever server runs it) has yet to mark it
         with self.lock:
             self.seen, self.suspect = rep, False
         return True
@@ -107,15 +109,10 @@ class Watch:
             return None
         with self.lock:
             seen, self.seen = self.seen, rep
-        if seen is None or rep.replid == seen.replid or rep.role != "master":
-            with self.lock:
+            if seen is None or not self._failed_over(seen, rep):
                 self.suspect = False
-            return None
-        promoted = rep.replid2 == seen.replid and rep.second_offset > 0
-        if not promoted and not self.sentinel:
-            with self.lock:
-                self.suspect = False
-            return None  # a restart of the same Redis: the generation marker tells a loss of its data
+                return None
+        promoted = _promoted(seen, rep)
         lost = max(0, seen.offset - (rep.second_offset - 1)) if promoted else -1
         marked, gen = Scripts(client).run(
             "failover", [keys.generation(), keys.daemon()], [rep.replid, record_generation, hold_ms]
@@ -125,10 +122,23 @@ class Watch:
             self.suspect = False
         return Failover(generation=int(gen), marked=bool(marked), promoted=promoted, lost_bytes=lost)
 
+    def _failed_over(self, seen: Replication, rep: Replication) -> bool:
+        """Whether `rep` is a new primary that may lack writes made on the one `seen`: promoted from its replica, or
+        over Sentinel any other id (a plain URL's restart of the same Redis is the generation marker's to tell)."""
+        if rep.replid == seen.replid or rep.role != "master":
+            return False
+        return _promoted(seen, rep) or self.sentinel
 
-def _field(info: str, name: str) -> str:
+
+def _promoted(seen: Replication, rep: Replication) -> bool:
+    return rep.replid2 == seen.replid and rep.second_offset > 0
+
+
+def _fields(info: str) -> list[tuple[str, str]]:
+    """INFO's `key:value` lines."""
+    out = []
     for line in info.splitlines():
-        key, _, value = line.partition(":")
-        if key == name:
-            return value.strip()
-    return ""
+        key, colon, value = line.partition(":")
+        if colon and not key.startswith("#"):
+            out.append((key, value.strip()))
+    return out
