@@ -16,6 +16,7 @@ escalates `redis.failover`. `WAIT 1` then makes the marker reach a replica befor
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -108,18 +109,22 @@ class Watch:
         if rep is None:
             return None
         with self.lock:
-            seen, self.seen = self.seen, rep
+            seen = self.seen
             if seen is None or not self._failed_over(seen, rep):
-                self.suspect = False
+                self.seen, self.suspect = rep, False
                 return None
         promoted = _promoted(seen, rep)
         lost = max(0, seen.offset - (rep.second_offset - 1)) if promoted else -1
+        # raises while Redis is out of reach: `seen` stays the old primary's, and the next pass tries again
         marked, gen = Scripts(client).run(
             "failover", [keys.generation(), keys.daemon()], [rep.replid, record_generation, hold_ms]
         )
-        client.wait(1, WAIT_MS)  # the marker and the hold on a replica before any claim is answered again
+        # the marker and the hold on a replica before claims go out again; a Redis without a replica answers 0 after
+        # WAIT_MS, one that refuses WAIT (an ACL) or fails again is past helping here: the pass goes on either way
+        with contextlib.suppress(redis.exceptions.RedisError):
+            client.wait(1, WAIT_MS)
         with self.lock:
-            self.suspect = False
+            self.seen, self.suspect = rep, False
         return Failover(generation=int(gen), marked=bool(marked), promoted=promoted, lost_bytes=lost)
 
     def _failed_over(self, seen: Replication, rep: Replication) -> bool:
