@@ -62,6 +62,7 @@ class Runtime:
     server_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     executor: ExecutorConfig = field(init=False)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    replid_kept: str = ""  # the replication id the generation record holds (state.failover)
 
     def __post_init__(self) -> None:
         self.keys = Keys(self.settings.namespace)
@@ -95,9 +96,16 @@ class Runtime:
         if not isinstance(watch, Watch):
             return None
         ns = self.keys.namespace
+        if not self.replid_kept:  # the first look since the start: from the primary the record names
+            self.replid_kept = record.read_replid(ns)
+            watch.seed(self.replid_kept)
         found = watch.check(self.redis, self.keys, record.read(ns), int(self.executor.grace_seconds * 1000))
         if found is not None and found.generation > record.read(ns):
             record.write(ns, found.generation)
+        seen = watch.seen.replid if watch.seen is not None else ""
+        if seen and seen != self.replid_kept:
+            record.write_replid(ns, seen)
+            self.replid_kept = seen
         return found
 
     def generation(self) -> int | None:

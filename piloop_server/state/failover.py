@@ -6,7 +6,8 @@ replication`): at each pass, and on each new connection (redis-py's connect hook
 held before the next pass). A new primary whose `master_replid2` is the id last seen was promoted from a replica of
 the old one; its `second_repl_offset` says how much of the old stream it has, so the bytes known lost are the
 offset last seen past it (writes after the last look may be lost too: it is treated as a loss either way). Over
-Sentinel any change of id counts, since the daemon cannot tell a promotion it did not watch from a restart.
+Sentinel any change of id counts, since the daemon cannot tell a promotion it did not watch from a restart. The
+daemon's record keeps the id last watched, so a daemon started after a failover still sees it.
 
 On a failover (failover.lua, once per new primary): the generation moves up (tokens start with it, so none is
 issued again, whatever sequence the new primary lost), claims are held for grace (`recovering`) while workers
@@ -88,6 +89,12 @@ class Watch:
                 self.seen = rep  # a server that does not run the pass (a follower) watches from its first connection
             elif rep.replid and rep.replid != self.seen.replid:
                 self.suspect = True
+
+    def seed(self, replid: str) -> None:
+        """The primary a daemon watched before it started (its record): a start on another one is a failover."""
+        with self.lock:
+            if replid and (self.seen is None or self.seen.replid != replid):
+                self.seen = Replication(role="master", replid=replid, replid2="", offset=-1, second_offset=-1)
 
     def claims_may_go(self, client: redis.Redis, keys: Keys) -> bool:
         """Called while suspect: False until this primary is the one seen, or a server marked its failover."""

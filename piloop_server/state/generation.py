@@ -35,12 +35,26 @@ class GenerationRecord:
         except (FileNotFoundError, ValueError):
             return 0
 
+    def read_replid(self, namespace: str) -> str:
+        """The replication id of the primary the daemon last watched ("" before one), so that a daemon started after
+        a failover still sees it (state.failover)."""
+        try:
+            return str(json.loads(self.path.read_text()).get(f"{namespace} replid", ""))
+        except (FileNotFoundError, ValueError):
+            return ""
+
+    def write_replid(self, namespace: str, replid: str) -> None:
+        self._put(f"{namespace} replid", replid)
+
     def write(self, namespace: str, generation: int) -> None:
+        self._put(namespace, generation)
+
+    def _put(self, key: str, value: int | str) -> None:
         try:
             data = json.loads(self.path.read_text())
         except (FileNotFoundError, ValueError):
             data = {}
-        data[namespace] = generation
+        data[key] = value
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))

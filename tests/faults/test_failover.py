@@ -137,3 +137,35 @@ def test_a_promoted_replica_that_lacks_the_last_writes_holds_claims_escalates_an
         d.cleanup()
         primary.stop(kill=True)
         replica.stop(kill=True)
+
+
+def test_a_daemon_started_after_a_promotion_still_holds_claims_and_moves_tokens_up(tmp_path, namespace):
+    """The daemon is stopped while the replica is promoted: its record keeps the replication id it last watched."""
+    socks = short_home("rs")
+    link = socks / "r.sock"
+    primary = RedisProcess(tmp_path / "p", extra=("--unixsocket", str(socks / "p.sock"))).start()
+    replica = RedisProcess(
+        tmp_path / "q", extra=("--unixsocket", str(socks / "q.sock"), "--replicaof", "127.0.0.1", str(primary.port))
+    ).start()
+    wait_for(lambda: SentinelSet.link_up(replica), 20, what="the replica to sync")
+    os.symlink(socks / "p.sock", link)
+    d = tcp_server(f"unix://{link}", namespace)
+    q = redis.Redis(port=replica.port)
+    try:
+        wait_for(lambda: q.get(f"{{{namespace}}}:generation"), 10, what="the marker on the replica")
+        gen = int(q.get(f"{{{namespace}}}:generation"))
+        d.stop()
+        q.replicaof("NO", "ONE")
+        tmp = socks / "r.new"
+        os.symlink(socks / "q.sock", tmp)
+        os.replace(tmp, link)
+        primary.stop(kill=True)
+        started_ms = int(time.time() * 1000)
+        d.start(listen=d.listen)
+        assert int(q.get(f"{{{namespace}}}:generation")) > gen  # tokens start above every earlier one
+        assert int(q.hget(f"{{{namespace}}}:daemon", "hold_until") or 0) > started_ms
+        assert "event=redis.failover" in d.daemon_log()
+    finally:
+        d.cleanup()
+        primary.stop(kill=True)
+        replica.stop(kill=True)
