@@ -75,6 +75,17 @@ class Leases:
             )
         )
 
+    def enqueue_many(
+        self, jobs: list[tuple[str, dict[str, Any]]], kind: str, pool: str, *, by: str
+    ) -> list[int | PiloopError]:
+        """`enqueue` of each (job id, spec) in one round trip (the queue-depth bench fills deep queues with it)."""
+        k = self.k
+        calls: list[tuple[list[str], list[Any]]] = [
+            ([k.job(j), k.queue(pool, kind), k.jobs(), k.events()], [j, kind, pool, "", "", json.dumps(spec), by])
+            for j, spec in jobs
+        ]
+        return [r if isinstance(r, PiloopError) else int(r) for r in self.scripts.run_many("enqueue", calls)]
+
     def launch(
         self, campaign: str, job_id: str, pool: str, spec: dict[str, Any] | None, *, by: str
     ) -> tuple[int, bool]:
