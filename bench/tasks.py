@@ -15,6 +15,8 @@ from bench import noop as jobs
 BROKER = os.environ.get("PILOOP_BENCH_BROKER", "redis://127.0.0.1:6379/0")
 QUEUE = os.environ.get("PILOOP_BENCH_QUEUE", "bench")
 BACKEND = os.environ.get("PILOOP_BENCH_BACKEND") or None
+# the recovery bench: the Redis transport's visibility_timeout (unset: kombu's default, 3600 s)
+VISIBILITY = os.environ.get("PILOOP_BENCH_VISIBILITY")
 
 try:
     from celery import Celery
@@ -29,6 +31,8 @@ else:
         broker_connection_retry_on_startup=True,
         worker_send_task_events=False,
     )
+    if VISIBILITY:
+        app.conf.broker_transport_options = {"visibility_timeout": float(VISIBILITY)}
     _redis = None
 
     def _done() -> None:
@@ -52,3 +56,7 @@ else:
     @app.task(name="bench.stamp")
     def celery_stamp(path: str) -> None:
         jobs.stamp(path)
+
+    @app.task(name="bench.marked", acks_late=True, reject_on_worker_lost=True)
+    def celery_marked(path: str, job: str, seconds: float) -> None:
+        jobs.marked(path, job, seconds)

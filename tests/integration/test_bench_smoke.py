@@ -26,6 +26,58 @@ def test_python_m_bench_quick_prints_its_table():
     assert any("load average" in line for line in lines), got.stdout
 
 
+NEW_PARTS = ("recovery", "depth", "bytes", "heartbeats", "clone")
+
+
+def test_python_m_bench_quick_measures_each_new_part(tmp_path):
+    """The new parts of `--quick` in one run: each part's figures are in the run's JSON (facts of the run, not
+    timings: a recovery either happened or carries its reason, the bytes are counted, the clone is at its head)."""
+    out = tmp_path / "r.json"
+    only = [x for part in NEW_PARTS for x in ("--only", part)]
+    got = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", *only, "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert got.returncode == 0, got.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert not doc["failed"], doc["failed"]
+    raw = doc["raw"]
+    assert set(NEW_PARTS) <= set(raw), raw.keys()
+    sides = raw["recovery"]["sides"]
+    assert {"piloop short", "rq", "celery default", "celery short"} <= set(sides), sides
+    for side in sides.values():
+        # a side that ran again says whether its copies overlapped; one that did not says why
+        assert (side["again_seconds"] is not None and side["overlapped"] is not None) or side["note"], side
+    assert "never" in sides["rq"]["note"] or sides["rq"]["again_seconds"] is not None, sides["rq"]
+    depths = raw["depth"]["depths"]
+    assert [d["depth"] for d in depths] == [1000, 10_000], depths
+    for d in depths:
+        assert 0 < d["claim_p50_ms"] <= d["claim_p99_ms"] and d["bytes_per_queued_job"] > 0, d
+    assert depths[0]["rq_bytes_per_queued_job"] > 0 and depths[0]["celery_bytes_per_queued_job"] > 0, depths[0]
+    b = raw["bytes"]
+    for key in ("piloop_queued", "rq_queued", "celery_queued", "piloop_finished", "rq_finished", "celery_finished"):
+        assert b[key] > 0, (key, b)
+    beats = raw["heartbeats"]["counts"]
+    assert [c["workers"] for c in beats] == [100, 300], beats
+    for c in beats:
+        assert c["paced_heartbeats_per_second"] > 0 and c["paced_cpu"]["server"] > 0 and "rq_redis_cpu" in c, c
+    c = raw["clone"]
+    assert c["commits"] == 1000 and c["bundle_bytes"] > 0, c
+    assert all(c[k] > 0 for k in ("first_seconds", "second_seconds", "git_clone_seconds")), c
+    figures = {r["figure"].strip() for r in doc["rows"]}
+    for start in (
+        "recovery, worker SIGKILLed",
+        "claim one of 10,000 queued",
+        "Redis bytes a finished job",
+        "heartbeats, 300 workers",
+        "campaign clone, 1,000 commits",
+    ):
+        assert any(f.startswith(start) for f in figures), (start, figures)
+
+
 def test_python_m_bench_soak_names_its_figures_and_retention_removes_the_jobs():
     """The retention soak, tiny: 300 jobs under a 2 s retention, rq and Celery at 20 jobs each. Facts only: the
     figures are named, and retention removed every job (what is left is far below 300 jobs' hashes)."""

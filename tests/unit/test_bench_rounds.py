@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from bench.__main__ import merge_rounds, round_ratio, rows
+from bench.__main__ import merge_rounds
 from bench.jobs import piloop_cpu
+from bench.table import round_ratio, rows
 
 
 def _drain(seconds: float, cpu: float, rss: float = 50.0, bad: int = 0) -> dict:
