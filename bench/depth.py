@@ -43,6 +43,15 @@ def _drop(r: redis.Redis, match: str) -> None:
         r.unlink(*batch)
 
 
+def _drop_rq(r: redis.Redis, q: Any, ids: list[str]) -> None:
+    """Delete an rq queue's keys and its jobs' (other queues' keys in the same run stay)."""
+    from rq.job import Job
+
+    for start in range(0, len(ids), 10_000):
+        r.unlink(*(Job.key_for(j) for j in ids[start : start + 10_000]))
+    _drop(r, f"*{q.name}*")
+
+
 def _bytes_per_job(r: redis.Redis, n: int, fill: Callable[[], None]) -> int:
     before = _used(r)
     fill()
@@ -93,11 +102,13 @@ def rq_depth(r: redis.Redis, depth: int, claims: int) -> dict[str, Any]:
 
     q = Queue("dq" + uuid.uuid4().hex[:8], connection=r)
 
+    ids: list[str] = []
+
     def fill() -> None:
         for start in range(0, depth, BATCH):
             with r.pipeline() as pipe:
                 datas = [Queue.prepare_data(noop) for _ in range(start, min(depth, start + BATCH))]
-                q.enqueue_many(datas, pipeline=pipe)
+                ids.extend(j.id for j in q.enqueue_many(datas, pipeline=pipe))
                 pipe.execute()
 
     per_job = _bytes_per_job(r, depth, fill)
@@ -108,7 +119,7 @@ def rq_depth(r: redis.Redis, depth: int, claims: int) -> dict[str, Any]:
         samples.append(time.perf_counter() - t)
         if not got:
             raise RuntimeError(f"an rq dequeue with {depth} queued got nothing")
-    _drop(r, "rq:*")
+    _drop_rq(r, q, ids)
     out: dict[str, Any] = {"rq_bytes_per_queued_job": per_job}
     if samples:
         out["rq_dequeue_p50_ms"] = quantile(samples, 0.5) * 1000

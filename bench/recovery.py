@@ -3,7 +3,7 @@ copies of it overlapped.
 
 Each side: worker A takes a job whose first run goes on until it is killed (later runs last a second); once it has
 started, worker B starts, and once B is up A is SIGKILLed with its process group (piloop: the worker and its shim
-host; the shim, in its own session, fences its job by itself). The job appends `start`/`tick`/`end` lines to a
+host; the shim, in its own session, fences its job by itself; rq: with its work horse, in a group of its own). The job appends `start`/`tick`/`end` lines to a
 marker file (tests/helpers/workers.py's format, read by its `marker_runs`), so the figure is the second run's start
 less the kill's time, and an overlap is the second run starting before the first's last line. The sides run at the
 same time, on the same redis-server, each bounded by the run's limit:
@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import kombu.pools
 import redis
 
 from bench.jobs import PiloopSide, _celery_client, _celery_workers, _rq_worker, say, stop_procs, wait_until
@@ -112,7 +113,10 @@ def rq_side(rp: RedisProcess, tmp: Path, limit: float) -> Recovery:
         procs.append(_rq_worker(rp, q.name, "Worker", False, tmp, session=True))
         wait_until(lambda: Worker.count(queue=q) >= 2, 60, "rq: worker B")
         killed = _killpg(procs[0])
-        say("recovery: rq: worker A killed")
+        # its work horse runs the job in a process group of its own (rq's setpgrp): killed with it, as a lost
+        # machine would; left alone, it would go on running the job, unfenced, its result reported when it ends
+        os.killpg(marker_runs(marker)[job][0]["pgid"], signal.SIGKILL)
+        say("recovery: rq: worker A killed, with its work horse")
 
         def never() -> str:
             where = "FailedJobRegistry" if rq_job.id in q.failed_job_registry.get_job_ids() else "StartedJobRegistry"
@@ -124,6 +128,11 @@ def rq_side(rp: RedisProcess, tmp: Path, limit: float) -> Recovery:
         return _outcome("rq Worker", marker, job, killed, limit, never)
     finally:
         stop_procs(procs, group=True)
+        for run_ in marker_runs(marker).get(job, []):  # a second run's horse, if one started
+            try:
+                os.killpg(run_["pgid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         r.close()
 
 
@@ -136,12 +145,16 @@ def celery_side(rp: RedisProcess, tmp: Path, visibility: float | None, limit: fl
         app.conf.broker_transport_options = {"visibility_timeout": visibility}
     marker, job = tmp / f"recovery-celery-{uuid.uuid4().hex[:6]}", "celeryjob"
     procs: list[subprocess.Popen] = []
+    # one connection for the sending and the pings, closed with its channels at the end (their Redis clients
+    # would count in a later part's used_memory, and it waits for Redis to have one client)
+    conn = app.connection_for_write()
     try:
         procs += _celery_workers(rp, queue, "solo", tmp, env=extra, count=1)
-        app.send_task("bench.marked", (str(marker), job, 1.0), queue=queue)
+        with conn.Producer() as producer:
+            app.send_task("bench.marked", (str(marker), job, 1.0), queue=queue, producer=producer)
         wait_until(lambda: _started(marker, job), 120, f"{label}: the task to start")
         procs += _celery_workers(rp, queue, "solo", tmp, env=extra, count=1, first=1)
-        wait_until(lambda: _pings(app, 2), 60, f"{label}: worker B", every=0.5)
+        wait_until(lambda: _pings(app, conn, 2), 60, f"{label}: worker B", every=0.5)
         killed = _killpg(procs[0])
         say(f"recovery: {label}: worker A killed")
         return _outcome(
@@ -154,12 +167,16 @@ def celery_side(rp: RedisProcess, tmp: Path, visibility: float | None, limit: fl
         )
     finally:
         stop_procs(procs, group=True)
+        conn.release()
         app.close()
+        # the pings' broadcasts went out through kombu's pools, shared by every app of one broker URL: closed and
+        # forgotten, so the next app opens its own
+        kombu.pools.reset()
 
 
-def _pings(app: Any, n: int) -> bool:
+def _pings(app: Any, conn: Any, n: int) -> bool:
     try:
-        return len(app.control.ping(timeout=0.5) or []) >= n
+        return len(app.control.ping(timeout=0.5, connection=conn) or []) >= n
     except Exception:  # the broker's answer not there yet
         return False
 
