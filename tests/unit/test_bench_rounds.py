@@ -3,7 +3,9 @@ and each round's own ratio of piloop to the best peer."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -132,3 +134,41 @@ def test_piloop_cpu_finds_the_shim_host_its_shims_and_their_jobs(tmp_path) -> No
     finally:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
+
+
+def test_a_recovery_that_did_not_happen_is_a_note_not_a_figure() -> None:
+    """A side that did not run the job again within the run's limit shows no figure and no ratio, and its reason is
+    in the notes; a side that did shows its seconds beside the peer that did too."""
+    side = lambda name, again, note="": {  # noqa: E731
+        "side": name,
+        "again_seconds": again,
+        "overlapped": None if again is None else False,
+        "note": note,
+    }
+    res = {
+        "recovery": {
+            "limit_seconds": 15,
+            "sides": {
+                "piloop short": side("piloop, short timings", 6.2),
+                "celery short": side("Celery, visibility_timeout 6 s", 40.0),
+                "rq": side("rq Worker", None, "never: in StartedJobRegistry after 15 s"),
+                "celery default": side("Celery, visibility_timeout 3600 s (default)", None, "> the run's limit"),
+            },
+        }
+    }
+    got = {r["figure"].strip(): r for r in rows(res)}
+    short = next(r for f, r in got.items() if "short timings" in f)
+    assert short["piloop"] == 6.2 and short["best"] == 40.0 and short["ratio"] == pytest.approx(6.2 / 40.0)
+    assert "no overlap" in short["note"]
+    peers = got["recovery: rq, Celery at its default visibility_timeout"]
+    assert peers["piloop"] is None and peers["ratio"] is None
+    assert "never: in StartedJobRegistry" in peers["note"] and "> the run's limit" in peers["note"]
+
+
+def test_depths_that_are_not_counts_are_refused() -> None:
+    from bench.__main__ import _counts
+
+    assert _counts("1000,1000000") == [1000, 1_000_000]
+    for bad in ("ten", "1000,", "0", "-5"):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(repr(bad))):
+            _counts(bad)
