@@ -139,10 +139,10 @@ def rq_side(rp: RedisProcess, tmp: Path, limit: float) -> Recovery:
 def celery_side(rp: RedisProcess, tmp: Path, visibility: float | None, limit: float) -> Recovery:
     label = f"Celery, visibility_timeout {visibility or 3600:.0f} s" + ("" if visibility else " (default)")
     queue = "cr" + uuid.uuid4().hex[:8]
-    extra = {"PILOOP_BENCH_VISIBILITY": str(visibility)} if visibility else {}
-    app = _celery_client(rp, queue)
+    extra = {"PILOOP_BENCH_UNACKED": queue + ":"}  # this side's own unacked set (see bench/tasks.py)
     if visibility:
-        app.conf.broker_transport_options = {"visibility_timeout": visibility}
+        extra["PILOOP_BENCH_VISIBILITY"] = str(visibility)
+    app = _celery_client(rp, queue)
     marker, job = tmp / f"recovery-celery-{uuid.uuid4().hex[:6]}", "celeryjob"
     procs: list[subprocess.Popen] = []
     # one connection for the sending and the pings, closed with its channels at the end (their Redis clients

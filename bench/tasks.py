@@ -15,8 +15,10 @@ from bench import noop as jobs
 BROKER = os.environ.get("PILOOP_BENCH_BROKER", "redis://127.0.0.1:6379/0")
 QUEUE = os.environ.get("PILOOP_BENCH_QUEUE", "bench")
 BACKEND = os.environ.get("PILOOP_BENCH_BACKEND") or None
-# the recovery bench: the Redis transport's visibility_timeout (unset: kombu's default, 3600 s)
+# the recovery bench: the Redis transport's visibility_timeout (unset: kombu's default, 3600 s), and the unacked
+# set's own keys (kombu's are one set for the whole Redis: a worker's restore sweep would hand on another side's)
 VISIBILITY = os.environ.get("PILOOP_BENCH_VISIBILITY")
+UNACKED = os.environ.get("PILOOP_BENCH_UNACKED")
 
 try:
     from celery import Celery
@@ -33,6 +35,11 @@ else:
     )
     if VISIBILITY:
         app.conf.broker_transport_options = {"visibility_timeout": float(VISIBILITY)}
+    if UNACKED:
+        app.conf.broker_transport_options = {
+            **app.conf.broker_transport_options,
+            **{f"{k}_key": UNACKED + k for k in ("unacked", "unacked_index", "unacked_mutex")},
+        }
     _redis = None
 
     def _done() -> None:
