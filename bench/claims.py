@@ -165,9 +165,9 @@ class Cpu:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        wall = time.perf_counter() - self.t
+        self.wall = time.perf_counter() - self.t
         now = self._cpu()
-        self.share = {k: (now[k] - self.c[k]) / wall for k in now}
+        self.share = {k: (now[k] - self.c[k]) / self.wall for k in now}
 
 
 def rq_heartbeats(r: redis.Redis, workers: int) -> float:
@@ -198,9 +198,9 @@ def once_more(fn: Any) -> Any:
 
 def paced(
     sims: list[SimWorker], rate: float, seconds: float, threads: int, pids: dict[str, int]
-) -> tuple[int, dict[str, float]]:
-    """Heartbeats from `sims` in turn, `rate` a second for `seconds`, spread evenly; how many were sent, and the CPU
-    `pids` spent meanwhile."""
+) -> tuple[int, dict[str, float], float]:
+    """Heartbeats from `sims` in turn, `rate` a second for `seconds`, spread evenly; how many were sent, the CPU
+    `pids` spent meanwhile, and the seconds until the last was answered (past `seconds` when answers lag)."""
     sent = 0
     with ThreadPoolExecutor(threads) as ex, Cpu(pids) as cpu:
         t0 = time.perf_counter()
@@ -213,7 +213,7 @@ def paced(
             time.sleep(0.005)
         for f in futures:
             f.result()
-    return sent, cpu.share
+    return sent, cpu.share, cpu.wall
 
 
 def floor_cpu(workers: int, rate: float, seconds: float, threads: int, cas_id: str) -> float:
@@ -296,10 +296,11 @@ def server_load(
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
-        sent, out["paced_cpu"] = paced(sims, rate, paced_seconds, threads, pids)
+        sent, out["paced_cpu"], wall = paced(sims, rate, paced_seconds, threads, pids)
         stop.set()
         watcher.join()
         out["paced_heartbeats_per_second"] = sent / paced_seconds
+        out["paced_answered_per_second"] = sent / wall  # past `paced_seconds` while the beats sent wait on answers
         out["server_rss_load_mib"] = peak[0]
         if full:
             out["floor_cpu"] = floor_cpu(workers, rate, paced_seconds, threads, cas_id)
