@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -154,7 +155,8 @@ def celery_side(rp: RedisProcess, tmp: Path, visibility: float | None, limit: fl
             app.send_task("bench.marked", (str(marker), job, 1.0), queue=queue, producer=producer)
         wait_until(lambda: _started(marker, job), 120, f"{label}: the task to start")
         procs += _celery_workers(rp, queue, "solo", tmp, env=extra, count=1, first=1)
-        wait_until(lambda: _pings(app, conn, 2), 60, f"{label}: worker B", every=0.5)
+        b = f"w1-{queue}@{socket.gethostname()}"  # worker A, busy with the task in its solo pool, cannot answer
+        wait_until(lambda: _pings(app, conn, b), 120, f"{label}: worker B", every=0.5)
         killed = _killpg(procs[0])
         say(f"recovery: {label}: worker A killed")
         return _outcome(
@@ -174,9 +176,9 @@ def celery_side(rp: RedisProcess, tmp: Path, visibility: float | None, limit: fl
         kombu.pools.reset()
 
 
-def _pings(app: Any, conn: Any, n: int) -> bool:
+def _pings(app: Any, conn: Any, worker: str) -> bool:
     try:
-        return len(app.control.ping(timeout=0.5, connection=conn) or []) >= n
+        return any(worker in r for r in app.control.ping([worker], timeout=1, connection=conn) or [])
     except Exception:  # the broker's answer not there yet
         return False
 
