@@ -83,7 +83,7 @@ QUICK = {
     "depths": [1000, 10_000],
     "depth_claims": 100,
     "peers_upto": 1000,
-    "bytes": 200,
+    "bytes": 500,
     "beaters": [100, 300],
     "beat_seconds": 2.0,
     "commits": 1000,

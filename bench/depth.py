@@ -32,15 +32,16 @@ def _used(r: redis.Redis) -> int:
 
 
 def _drop(r: redis.Redis, match: str) -> None:
-    """Delete the keys matching `match` (one side's, so the next depth starts from the same used_memory)."""
+    """Delete the keys matching `match` (one side's, so the next depth starts from the same used_memory): DEL, not
+    UNLINK, whose freeing in the background would lower a later measure's used_memory."""
     batch: list[bytes] = []
     for key in r.scan_iter(match=match, count=10_000):
         batch.append(key)
         if len(batch) >= 10_000:
-            r.unlink(*batch)
+            r.delete(*batch)
             batch = []
     if batch:
-        r.unlink(*batch)
+        r.delete(*batch)
 
 
 def _drop_rq(r: redis.Redis, q: Any, ids: list[str]) -> None:
@@ -48,7 +49,7 @@ def _drop_rq(r: redis.Redis, q: Any, ids: list[str]) -> None:
     from rq.job import Job
 
     for start in range(0, len(ids), 10_000):
-        r.unlink(*(Job.key_for(j) for j in ids[start : start + 10_000]))
+        r.delete(*(Job.key_for(j) for j in ids[start : start + 10_000]))
     _drop(r, f"*{q.name}*")
 
 
