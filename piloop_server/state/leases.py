@@ -15,6 +15,7 @@ from piloop_server.state.errors import UNREACHABLE
 from piloop_server.state.failover import Watch
 from piloop_server.state.keys import Keys
 from piloop_server.state.logcap import Live, Sizes
+from piloop_server.state.producers import Producers
 from piloop_server.state.records.codec import text as _s
 from piloop_server.state.records.job import FIELDS as JF
 from piloop_server.state.records.job import HISTORY_KEEP
@@ -53,60 +54,15 @@ def _answered(answer: tuple[int, dict[str, str]] | NotFound) -> tuple[int, dict[
     return answer
 
 
-class Leases:
+class Leases(Producers):
+    """The lease engine's calls: producers' (state/producers.py), workers', the pass's, logs and cancels."""
+
     def __init__(self, client: redis.Redis, keys: Keys, timings: Timings, caps: Caps | None = None) -> None:
         self.r = client
         self.k = keys
         self.t = timings
         self.caps = caps or Caps()
         self.scripts = Scripts(client, self.caps.events)
-
-    # -- producers ---------------------------------------------------------------------
-
-    def enqueue(
-        self, job_id: str, kind: str, pool: str, spec: dict[str, Any], *, by: str, campaign: str = "", image: str = ""
-    ) -> int:
-        k = self.k
-        return int(
-            self.scripts.run(
-                "enqueue",
-                [k.job(job_id), k.queue(pool, kind), k.jobs(), k.events(), k.delayed(), k.expiring()],
-                [job_id, kind, pool, campaign, image, json.dumps(spec), by],
-            )
-        )
-
-    def enqueue_many(
-        self, jobs: list[tuple[str, dict[str, Any]]], kind: str, pool: str, *, by: str
-    ) -> list[int | PiloopError]:
-        """`enqueue` of each (job id, spec) in one round trip (the queue-depth bench fills deep queues with it)."""
-        k = self.k
-        calls: list[tuple[list[str], list[Any]]] = [
-            ([k.job(j), k.queue(pool, kind), k.jobs(), k.events()], [j, kind, pool, "", "", json.dumps(spec), by])
-            for j, spec in jobs
-        ]
-        return [r if isinstance(r, PiloopError) else int(r) for r in self.scripts.run_many("enqueue", calls)]
-
-    def launch(
-        self, campaign: str, job_id: str, pool: str, spec: dict[str, Any] | None, *, by: str
-    ) -> tuple[int, bool]:
-        """Forget a campaign's ended agents; with a spec, queue one more while it is under its target."""
-        k = self.k
-        reply = self.scripts.run(
-            "launch",
-            [
-                k.campaign(campaign),
-                k.campaign_agents(campaign),
-                k.campaign_runs(campaign),
-                k.job(job_id),
-                k.queue(pool, "agent"),
-                k.jobs(),
-                k.events(),
-                k.delayed(),
-                k.expiring(),
-            ],
-            [k.prefix(), job_id, pool, campaign, json.dumps(spec or {}), by, 1 if spec is not None else 0],
-        )
-        return int(reply[0]), bool(int(reply[1]))
 
     # -- workers -----------------------------------------------------------------------
 

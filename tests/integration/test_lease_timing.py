@@ -104,3 +104,19 @@ def test_a_job_that_started_is_never_expired(leases):
     wait_for(lambda: _redis_ms(leases) > int(leases.r.hget(leases.k.job("begun"), "created")) + 300, 5)
     assert leases.expire_unstarted() == 0
     assert _claim(leases) == ["begun"]
+
+
+def test_enqueue_many_queues_each_as_enqueue_does_and_refuses_an_id_that_exists(leases):
+    from piloop_common.errors import Conflict
+
+    _enqueue(leases, "j0")
+    got = leases.enqueue_many(
+        [("j1", {"argv": ["true"]}), ("j0", {"argv": ["true"]}), ("j2", {"argv": ["true"], "countdown_seconds": 60})],
+        "evaluation",
+        "p",
+        by="human:t",
+    )
+    assert isinstance(got[1], Conflict) and all(isinstance(g, int) for g in (got[0], got[2])), got
+    assert _state(leases, "j1") == _state(leases, "j2") == "queued"
+    assert leases.r.zscore(leases.k.delayed(), "j2") is not None  # its countdown: in `delayed`, not the queue
+    assert _claim(leases, most=5) == ["j0", "j1"]
