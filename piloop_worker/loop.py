@@ -166,9 +166,13 @@ class Worker(Claiming, JobStarts, Reporting):
         self.stopping.set()
 
     def apply(self, statuses: dict[str, str], sent: float, held: list[Held]) -> None:
-        """Act on the server's word about each job we named: renew its deadline, or stop it."""
+        """Act on the server's word about each job we named that we still hold: renew its deadline, or stop it. A job
+        reported while the word was on its way is no longer the server's (it answers `lost`), and its dir may be a
+        spare by now, or a later job's: under the lock that reporting takes to give the dir away, it is left alone."""
         assert self.timing is not None
-        apply_statuses(held, statuses, fence_deadline(sent, self.timing), self.name)
+        with self.lock:
+            still = [h for h in held if self.held.get(h.job) is h]
+            apply_statuses(still, statuses, fence_deadline(sent, self.timing), self.name)
 
     # -- start -------------------------------------------------------------------------------
     def _call_until_answered(self, fn: Callable[[], Any]) -> Any:

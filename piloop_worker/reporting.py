@@ -121,11 +121,11 @@ class Reporting(Part):
             h.tries += 1
             h.next_try = clock.now() + min(0.5 * 2**h.tries, 30.0)
             return
-        with self.lock:
+        with self.lock:  # the heartbeat's answers act only on held jobs, under this lock (`Worker.apply`)
             self.held.pop(h.job, None)
+            h.jd.remove(self.spare)
         if self.relay is not None:
             self.relay.remove(h.job)
-        h.jd.remove(self.spare)
         if h.cgroup is not None:
             self.cgroups.give(h.cgroup)
         self.next_claim = 0.0  # a slot is free
