@@ -121,7 +121,9 @@ def run_jobs(rp: RedisProcess, n: int, tmp: Path, profile: Path | None, rounds: 
         for r in range(rounds):
             if rounds > 1:
                 say(f"jobs: round {r + 1} of {rounds}")
-            drains = [(f"piloop {what}", lambda what=what: side.drain(n, what)) for what in ("process", "task")]
+            drains = [
+                (f"piloop {what}", lambda what=what: side.drain(n, what)) for what in ("process", "task", "task fresh")
+            ]
             if profile is None:
                 drains += [
                     (f"{peer} {job}", lambda cls=cls, job=job: jobs.rq_drain(rp, n, cls, job, tmp))

@@ -65,7 +65,8 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
         of = f", median of {len(rounds)} rounds" if rounds else ""
         for what, job, label, note in (
             ("process", "subprocess", "/bin/true each", ""),
-            ("task", "python", "Python no-op", "piloop: tasks, each its own process"),
+            ("task", "python", "Python no-op", "piloop: warm task processes (the default)"),
+            ("task fresh", "python", "Python no-op, a fork each", "piloop: processes = fresh, a fork per task"),
         ):
             if rounds:
                 each = [round_ratio(r, what, job) for r in rounds]
