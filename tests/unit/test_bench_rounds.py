@@ -54,19 +54,21 @@ def test_each_rounds_ratio_is_against_that_rounds_best_peer() -> None:
 
 
 def test_the_table_names_the_rounds_and_gives_each_ratio() -> None:
-    names = ["piloop process", "piloop task", "rq Worker subprocess", "rq Worker python"]
+    names = ["piloop process", "piloop task", "piloop task fresh", "rq Worker subprocess", "rq Worker python"]
     per = [
         {n: _drain(s, 1.0) for n, s in zip(names, secs, strict=True)}
-        for secs in ([1.0, 1.0, 2.0, 4.0], [2.0, 1.0, 2.0, 1.0])
+        for secs in ([1.0, 1.0, 2.0, 2.0, 4.0], [2.0, 1.0, 4.0, 2.0, 1.0])
     ]
     jobs = {**merge_rounds(per), "rounds": per}
     drain_rows = [r for r in rows({"jobs": jobs}) if r["figure"].startswith("drain")]
     assert [r["figure"] for r in drain_rows] == [
         "drain 100 jobs, 2 workers: /bin/true each, median of 2 rounds",
         "drain 100 jobs, 2 workers: Python no-op, median of 2 rounds",
+        "drain 100 jobs, 2 workers: Python no-op, a fork each, median of 2 rounds",
     ]
     assert drain_rows[0]["note"] == "each round's ratio: 2.00, 1.00"
-    assert drain_rows[1]["note"] == "piloop: tasks, each its own process; each round's ratio: 4.00, 1.00"
+    assert drain_rows[1]["note"] == "piloop: warm task processes (the default); each round's ratio: 4.00, 1.00"
+    assert drain_rows[2]["note"] == "piloop: processes = fresh, a fork per task; each round's ratio: 2.00, 0.25"
     assert drain_rows[0]["ratio"] == pytest.approx((100 / 1.5) / 50)  # the medians' ratio
 
 
