@@ -11,12 +11,9 @@ from typing import Any
 
 from piloop_common.errors import BadRequest, PiloopError, Refused, StoreError, from_payload
 from piloop_common.gitrepo import GitError
-from piloop_common.protocol import (
-    PROTOCOL,
+from piloop_common.protocol import PROTOCOL, CampaignJob, ClaimRequest, ClaimResponse
+from piloop_common.report_protocol import (
     REPORTS_PER_CALL,
-    CampaignJob,
-    ClaimRequest,
-    ClaimResponse,
     ReportRequest,
     ReportResponse,
     ReportsRequest,

@@ -18,18 +18,20 @@ from piloop_common.protocol import (
     HeartbeatResponse,
     HostSample,
     JobSpec,
-    LogAnswer,
-    LogAppend,
     RegisterRequest,
     RegisterResponse,
     ReleaseRequest,
+    Timing,
+    WorkerHello,
+)
+from piloop_common.report_protocol import (
+    LogAnswer,
+    LogAppend,
     ReportAnswer,
     ReportRequest,
     ReportResponse,
     ReportsRequest,
     ReportsResponse,
-    Timing,
-    WorkerHello,
 )
 from piloop_server import pools
 from piloop_server.api import wakeup

@@ -16,15 +16,8 @@ import pytest
 
 from piloop_common.cas.local import LocalStore
 from piloop_common.hostinfo import Sampler, memory_pressure, parse_psi, sample
-from piloop_common.protocol import (
-    PROTOCOL,
-    ClaimResponse,
-    HostSample,
-    ReportAnswer,
-    ReportRequest,
-    ReportsResponse,
-    Timing,
-)
+from piloop_common.protocol import PROTOCOL, ClaimResponse, HostSample, Timing
+from piloop_common.report_protocol import ReportAnswer, ReportRequest, ReportsResponse
 from piloop_worker import spool as spool_module
 from piloop_worker.claiming import EVALUATIONS_PER_CLAIM
 from piloop_worker.heartbeat import Reachability
