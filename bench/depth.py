@@ -20,7 +20,8 @@ from typing import Any
 import redis
 
 from bench.claims import fresh
-from bench.jobs import _celery_client, quantile, say
+from bench.measure import quantile, say
+from bench.peers import celery_client
 from tests.helpers.redis import RedisProcess
 
 BATCH = 1000
@@ -130,7 +131,7 @@ def rq_depth(r: redis.Redis, depth: int, claims: int) -> dict[str, Any]:
 
 def celery_bytes(rp: RedisProcess, r: redis.Redis, depth: int) -> int:
     queue = "dc" + uuid.uuid4().hex[:8]
-    app = _celery_client(rp, queue)
+    app = celery_client(rp, queue)
 
     def fill() -> None:
         # a connection of its own, closed before used_memory is read (its buffers would count in it)

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from bench import claims
-from bench.jobs import say
+from bench.measure import say
 from tests.helpers.redis import RedisProcess
 
 THREADS = 8

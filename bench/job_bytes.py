@@ -16,7 +16,7 @@ from typing import Any
 import redis
 
 from bench import depth, peers_memory, soak
-from bench.jobs import say
+from bench.measure import say
 from piloop_common.protocol import JobSpec
 from tests.helpers.redis import RedisProcess
 

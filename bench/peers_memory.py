@@ -2,7 +2,7 @@
 
 Each side's `n` jobs run to their end on the redis-server the soak used (its namespace idle by then), each under
 a queue name of its own; the cost is used_memory's delta from before the first enqueue to after the last worker
-left, over `n`. The workers start as `bench/jobs.py` starts them; each side keeps its own defaults: rq a job's hash
+left, over `n`. The workers start as `bench/peers.py` starts them; each side keeps its own defaults: rq a job's hash
 and result for `result_ttl` (500 s), Celery a result for `result_expires` (1 day).
 """
 
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import redis
 
-from bench.jobs import _celery_client, _celery_workers, _rq_worker, say, stop_procs, wait_until
+from bench.measure import say, stop_procs, wait_until
+from bench.peers import celery_client, celery_workers, rq_worker
 from tests.helpers.redis import RedisProcess
 
 
@@ -45,7 +46,7 @@ def rq_cost(rp: RedisProcess, n: int, tmp: Path) -> PeerCost:
     used0, keys0 = _memory(r)
     q = Queue("soak" + uuid.uuid4().hex[:8], connection=r)
     ids = [q.enqueue(noop).id for _ in range(n)]
-    proc = _rq_worker(rp, q.name, "SimpleWorker", True, tmp)
+    proc = rq_worker(rp, q.name, "SimpleWorker", True, tmp)
     try:
         # the last job's end, not the burst worker's exit, which at times lingers a minute past it
         ended = lambda: q.finished_job_registry.count + q.failed_job_registry.count >= n  # noqa: E731
@@ -78,11 +79,11 @@ def celery_cost(rp: RedisProcess, n: int, tmp: Path) -> PeerCost:
     queue = "soak" + uuid.uuid4().hex[:8]
     r = redis.Redis.from_url(rp.url)
     used0, keys0 = _memory(r)
-    app = _celery_client(rp, queue)  # no backend on the sending side: no result subscription per task
+    app = celery_client(rp, queue)  # no backend on the sending side: no result subscription per task
     with app.producer_or_acquire() as producer:
         ids = [app.send_task("bench.noop", queue=queue, producer=producer).id for _ in range(n)]
     app.pool.force_close_all()  # its connections' buffers would count in used_memory
-    procs = _celery_workers(rp, queue, "solo", tmp, backend=rp.url)
+    procs = celery_workers(rp, queue, "solo", tmp, backend=rp.url)
     try:
         done = lambda: int(r.get(f"{queue}:done") or 0)  # noqa: E731
         wait_until(lambda: done() >= n, 3600, "Celery to finish", every=0.1)

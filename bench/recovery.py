@@ -34,7 +34,9 @@ from typing import Any
 import kombu.pools
 import redis
 
-from bench.jobs import PiloopSide, _celery_client, _celery_workers, _rq_worker, say, stop_procs, wait_until
+from bench.jobs import PiloopSide
+from bench.measure import say, stop_procs, wait_until
+from bench.peers import celery_client, celery_workers, rq_worker
 from tests.helpers.redis import RedisProcess
 from tests.helpers.serve import FAST_EXECUTOR
 from tests.helpers.workers import MARKER_JOB, marker_runs, overlapping
@@ -107,11 +109,11 @@ def rq_side(rp: RedisProcess, tmp: Path, limit: float) -> Recovery:
     r = redis.Redis.from_url(rp.url)
     q = Queue("rr" + uuid.uuid4().hex[:8], connection=r)
     marker, job = tmp / f"recovery-rq-{uuid.uuid4().hex[:6]}", "rqjob"
-    procs = [_rq_worker(rp, q.name, "Worker", False, tmp, session=True)]
+    procs = [rq_worker(rp, q.name, "Worker", False, tmp, session=True)]
     try:
         rq_job = q.enqueue(marked, str(marker), job, 1.0)
         wait_until(lambda: _started(marker, job), 120, "rq: the job to start")
-        procs.append(_rq_worker(rp, q.name, "Worker", False, tmp, session=True))
+        procs.append(rq_worker(rp, q.name, "Worker", False, tmp, session=True))
         wait_until(lambda: Worker.count(queue=q) >= 2, 60, "rq: worker B")
         killed = _killpg(procs[0])
         # its work horse runs the job in a process group of its own (rq's setpgrp): killed with it, as a lost
@@ -143,18 +145,18 @@ def celery_side(rp: RedisProcess, tmp: Path, visibility: float | None, limit: fl
     extra = {"PILOOP_BENCH_UNACKED": queue + ":"}  # this side's own unacked set (see bench/tasks.py)
     if visibility:
         extra["PILOOP_BENCH_VISIBILITY"] = str(visibility)
-    app = _celery_client(rp, queue)
+    app = celery_client(rp, queue)
     marker, job = tmp / f"recovery-celery-{uuid.uuid4().hex[:6]}", "celeryjob"
     procs: list[subprocess.Popen] = []
     # one connection for the sending and the pings, closed with its channels at the end (their Redis clients
     # would count in a later part's used_memory, and it waits for Redis to have one client)
     conn = app.connection_for_write()
     try:
-        procs += _celery_workers(rp, queue, "solo", tmp, env=extra, count=1)
+        procs += celery_workers(rp, queue, "solo", tmp, env=extra, count=1)
         with conn.Producer() as producer:
             app.send_task("bench.marked", (str(marker), job, 1.0), queue=queue, producer=producer)
         wait_until(lambda: _started(marker, job), 120, f"{label}: the task to start")
-        procs += _celery_workers(rp, queue, "solo", tmp, env=extra, count=1, first=1)
+        procs += celery_workers(rp, queue, "solo", tmp, env=extra, count=1, first=1)
         b = f"w1-{queue}@{socket.gethostname()}"  # worker A, busy with the task in its solo pool, cannot answer
         wait_until(lambda: _pings(app, conn, b), 120, f"{label}: worker B", every=0.5)
         killed = _killpg(procs[0])

@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:
 
 import redis  # noqa: E402
 
-from bench.jobs import say  # noqa: E402
+from bench.measure import say  # noqa: E402
 from bench.peers_memory import PeerCost, celery_cost, rq_cost  # noqa: E402
 from piloop_common.cas import open_store  # noqa: E402
 from piloop_common.configload import load_settings  # noqa: E402

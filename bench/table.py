@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from bench import clone, depth, heartbeats, job_bytes, jobs, recovery
+from bench import clone, depth, heartbeats, job_bytes, recovery
+from bench.measure import Latency
+from bench.peers import PY_JOB
 
 MiB = 1 << 20
 PEERS = ("rq Worker", "rq SimpleWorker", "Celery prefork", "Celery solo")
@@ -18,11 +20,11 @@ OWN_ROWS = {"recovery": recovery, "depth": depth, "bytes": job_bytes, "heartbeat
 
 
 def _median_ms(d: dict[str, Any]) -> float:
-    return jobs.Latency(d["samples"]).median_ms
+    return Latency(d["samples"]).median_ms
 
 
 def _p99_ms(d: dict[str, Any]) -> float:
-    return jobs.Latency(d["samples"]).p99_ms
+    return Latency(d["samples"]).p99_ms
 
 
 def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
@@ -221,7 +223,7 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                 note="piloop: worker + shim host; Celery prefork: main + pool",
             )
         if j:
-            load = {p: max(j[f"{p} {x}"]["worker_rss_mib"] for x in jobs.PY_JOB) for p in PEERS if f"{p} python" in j}
+            load = {p: max(j[f"{p} {x}"]["worker_rss_mib"] for x in PY_JOB) for p in PEERS if f"{p} python" in j}
             row(
                 "RSS of a worker under load (drains)",
                 "MiB",

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from bench.__main__ import merge_rounds
-from bench.jobs import piloop_cpu
+from bench.measure import piloop_cpu
 from bench.table import round_ratio, rows
 
 
