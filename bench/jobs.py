@@ -31,6 +31,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -87,9 +88,17 @@ class PiloopSide:
     stats written to that directory when they stop; `BENCH_PROFILE=server` or `worker` profiles only that side, and
     `BENCH_WORKER_PROFILER=yappi` profiles the workers' threads too."""
 
-    def __init__(self, rp: RedisProcess, slots: int = 8, profile: Path | None = None, executor: str = "") -> None:
+    def __init__(
+        self,
+        rp: RedisProcess,
+        slots: int = 8,
+        profile: Path | None = None,
+        executor: str = "",
+        worker_dirs: Path | None = None,
+    ) -> None:
         self.ns = "bj" + uuid.uuid4().hex[:8]
         self.slots, self.profile = slots, profile
+        self.worker_dirs = worker_dirs  # each worker's --dir a fresh dir under it; None: $PILOOP_HOME/work/<name>
         config = executor + PILOOP_CONFIG.format(slots=slots)  # `executor`: a [plugins.executor] table of timings
         self.daemon = Daemon(short_home("bench"), config=config, redis_url=rp.url, namespace=self.ns)
         self.r = redis.Redis.from_url(rp.url)
@@ -144,6 +153,8 @@ class PiloopSide:
             log = open(home / "worker.log", "ab")
             cmd = ["-m", "piloop_common.cli", "worker", "--server", self.url, "--pool", "bench"]
             cmd += ["--task-processes", task_processes]
+            if self.worker_dirs is not None:
+                cmd += ["--dir", tempfile.mkdtemp(prefix="bw-", dir=self.worker_dirs)]
             if self.profile is not None and os.environ.get("BENCH_PROFILE") != "server":
                 profiler = os.environ.get(
                     "BENCH_WORKER_PROFILER", "cprofile"
@@ -270,7 +281,6 @@ class PiloopSide:
 
 def main() -> None:
     import argparse
-    import tempfile
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=2000)

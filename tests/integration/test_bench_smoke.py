@@ -127,7 +127,7 @@ def test_python_m_bench_ops_costs_each_call_once_it_is_made():
 
 def test_a_bench_ended_by_sigterm_leaves_no_process_behind(tmp_path):
     """SIGTERM mid-drain: the bench ends, and every process it started (the server, its workers, their shims and
-    jobs, Redis) ends with it, including any that left its tree."""
+    jobs, Redis) ends with it, including any that left its tree. Its workers' job dirs are under `--worker-dirs`."""
     import signal
 
     import psutil
@@ -135,6 +135,7 @@ def test_a_bench_ended_by_sigterm_leaves_no_process_behind(tmp_path):
     from bench.children import RUN_ENV, marked
     from tests.helpers.redis import wait_for
 
+    (tmp_path / "wd").mkdir()
     bench = subprocess.Popen(
         [
             sys.executable,
@@ -147,6 +148,8 @@ def test_a_bench_ended_by_sigterm_leaves_no_process_behind(tmp_path):
             "2000",
             "--out",
             str(tmp_path / "r.json"),
+            "--worker-dirs",
+            str(tmp_path / "wd"),
         ],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
@@ -162,6 +165,7 @@ def test_a_bench_ended_by_sigterm_leaves_no_process_behind(tmp_path):
 
         kids = wait_for(workers_running, 60, interval=0.2, what="the bench's piloop workers to start")
         mark = next(m for p in kids if p.is_running() and (m := p.environ().get(RUN_ENV)))
+        wait_for(lambda: list((tmp_path / "wd").glob("bw-*/jobs/[!.]*")), 60, what="a job dir under --worker-dirs")
         bench.send_signal(signal.SIGTERM)
         assert bench.wait(30) == 128 + signal.SIGTERM, bench.stderr.read() if bench.stderr else ""
         gone = wait_for(lambda: not [p for p in kids if p.is_running()] and not marked(mark), 10, what="all to end")
