@@ -248,6 +248,11 @@ class StateConfig(_Model):
     ca_file: Path | None = Field(
         None, description="The CA certificate (PEM) that a `rediss://` Redis's certificate must chain to."
     )
+    sentinel_password_file: Path | None = Field(
+        None,
+        description="A file holding the Sentinels' own password (`requirepass` in sentinel.conf; its first line), for "
+        "a `redis+sentinel://` url; unset: the Sentinels are asked without one. Never logged.",
+    )
     events_max: int = Field(
         100_000, ge=1000, description="The events stream keeps about this many of the newest events."
     )

@@ -80,8 +80,10 @@ ca_file = "/etc/piloop/redis-ca.pem"
   Celery's `sentinel://h1;sentinel://h2` needs its service in a separate option; one string keeps the state in one
   key.
   redis-py's `Sentinel(...).master_for(service)` gives the connection: each new connection asks the Sentinels for
-  the master, so a failover is followed (docs/faults.md, "Redis fails over"). The Sentinels are asked without
-  credentials; `rediss+sentinel://` speaks TLS to the master and to the Sentinels.
+  the master, so a failover is followed (docs/faults.md, "Redis fails over"). The Sentinels are asked with their
+  own password where they require one (`requirepass` in sentinel.conf: `sentinel_password_file`; a start without it
+  is refused naming the key), never with the master's credentials; `rediss+sentinel://` speaks TLS to the master and
+  to the Sentinels.
 - **TLS** is `rediss://` (or `rediss+sentinel://`), the server's certificate checked against `ca_file` (else the
   system's CAs).
 - **An ACL user** is the URL's user; its password is the URL's or `password_file`'s (the file wins). Messages name

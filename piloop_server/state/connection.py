@@ -10,7 +10,7 @@ from typing import Any
 import redis
 from redis.connection import ConnectionPool, parse_url
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel
 
 from piloop_common.config import Settings
 from piloop_common.errors import ConfigError, Unavailable
@@ -58,12 +58,36 @@ def _build(t: target.Target, policy: Retry, watch: Watch | None, cls: type[redis
     if t.tls and t.ca_file:
         common["ssl_ca_certs"] = t.ca_file
     if t.sentinel:
-        seen = {k: v for k, v in opts.items() if k.startswith("socket_")}
-        if t.tls:
-            seen.update(ssl=True, **({"ssl_ca_certs": t.ca_file} if t.ca_file else {}))
-        sentinel = Sentinel(list(t.sentinels), sentinel_kwargs=seen)
+        sentinel = Sentinel(list(t.sentinels), sentinel_kwargs=_sentinel_kwargs(t, opts))
         return sentinel.master_for(t.service, redis_class=cls, db=t.db, ssl=t.tls, **common)
     return cls.from_pool(ConnectionPool(**{**parse_url(t.url), **common}))
+
+
+def _sentinel_kwargs(t: target.Target, opts: dict[str, Any]) -> dict[str, Any]:
+    """How the Sentinels themselves are asked: the client's timeouts, TLS, and their own password."""
+    seen: dict[str, Any] = {k: v for k, v in opts.items() if k.startswith("socket_")}
+    if t.tls:
+        seen.update(ssl=True, **({"ssl_ca_certs": t.ca_file} if t.ca_file else {}))
+    if t.sentinel_password is not None:
+        seen["password"] = t.sentinel_password
+    return seen
+
+
+def _sentinels_refusing(t: target.Target) -> list[str]:
+    """The Sentinels that refuse this client's credentials (redis-py's master lookup reports each as not found)."""
+    refusing = []
+    for host, port in t.sentinels:
+        try:
+            with redis.Redis(host=host, port=port, **_sentinel_kwargs(t, TIMEOUTS)) as c:
+                c.ping()
+        except redis.exceptions.AuthenticationError:
+            refusing.append(f"{host}:{port}")
+        except redis.exceptions.ResponseError as e:
+            if str(e).startswith(("NOAUTH", "WRONGPASS")):
+                refusing.append(f"{host}:{port}")
+        except redis.exceptions.RedisError:
+            continue  # not answering: the lookup's own error says so
+    return refusing
 
 
 def open_client(settings: Settings, home: Path, **opts: Any) -> StateClient:
@@ -85,6 +109,15 @@ def connect(settings: Settings, home: Path, *, start_embedded: bool = False) -> 
     except redis.exceptions.AuthenticationError as e:
         # redis-py's text names the user at most, never the password
         raise ConfigError(f"Redis refused the credentials at {where(settings, home)}: {e}") from None
+    except MasterNotFoundError as e:
+        t = target.read(settings.plugins.state, state_url(settings, home))
+        if refusing := _sentinels_refusing(t):
+            what = "a wrong password" if t.sentinel_password is not None else "no password"
+            raise ConfigError(
+                f"the Sentinels {', '.join(refusing)} refused {what}: set [plugins.state] sentinel_password_file to a "
+                "file holding their requirepass"
+            ) from None
+        raise Unavailable(f"Redis cannot be reached at {where(settings, home)}: {e}") from None
     except redis.exceptions.RedisError as e:
         raise Unavailable(f"Redis cannot be reached at {where(settings, home)}: {e}") from None
     return client

@@ -2,12 +2,13 @@
 
 The Sentinel form is the one the `redis-sentinel-url` package defined and RedisVL and prefect-redis read:
 `redis+sentinel://[user:pass@]host1:26379,host2:26379/service[/db]` (`rediss+sentinel://`: TLS to the master and to
-the Sentinels), without their `?options`. The password may instead come from `password_file`; it is kept out of every repr, log and error.
+the Sentinels), without their `?options`. The password may instead come from `password_file`, and the Sentinels' own
+from `sentinel_password_file`; each is kept out of every repr, log and error.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -28,6 +29,7 @@ class Target:
     password: str | None = field(default=None, repr=False)
     tls: bool = False
     ca_file: str | None = None
+    sentinel_password: str | None = field(default=None, repr=False)  # the Sentinels' own, not the master's
 
     @property
     def sentinel(self) -> bool:
@@ -43,13 +45,18 @@ class Target:
 
 def read(st: StateConfig, url: str) -> Target:
     """The record for `url` (the state URL, or the embedded Redis's), with `password_file` and `ca_file` applied."""
-    password = _password_file(st.password_file) if st.password_file is not None else None
+    password = _password_file(st.password_file, "password_file") if st.password_file is not None else None
     ca = str(st.ca_file) if st.ca_file is not None else None
     if ca is not None and not Path(ca).is_file():
         raise ConfigError(f"[plugins.state] ca_file {ca} is not a readable file")
     scheme = url.partition("://")[0].lower()
     if scheme in SENTINEL_SCHEMES:
-        return _sentinel(url, SENTINEL_SCHEMES[scheme], password, ca)
+        t = _sentinel(url, SENTINEL_SCHEMES[scheme], password, ca)
+        if st.sentinel_password_file is None:
+            return t
+        return replace(t, sentinel_password=_password_file(st.sentinel_password_file, "sentinel_password_file"))
+    if st.sentinel_password_file is not None:
+        raise ConfigError("[plugins.state] sentinel_password_file is for a redis+sentinel:// url, and url is not one")
     if scheme not in ("redis", "rediss", "unix"):
         raise ConfigError(
             f"[plugins.state] url must start redis://, rediss://, unix://, redis+sentinel:// or rediss+sentinel://, "
@@ -102,13 +109,13 @@ def _host(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _password_file(path: Path) -> str:
+def _password_file(path: Path, key: str) -> str:
     try:
         lines = path.read_text().splitlines()
     except OSError as e:
-        raise ConfigError(f"[plugins.state] password_file {path} cannot be read: {e.strerror}") from None
+        raise ConfigError(f"[plugins.state] {key} {path} cannot be read: {e.strerror}") from None
     if not lines or not lines[0]:
-        raise ConfigError(f"[plugins.state] password_file {path} is empty")
+        raise ConfigError(f"[plugins.state] {key} {path} is empty")
     return lines[0]
 
 

@@ -1,7 +1,8 @@
 """A Redis primary, its replica and three Sentinels watching them: real processes on free ports, in a tmp dir.
 
 Sentinel's timings are short (`down-after-milliseconds` 1000, `failover-timeout` 5000), so a SIGKILLed primary is
-replaced within a few seconds. The same redis-server binary runs as each (`--sentinel`)."""
+replaced within a few seconds. The same redis-server binary runs as each (`--sentinel`); with a `password`, the
+Sentinels require it (`requirepass`), the primary and replica do not."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ FAILOVER_TIMEOUT_MS = 5000
 
 
 class SentinelSet:
-    def __init__(self, workdir: Path, sentinels: int = 3) -> None:
+    def __init__(self, workdir: Path, sentinels: int = 3, password: str | None = None) -> None:
         self.dir = workdir
+        self.password = password  # the Sentinels' own `requirepass` (they use it with each other too)
         self.primary = RedisProcess(workdir / "primary")
         self.replica = RedisProcess(workdir / "replica", extra=("--replicaof", "127.0.0.1", str(self.primary.port)))
         self.ports = [free_port() for _ in range(sentinels)]
@@ -42,7 +44,7 @@ class SentinelSet:
                 f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary.port} 2\n"
                 f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
                 f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}\n"
-                f"sentinel parallel-syncs {SERVICE} 1\n"
+                f"sentinel parallel-syncs {SERVICE} 1\n" + (f"requirepass {self.password}\n" if self.password else "")
             )
             log = open(d / "sentinel.log", "ab")
             self.procs.append(
@@ -58,7 +60,7 @@ class SentinelSet:
             return c.info("replication").get("master_link_status") == "up"
 
     def knows_all(self, port: int) -> bool:
-        with redis.Redis(port=port, socket_connect_timeout=0.5, decode_responses=True) as c:
+        with redis.Redis(port=port, password=self.password, socket_connect_timeout=0.5, decode_responses=True) as c:
             replicas = c.execute_command("SENTINEL", "REPLICAS", SERVICE)
             others = c.execute_command("SENTINEL", "SENTINELS", SERVICE)
             return len(replicas) == 1 and len(others) == len(self.ports) - 1
@@ -67,7 +69,9 @@ class SentinelSet:
         """The primary's port as the first Sentinel that answers names it."""
         for port in self.ports:
             try:
-                with redis.Redis(port=port, socket_connect_timeout=0.5, decode_responses=True) as c:
+                with redis.Redis(
+                    port=port, password=self.password, socket_connect_timeout=0.5, decode_responses=True
+                ) as c:
                     return int(c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)[1])
             except redis.exceptions.RedisError:
                 continue

@@ -140,3 +140,41 @@ def test_serves_background_workers_run_a_task_over_sentinel(tmp_path, namespace)
     finally:
         d.cleanup()
         ss.stop()
+
+
+def test_sentinels_that_require_a_password_are_asked_with_sentinel_password_file(tmp_path, namespace):
+    """Sentinels with `requirepass`: without `sentinel_password_file` serve refuses in one line naming the key (never
+    the password), with it serve runs a job, and with a wrong one it refuses saying so."""
+    secret = "Sentinel-Pa55-qrs"
+    ss = SentinelSet(tmp_path / "redis", password=secret).start()
+    pw = tmp_path / "sentinel.password"
+    pw.write_text(secret + "\n")
+    try:
+        bare = Daemon(short_home(), config=FAST_EXECUTOR, redis_url=ss.url, namespace=namespace)
+        with pytest.raises(AssertionError) as e:
+            bare.start(timeout=30)
+        said = str(e.value)
+        assert "refused no password: set [plugins.state] sentinel_password_file" in said, said
+        assert "Traceback" not in said
+        bare.cleanup()
+
+        keyed = f'{FAST_EXECUTOR}\n[plugins.state]\nurl = "{ss.url}"\nsentinel_password_file = "{pw}"\n'
+        d = Daemon(short_home(), config=keyed, namespace=namespace)
+        d.start()
+        try:
+            job = submit(d, "sh", "-c", "echo over sentinel", pool="serve")
+            assert state(d, job, timeout=60)["state"] == "succeeded"
+            assert secret not in d.daemon_log()
+        finally:
+            d.cleanup()
+
+        wrong = tmp_path / "wrong.password"
+        wrong.write_text("not-it\n")
+        bad = f'{FAST_EXECUTOR}\n[plugins.state]\nurl = "{ss.url}"\nsentinel_password_file = "{wrong}"\n'
+        d = Daemon(short_home(), config=bad, namespace=namespace)
+        with pytest.raises(AssertionError) as e:
+            d.start(timeout=30)
+        assert "refused a wrong password" in str(e.value) and "not-it" not in str(e.value), str(e.value)
+        d.cleanup()
+    finally:
+        ss.stop()

@@ -57,6 +57,19 @@ def test_the_password_file_wins_over_the_url_and_no_message_names_either(tmp_pat
         read(_st(ca_file=tmp_path / "none.pem"), "rediss://h")
 
 
+def test_the_sentinels_password_is_their_own_and_only_for_a_sentinel_url(tmp_path):
+    f = tmp_path / "spw"
+    f.write_text("sentinels-own\n")
+    t = read(_st(sentinel_password_file=f), "redis+sentinel://piloop:masters@h1:26379,h2/svc")
+    assert (t.password, t.sentinel_password) == ("masters", "sentinels-own")
+    assert "sentinels-own" not in repr(t) and "sentinels-own" not in t.where()
+    with pytest.raises(ConfigError, match="sentinel_password_file is for a redis\\+sentinel:// url"):
+        read(_st(sentinel_password_file=f), "redis://h:6379/0")
+    (tmp_path / "empty").write_text("")
+    with pytest.raises(ConfigError, match=r"sentinel_password_file .* is empty"):
+        read(_st(sentinel_password_file=tmp_path / "empty"), "redis+sentinel://h1/svc")
+
+
 def test_a_secret_url_reads_the_same(tmp_path):
     st = _st(url=SecretStr("redis+sentinel://s1:5000/svc"))
     assert st.url is not None and read(st, st.url.get_secret_value()).sentinels == (("s1", 5000),)
