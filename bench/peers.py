@@ -19,6 +19,10 @@ from pathlib import Path
 import psutil
 import redis
 
+# here, in the importing thread: celery resolves `Celery` lazily on first use, and the recovery part's sides start in
+# threads of their own, where two first uses at once raised "cannot import name 'Celery'" (a CI run of 2026-12-07)
+from celery import Celery
+
 from bench.measure import (
     BIN,
     ROOT,
@@ -173,8 +177,6 @@ def celery_workers(
 
 
 def celery_client(rp: RedisProcess, queue: str):
-    from celery import Celery
-
     app = Celery("bench-client", broker=rp.url)
     app.conf.update(task_default_queue=queue, task_ignore_result=True)
     return app
