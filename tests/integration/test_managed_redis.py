@@ -178,3 +178,26 @@ def test_sentinels_that_require_a_password_are_asked_with_sentinel_password_file
         d.cleanup()
     finally:
         ss.stop()
+
+
+@needs_redis7
+def test_sentinel_over_tls_runs_jobs_before_and_after_a_failover(tmp_path, namespace):
+    """`rediss+sentinel://` with `ca_file`: every link TLS (the client's to the Sentinels and the master, the
+    replica's, the Sentinels' own); a job runs, the primary is SIGKILLed, the replica is promoted over TLS, and the
+    next job runs on it."""
+    pki = make_pki(tmp_path / "pki")
+    ss = SentinelSet(tmp_path / "redis", pki=pki, binary=REDIS7).start()
+    config = f'{FAST_EXECUTOR}\n[plugins.state]\nurl = "{ss.url}"\nca_file = "{pki.ca}"\n'
+    d = Daemon(short_home(), config=config, namespace=namespace)
+    try:
+        d.start()
+        job = submit(d, "sh", "-c", "echo before", pool="serve")
+        assert state(d, job, timeout=60)["state"] == "succeeded"
+        assert ss.master_port() == ss.tls_ports[0]  # the Sentinels name the primary's TLS port
+        ss.primary.stop(kill=True)
+        wait_for(lambda: ss.master_port() == ss.tls_ports[1], 30, interval=0.2, what="the replica promoted over TLS")
+        job = submit(d, "sh", "-c", "echo after", pool="serve")
+        assert state(d, job, timeout=90)["state"] == "succeeded"
+    finally:
+        d.cleanup()
+        ss.stop()
