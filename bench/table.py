@@ -70,10 +70,10 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             ("task", "python", "Python no-op", "piloop: warm task processes (the default)"),
             ("task fresh", "python", "Python no-op, a fork each", "piloop: processes = fresh, a fork per task"),
         ):
-            if f"piloop {what}" not in j:  # a run from before this drain existed
+            if f"piloop {what}" not in j:  # a run from before this drain existed (its rounds lack it too)
                 continue
             if rounds:
-                each = [round_ratio(r, what, job) for r in rounds if f"piloop {what}" in r]
+                each = [round_ratio(r, what, job) for r in rounds]
                 note = "; ".join(x for x in (note, "each round's ratio: " + ", ".join(fmt(x) for x in each)) if x)
             row(
                 f"drain {n:,} jobs, 2 workers: {label}{of}",

@@ -80,11 +80,8 @@ def _sentinels_refusing(t: target.Target) -> list[str]:
         try:
             with redis.Redis(host=host, port=port, **_sentinel_kwargs(t, TIMEOUTS)) as c:
                 c.ping()
-        except redis.exceptions.AuthenticationError:
+        except redis.exceptions.AuthenticationError:  # redis-py's for NOAUTH and WRONGPASS alike
             refusing.append(f"{host}:{port}")
-        except redis.exceptions.ResponseError as e:
-            if str(e).startswith(("NOAUTH", "WRONGPASS")):
-                refusing.append(f"{host}:{port}")
         except redis.exceptions.RedisError:
             continue  # not answering: the lookup's own error says so
     return refusing
