@@ -19,6 +19,7 @@ API = "/v1"
 # A job's relay (on its worker) names the job and its lease on every call it forwards.
 RELAY_JOB_HEADER = "x-piloop-job"
 RELAY_TOKEN_HEADER = "x-piloop-lease-token"
+RELAY_MARKER_HEADER = "x-piloop-relayed"  # set by a worker's relay on what it forwards: relay routes only
 
 Kind = Literal["agent", "evaluation"]
 Outcome = Literal["succeeded", "failed", "cancelled", "fenced", "lost"]

@@ -63,6 +63,7 @@ def create_app(rt: Runtime, daemon_info: dict[str, Any] | None = None) -> FastAP
         app.include_router(docs.router)
     app.add_middleware(BodyLimit, max_body=rt.settings.plugins.network.max_body_mb * 1024 * 1024)
     app.add_middleware(CsrfCheck)
+    app.add_middleware(relay.RelayMarkerGuard)
 
     @app.exception_handler(PiloopError)
     async def piloop_error(request: Request, exc: PiloopError) -> JSONResponse:

@@ -3,8 +3,10 @@
 The worker forwards each call to the server under the job's id and lease token, with the worker's own
 credentials; the server accepts it only while that lease is live (`/v1/relay/...`). The job never sees the
 worker's token through the relay, and cannot name another job: the socket it connects to says which job it is.
-Only `/v1/relay/...` is forwarded, with nothing of the job's call but its method, path and body: the job, its lease
-and the credential are the worker's to add.
+Only the server's relay routes are forwarded (`relaypath.route`: the path decoded and normalised first, then matched
+whole), with nothing of the job's call but its method, that canonical path and its body: the job, its lease, the
+credential and the relay's marker (`RELAY_MARKER_HEADER`, which the server refuses on any other route) are the
+worker's to add, so no header the job sends, a marker of its own included, reaches the server.
 
 One thread runs one asyncio loop that serves every job's socket, reading each call (HTTP/1.0, one call a
 connection) on the loop and forwarding it with the relay's blocking HTTP client on a small thread pool. So what the
@@ -34,8 +36,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from piloop_common.client import ApiClient
-from piloop_common.protocol import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
+from piloop_common.protocol import RELAY_JOB_HEADER, RELAY_MARKER_HEADER, RELAY_TOKEN_HEADER
 from piloop_worker.jobuser import JobUser
+from piloop_worker.relaypath import SHOWN, NotARoute, route
 
 log = logging.getLogger("piloop.worker")
 
@@ -44,7 +47,6 @@ BACKLOG = 16  # calls waiting to be accepted; a job's CLI makes one at a time
 MAX_UNIX_PATH = 100  # AF_UNIX allows 108 bytes with the NUL; keep a margin
 MAX_BODY = 1024 * 1024
 MAX_HEADERS = 100  # as http.client allows
-PREFIX = "/v1/relay/"
 # The forwards are blocking calls to one server, each a few ms; a job's CLI makes one or two in a row, so a few
 # threads serve every job of a worker, and a fixed number bounds the worker's threads whatever its jobs do.
 CALL_THREADS = 8
@@ -263,9 +265,12 @@ class Relay:
 
     def forward(self, le: _Lease, method: str, path: str, body: bytes) -> tuple[int, bytes]:
         """Send one call to the server under the job's lease; the server's status and body."""
-        if not path.startswith(PREFIX):
-            return 404, _error("not_found", f"the relay forwards only {PREFIX}… calls, not {path}")
-        headers = {RELAY_JOB_HEADER: le.job, RELAY_TOKEN_HEADER: le.token}
+        try:
+            path = route(method, path)
+        except NotARoute as e:
+            log.warning("event=relay.refused job=%s path=%r why=%s", le.job, path[:200], e)
+            return 404, _error("not_found", f"the relay forwards only its own routes ({SHOWN}): {e}")
+        headers = {RELAY_JOB_HEADER: le.job, RELAY_TOKEN_HEADER: le.token, RELAY_MARKER_HEADER: "1"}
         if body:
             headers["content-type"] = "application/json"
         try:

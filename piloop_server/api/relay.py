@@ -5,6 +5,9 @@ token in two headers. Every call is checked against the lease in the same Lua sc
 token that no longer holds the lease, a lease held by another worker, or a cancelled job answers 409
 `lease_lost` and changes nothing.
 
+Every call a relay forwards carries its marker (`RELAY_MARKER_HEADER`); `RelayMarkerGuard` refuses the marker on any
+route but these, so a relay that were tricked into forwarding elsewhere would still reach no worker or operator route.
+
 A relayed submit trusts the lease, not the caller: the agent names a commit of its campaign's repo, and the
 server queues that campaign's evaluation of it, built from the campaign record the lease's job points to.
 """
@@ -12,20 +15,46 @@ server queues that campaign's evaluation of it, built from the campaign record t
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
 from piloop_common.errors import BadRequest, Conflict, Forbidden, NotFound
 from piloop_common.operator_protocol import JobView, ProgressNote, RelaySubmit, SubmitResponse
-from piloop_common.protocol import LEASE_TOKEN, RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
+from piloop_common.protocol import LEASE_TOKEN, RELAY_JOB_HEADER, RELAY_MARKER_HEADER, RELAY_TOKEN_HEADER
 from piloop_server import campaign_repo, campaigns, jobs
 from piloop_server.api import wakeup
+from piloop_server.api.answers import error_answer
 from piloop_server.api.deps import RuntimeDep, WorkerDep
 from piloop_server.runtime import Runtime
 from piloop_server.state.relay import Caller, RelayState
 
 router = APIRouter(prefix="/v1/relay", tags=["relay"])
+# a relay route's path as the router matches it: /v1/relay/ and segments that are none of "", ".", ".."
+RELAY_PATH = re.compile(r"/v1/relay(?:/[A-Za-z0-9][A-Za-z0-9_.:-]*)+")
+_MARKER = RELAY_MARKER_HEADER.encode()
+
+
+class RelayMarkerGuard:
+    """Refuse (403) a call that carries the relay's marker on any route but the relay's own. Plain ASGI, like
+    app.BodyLimit: it runs before routing and authentication, on the path the router will match."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if (
+            scope["type"] == "http"
+            and not RELAY_PATH.fullmatch(scope["path"])
+            and any(name == _MARKER for name, _ in scope["headers"])
+        ):
+            refused = Forbidden(
+                f"{scope['path'][:200]!r} is not a relay route: a call a job's relay forwarded "
+                f"({RELAY_MARKER_HEADER}) reaches /v1/relay/... only"
+            )
+            await error_answer(refused)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def relay_state(request: Request) -> RelayState:

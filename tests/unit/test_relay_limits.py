@@ -23,7 +23,7 @@ from piloop_worker import relay as relay_mod
 from piloop_worker.relay import CALL_THREADS, FORWARDS_PER_JOB, MAX_CALLS_PER_JOB, Relay
 from tests.helpers.redis import wait_for
 
-CALL = b"GET /v1/relay/whoami HTTP/1.0\r\nhost: relay\r\n\r\n"
+CALL = b"GET /v1/relay/job HTTP/1.0\r\nhost: relay\r\n\r\n"
 BUSY = {
     "error": "busy",
     "message": f"this job has {MAX_CALLS_PER_JOB} relay calls in flight, the most a job may have; try again",
@@ -156,7 +156,7 @@ def test_a_connection_that_sends_nothing_loses_its_slot(relay, monkeypatch, tmp_
     r, _ = relay
     r.add("j", "t", tmp_path / "j.sock")
     t0 = time.monotonic()
-    idle = [_connect(tmp_path / "j.sock", send=b"GET /v1/relay/whoami HTTP/1.0\r\n") for _ in range(2)]
+    idle = [_connect(tmp_path / "j.sock", send=b"GET /v1/relay/job HTTP/1.0\r\n") for _ in range(2)]
     idle += [_connect(tmp_path / "j.sock", send=b"") for _ in range(MAX_CALLS_PER_JOB - 2)]
     wait_for(lambda: r.leases["j"].calls == MAX_CALLS_PER_JOB, what="every slot taken")
     assert _answer(_connect(tmp_path / "j.sock")) == (503, BUSY)
@@ -172,7 +172,7 @@ def test_a_connection_that_sends_nothing_loses_its_slot(relay, monkeypatch, tmp_
     ("call", "status", "error"),
     [
         (b"GET\r\n\r\n", 400, "bad_request"),
-        (b"GET /v1/relay/whoami HTTP/1.0\r\nno colon here\r\n\r\n", 400, "bad_request"),
+        (b"GET /v1/relay/job HTTP/1.0\r\nno colon here\r\n\r\n", 400, "bad_request"),
         (b"POST /v1/relay/progress HTTP/1.0\r\ncontent-length: ten\r\n\r\n", 400, "bad_request"),
         (b"POST /v1/relay/progress HTTP/1.0\r\ncontent-length: 10\r\n\r\n{}", 400, "bad_request"),
         (f"POST /v1/relay/progress HTTP/1.0\r\ncontent-length: {(1 << 20) + 1}\r\n\r\n".encode(), 413, "too_large"),

@@ -48,7 +48,7 @@ class _UnixConnection(http.client.HTTPConnection):
 def _ask(path: Path) -> str:
     conn = _UnixConnection(path)
     try:
-        conn.request("GET", "/v1/relay/whoami")
+        conn.request("GET", "/v1/relay/job")
         resp = conn.getresponse()
         assert resp.status == 200
         return json.loads(resp.read())["job"]
@@ -81,7 +81,7 @@ def test_each_socket_answers_for_its_job_until_removed(relay, tmp_path: Path) ->
         for name, path in live.items():
             assert _ask(path) == name
     assert {job for job, _ in up.calls} == {f"j{i}" for i in range(60)}
-    assert all(path == "/v1/relay/whoami" for _, path in up.calls)
+    assert all(path == "/v1/relay/job" for _, path in up.calls)
 
 
 def test_a_socket_added_again_replaces_the_first(relay, tmp_path: Path) -> None:
