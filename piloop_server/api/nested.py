@@ -27,10 +27,15 @@ BLOB_MOST = 1024 * 1024  # what the relay forwards in one call
 
 
 def _child(rt: Runtime, caller: Caller, job_id: str) -> JobView:
-    v = jobs.view(rt, job_id)
-    if rt.jobs.field_of([v.id], "parent") != [caller.job]:
-        raise Forbidden(f"job {job_id} is not one job {caller.job} queued: a job reads and cancels its own children")
-    return v
+    """The caller's child `job_id`; a job that does not exist and one that is not the caller's child get one answer,
+    so a job cannot tell whether another job exists."""
+    not_yours = NotFound(f"job {job_id} is not one job {caller.job} queued: a job reads and cancels its own children")
+    if rt.jobs.field_of([jobs.check_id(job_id)], "parent") != [caller.job]:
+        raise not_yours
+    try:
+        return jobs.view(rt, job_id)
+    except NotFound:  # removed between the two reads
+        raise not_yours from None
 
 
 @router.post("/jobs", response_model=SubmitResponse)

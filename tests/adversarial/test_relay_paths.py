@@ -232,3 +232,36 @@ def test_the_server_refuses_the_relays_marker_on_any_other_route(server):
             headers={**auth, RELAY_MARKER_HEADER: "1", RELAY_JOB_HEADER: "jnope", RELAY_TOKEN_HEADER: "1.ab"},
         )
         assert resp.status_code == 409, resp.text
+
+
+def test_the_relay_answers_alike_for_a_job_that_does_not_exist_and_one_that_is_not_the_callers(server):
+    """A job learns nothing of other jobs through its relay: the same status and body for both, but the id asked."""
+    d = server
+    w = RemoteWorker(d, token(d, f"w{uuid.uuid4().hex[:6]}")).start()
+    shared = Path(tempfile.mkdtemp(prefix="pl-relay-"))
+    shared.chmod(0o777)
+    other = submit(d, "true", pool="serve")  # queued, and stays so: the serve pool has no slots here
+    nobody = "j" + uuid.uuid4().hex[:12]
+    calls = []
+    for victim in (other, nobody):
+        for method, path in (
+            ("GET", "/v1/relay/jobs/{v}"),
+            ("POST", "/v1/relay/jobs/{v}/cancel"),
+            ("GET", "/v1/relay/jobs/{v}/log/0"),
+        ):
+            calls.append([method, path.format(v=victim), None, victim])
+    try:
+        job = submit(d, PYTHON, "-c", ATTACK, json.dumps(calls), str(shared))
+        wait_for((shared / "answers.json").exists, 60, interval=0.1, what="the job's answers")
+        answers = json.loads((shared / "answers.json").read_text())
+        (shared / "stop").touch()
+        half = len(answers) // 2
+        for (_m, _t, s1, b1), (_m2, _t2, s2, b2) in zip(answers[:half], answers[half:], strict=True):
+            assert (s1, b1.replace(other, "ID")) == (s2, b2.replace(nobody, "ID")), (s1, b1, s2, b2)
+            assert s1 == 404 and json.loads(b1)["error"] == "not_found", b1
+        assert state(d, job)["state"] == "succeeded"
+        assert view(d, other)["state"] == "queued"
+    finally:
+        (shared / "stop").touch()
+        d.cli("job", "cancel", other)
+        w.cleanup()
