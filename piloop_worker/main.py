@@ -1,6 +1,7 @@
-"""`run_worker`: what `piloop worker` runs. Exit codes: 0 stopped (detached), 2 a user mistake, 3 refused, 4 its
-directory is in use by another worker (one worker per directory), 5 the server's certificate is not trusted (the CA
-that signed it goes in `SSL_CERT_FILE`)."""
+"""`run_worker`: what `piloop worker` runs. Exit codes: 0 stopped (detached), 1 its CAS does not answer at start
+(a restart may find it), 2 a user mistake, 3 refused (by the server, or its CAS refused its token), 4 its directory
+is in use by another worker (one worker per directory), 5 the server's certificate is not trusted (the CA that signed
+it goes in `SSL_CERT_FILE`). Each with one line on stderr."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from piloop_common.config import Settings
     from piloop_worker.shimhost import ShimHost
 
-EXIT_OK, EXIT_USAGE, EXIT_REFUSED, EXIT_IN_USE, EXIT_UNTRUSTED = 0, 2, 3, 4, 5
+EXIT_OK, EXIT_CAS_DOWN, EXIT_USAGE, EXIT_REFUSED, EXIT_IN_USE, EXIT_UNTRUSTED = 0, 1, 2, 3, 4, 5
 # how long `piloop serve`'s own worker waits for the directory: the worker of a daemon that died detaches meanwhile
 SERVE_DIR_WAIT = 60.0
 CREDENTIAL_ENV = "PILOOP_WORKER_CREDENTIAL"
@@ -190,7 +191,7 @@ def _run(
 ) -> int:
     from piloop_common.cas import open_store
     from piloop_common.client import ApiClient, Servers
-    from piloop_common.errors import DirInUse
+    from piloop_common.errors import DirInUse, Forbidden, Unauthorized, Unavailable
     from piloop_worker.loop import ServerUntrusted, ShutdownRequested, Worker, WorkerRefused
     from piloop_worker.shimproto import StopReason
 
@@ -213,12 +214,17 @@ def _run(
         if answer is not None:
             return _fail(*answer)
     try:
-        store = open_store(settings.plugins.cas, home)
+        # an http CAS takes the worker's own token (on the proxy network, none: the proxy's credential is no token)
+        store = open_store(settings.plugins.cas, home, token=None if proxy else token)
         store.identity()
     except ConfigError as e:
         return _fail(f"config: {e.message}")
+    except (Unauthorized, Forbidden) as e:
+        return _fail(f"refused by the CAS: {e.message}", EXIT_REFUSED)
+    except Unavailable as e:
+        return _fail(f"the CAS does not answer: {e.message}", EXIT_CAS_DOWN)
     except PiloopError as e:
-        return _fail(f"the CAS cannot be opened: {e.message}", 1)
+        return _fail(f"the CAS cannot be opened: {e.message}", EXIT_USAGE)
 
     where = server or f"unix:{socket}"
     w = Worker(

@@ -11,8 +11,10 @@ from piloop_common.errors import ConfigError
 from piloop_common.extras import install_line, missing
 
 
-def open_store(cfg: CasConfig, home: Path) -> Store:
-    """Open the store; providers import their client libraries (boto3, httpx) only here."""
+def open_store(cfg: CasConfig, home: Path, token: str | None = None) -> Store:
+    """Open the store; providers import their client libraries (boto3, httpx) only here. An `http` CAS (also as a
+    `cached` one's remote) takes its config's `token`, else `token` (a worker's own, from the environment or its
+    `--token-file`), else `PILOOP_HTTPS_TOKEN`."""
     if isinstance(cfg, LocalCasConfig):
         from piloop_common.cas.local import LocalStore
 
@@ -28,12 +30,12 @@ def open_store(cfg: CasConfig, home: Path) -> Store:
     if isinstance(cfg, HttpCasConfig):
         from piloop_common.cas.http import HttpStore
 
-        token = cfg.token.get_secret_value() if cfg.token else os.environ.get("PILOOP_HTTPS_TOKEN")
-        return HttpStore(cfg.url, token=token, timeout=cfg.timeout_seconds)
+        given = cfg.token.get_secret_value() if cfg.token else token or os.environ.get("PILOOP_HTTPS_TOKEN")
+        return HttpStore(cfg.url, token=given, timeout=cfg.timeout_seconds)
     if isinstance(cfg, CachedCasConfig):
         from piloop_common.cas.cached import CachedStore
 
-        remote = open_store(cfg.remote, home)
+        remote = open_store(cfg.remote, home, token)
         return CachedStore(remote, _under(home, cfg.path, "cas-cache"), max_bytes=int(cfg.local_max_gb * 1e9))
     raise ConfigError(f"[plugins.cas] names an unknown provider: {cfg!r}")
 
