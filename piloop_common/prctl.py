@@ -1,10 +1,12 @@
 """Linux's prctl(2) for piloop's processes: a name for `ps -o comm`, `top` and `perf` (so a shim is not "python"),
-and the subreaper and parent-death settings."""
+the subreaper and parent-death settings, and what keeps a worker's secrets from its jobs (not dumpable, its
+credentials out of its environment block)."""
 
 from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Iterable
 
 PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_CHILD_SUBREAPER = 1, 15, 36
 # the pid a child must die with, passed by its parent (`piloop serve` to its own worker): a child whose parent is
@@ -39,3 +41,36 @@ def die_with_parent(parent: int, sig: int) -> None:
     set_parent_death_signal(sig)
     if os.getppid() != parent:
         os._exit(137)
+
+
+PR_SET_DUMPABLE = 4
+
+
+def set_dumpable(on: bool) -> bool:
+    """Whether the kernel took it. Not dumpable: a process of the same user (a job) cannot read this one's
+    `/proc/<pid>/environ` or `mem`, nor ptrace it; only CAP_SYS_PTRACE can. This process's own /proc stays readable
+    to itself, and an exec in a child makes the child dumpable again."""
+    return prctl(PR_SET_DUMPABLE, 1 if on else 0)
+
+
+def forget_env(names: Iterable[str]) -> list[str]:
+    """Remove each of `names` from this process's environment, the names removed: from `os.environ` (so no child
+    inherits it), and first its value overwritten with NULs in the C environment block, whose bytes
+    `/proc/<pid>/environ` shows whatever `unsetenv` did (where libc exposes `environ`; else os.environ only)."""
+    gone = [n for n in names if n in os.environ]
+    if not gone:
+        return []
+    wanted = {n.encode() for n in gone}
+    try:
+        env = ctypes.POINTER(ctypes.c_void_p).in_dll(ctypes.CDLL(None), "environ")
+        i = 0
+        while (addr := env[i]) is not None:
+            name, eq, value = ctypes.string_at(addr).partition(b"=")
+            if eq and name in wanted:
+                ctypes.memset(addr + len(name) + 1, 0, len(value))
+            i += 1
+    except (OSError, AttributeError, ValueError):
+        pass
+    for n in gone:
+        del os.environ[n]
+    return gone

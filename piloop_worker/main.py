@@ -27,6 +27,8 @@ EXIT_OK, EXIT_CAS_DOWN, EXIT_USAGE, EXIT_REFUSED, EXIT_IN_USE, EXIT_UNTRUSTED = 
 # how long `piloop serve`'s own worker waits for the directory: the worker of a daemon that died detaches meanwhile
 SERVE_DIR_WAIT = 60.0
 CREDENTIAL_ENV = "PILOOP_WORKER_CREDENTIAL"
+# set by the local provisioner, which finds the workers it started by reading their /proc/<pid>/environ
+LOCAL_PROVISIONED_ENV = "PILOOP_PROVISIONED_POOL"
 log = logging.getLogger("piloop.worker")
 
 
@@ -92,6 +94,7 @@ def run_worker(
                 f"{home / 'config.toml'} has [plugins.state] url: a worker holds no state credentials; "
                 "remove it on this machine"
             )
+    _keep_from_jobs()
     from piloop_common.errors import DirInUse
     from piloop_common.prctl import set_name
     from piloop_worker.dirlock import hold_dir
@@ -152,6 +155,19 @@ def run_worker(
         host.close()
         if dir_lock is not None:
             dir_lock.release()  # after the worker has done with its dir
+
+
+def _keep_from_jobs() -> None:
+    """Keep what this worker holds from its jobs, which run as its user unless `run_as` says otherwise: not dumpable,
+    so a job can read neither its `/proc/<pid>/environ` nor its memory (a worker the local provisioner started stays
+    readable: that provisioner lists its workers by their environment, and their jobs run as the server's user, who
+    reads its files anyway); and its credentials, read by now, gone from its environment block."""
+    from piloop_common.prctl import forget_env, set_dumpable
+    from piloop_worker.jobuser import CREDENTIAL_PREFIXES, CREDENTIALS
+
+    if not os.environ.get(LOCAL_PROVISIONED_ENV):
+        set_dumpable(False)
+    forget_env([k for k in os.environ if k in CREDENTIALS or k.startswith(CREDENTIAL_PREFIXES)])
 
 
 def _die_with_daemon() -> int | None:
