@@ -151,17 +151,19 @@ NAMING = {"token.": ("name", "names", "pool", "role"), "secret.": ("name",)}
 
 
 def shown_to(caller: Caller, events: list[dict]) -> list[dict]:
-    """`events` as `caller` may see them: a token's name, role and pool, a secret's name, and the token that signed
-    a write (`by: token:<name>`) hidden from all but an admin."""
+    """`events` as `caller` may see them: a token's name, role and pool, a secret's name, and another token that
+    signed a write (`by: token:<name>`; the caller's own it sees) hidden from all but an admin."""
     if caller.role is not None and caller.role.reaches(Role.ADMIN):
         return events
+    mine = caller.signed if caller.token is not None else None
     out = []
     for e in events:
         fields = next((f for prefix, f in NAMING.items() if str(e.get("type", "")).startswith(prefix)), ())
         by = e.get("by")
-        if fields or (isinstance(by, str) and by.startswith("token:")):
+        other = isinstance(by, str) and by.startswith("token:") and by != mine
+        if fields or other:
             e = {**e, **{f: HIDDEN for f in fields if f in e}}
-            if isinstance(by, str) and by.startswith("token:"):
+            if other:
                 e["by"] = f"token:{HIDDEN}"
         out.append(e)
     return out
