@@ -9,14 +9,14 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from piloop_common import __version__
-from piloop_common.errors import BadRequest, NotFound
+from piloop_common.errors import BadRequest, NotFound, PiloopError
 from piloop_common.operator_protocol import LimitRequest, LimitView, TokenCreate, TokenCreated, TokenView, WorkerView
 from piloop_server import campaign_admin, cas_gc, workers
 from piloop_server.api.deps import AdminDep, OperatorDep, RuntimeDep, ViewerDep
-from piloop_server.auth import Caller, Role
+from piloop_server.auth import Caller, Role, identify_async
 from piloop_server.provisioner.manager import summary as provisioned_pools
 from piloop_server.runtime import Runtime
-from piloop_server.state.connection import read_policy
+from piloop_server.state.connection import UNREACHABLE, read_policy
 from piloop_server.state.leader import LeaderLease
 
 router = APIRouter(prefix="/v1", tags=["admin"])
@@ -24,7 +24,13 @@ router = APIRouter(prefix="/v1", tags=["admin"])
 
 @router.get("/health")
 async def health(request: Request) -> dict:
+    """That the server is up, to anyone; its id, pid and version only to a caller it knows (the socket, a live
+    token, the proxy's claims): they tell an attacker which release's flaws to try."""
     rt = request.app.state.runtime
+    try:
+        await identify_async(request)
+    except (PiloopError, *UNREACHABLE):
+        return {"ok": True}
     return {"ok": True, "server_id": rt.server_id, "pid": os.getpid(), "version": __version__}
 
 

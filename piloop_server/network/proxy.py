@@ -7,6 +7,8 @@ itself in `x-piloop-worker`. piloop's own tokens (`plt_`) are refused here: the 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,10 +47,26 @@ def _shown(claims: Mapping[str, str]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in sorted(claims.items()) if v) or "none"
 
 
+def carries_token(authorization: str) -> bool:
+    """Whether an `Authorization` value holds a piloop token, whatever its scheme and spacing (`Bearer<TAB>plt_…`,
+    `token plt_…`, `plt_…` alone) or inside a base64 word (`Basic` of `user:plt_…`)."""
+    if TOKEN_PREFIX in authorization:
+        return True
+    for word in authorization.split():
+        try:
+            decoded = base64.b64decode(
+                word + "=" * (-len(word) % 4), altchars=b"-_" if "-" in word or "_" in word else None
+            )
+        except (binascii.Error, ValueError):
+            continue
+        if TOKEN_PREFIX.encode() in decoded:
+            return True
+    return False
+
+
 def identify_proxy(headers: Mapping[str, str], net: NetworkConfig) -> ProxyIdentity:
     """Who a TCP caller is on the proxy network, or Refused/Forbidden saying why it is refused."""
-    scheme, _, credential = (headers.get("authorization") or "").partition(" ")
-    if scheme.lower() == "bearer" and credential.strip().startswith(TOKEN_PREFIX):
+    if carries_token(headers.get("authorization") or ""):
         raise Refused(
             "piloop tokens (plt_) are refused on the proxy network: the proxy in front of the "
             "server is the one authentication"

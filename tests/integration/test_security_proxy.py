@@ -3,6 +3,7 @@ config; each rule (worker, service, human), a caller no rule matches, and `plt_`
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -199,3 +200,87 @@ def test_an_act_rule_gives_its_role_and_a_call_beyond_it_is_refused_naming_both(
     finally:
         proxy.stop()
         d.cleanup()
+
+
+def test_a_piloop_token_is_refused_in_any_authorization_form(net):
+    d, proxy = net
+    tok = d.cli("token", "create", f"t-{uuid.uuid4().hex[:6]}", check=True).stdout.strip()
+    basic = base64.b64encode(f"alice:{tok}".encode()).decode()
+    forms = {
+        "a tab": f"Bearer\t{tok}",
+        "spaces": f"bearer   {tok}",
+        "upper case": f"BEARER {tok}",
+        "another scheme": f"Token {tok}",
+        "no scheme": tok,
+        "basic": f"Basic {basic}",
+        "basic unpadded": f"Basic {basic.rstrip('=')}",
+    }
+    for what, value in forms.items():
+        for where in (proxy.url, f"http://{d.listen}"):  # through the proxy, and straight at `listen`
+            r = httpx.get(where + "/v1/jobs", headers={"x-api-key": HUMAN_KEY, "authorization": value}, timeout=10)
+            assert r.status_code == 403, (what, where, r.text)
+            assert "piloop tokens (plt_) are refused on the proxy network" in r.json()["message"], (what, r.text)
+    # the proxy's own credential in Authorization still passes
+    assert _call(proxy, HUMAN_KEY, "GET", "/v1/jobs").status_code == 200
+    assert tok not in d.daemon_log()
+
+
+def test_a_browsers_write_needs_this_servers_own_page(net):
+    d, proxy = net
+    body = {"pool": "gpu", "spec": {"argv": ["true"]}}
+    queued = len(_events(d, "job.queued"))
+    cross = [
+        {"origin": "https://evil.example"},
+        {"origin": "null"},
+        {"sec-fetch-site": "cross-site"},
+        {"sec-fetch-site": "same-site", "origin": "https://other.piloop.example.com"},
+        {"cookie": "_oauth2_proxy=abc"},  # the proxy's session, and nothing saying which page sent it
+        {"cookie": "_oauth2_proxy=abc", "origin": "https://evil.example", "x-piloop-csrf": "guess"},
+    ]
+    for headers in cross:
+        r = _call(proxy, HUMAN_KEY, "POST", "/v1/jobs", body, headers=headers)
+        assert r.status_code == 403, (headers, r.text)
+        assert "this server's own page" in r.json()["message"], r.text
+        r = _call(
+            proxy,
+            HUMAN_KEY,
+            "POST",
+            "/v1/limits",
+            {"key": "executor.pools.gpu.evaluations", "value": "0", "reason": "x"},
+            headers=headers,
+        )
+        assert r.status_code == 403, (headers, r.text)
+    assert len(_events(d, "job.queued")) == queued and not [e for e in _events(d, "limit.set") if e["value"] == "0"]
+    same = [
+        {"sec-fetch-site": "same-origin"},
+        {"origin": "https://piloop.example.com"},  # [plugins.network] url
+        {"cookie": "_oauth2_proxy=abc", "origin": "https://piloop.example.com", "sec-fetch-site": "same-origin"},
+        {},  # no browser: the CLI, a service
+    ]
+    for headers in same:
+        r = _call(proxy, HUMAN_KEY, "POST", "/v1/jobs", body, headers=headers)
+        assert r.status_code == 200, (headers, r.text)
+    # a read is never refused for it
+    assert _call(proxy, HUMAN_KEY, "GET", "/v1/jobs", headers={"origin": "https://evil.example"}).status_code == 200
+
+
+def test_health_says_only_that_it_is_up_to_a_caller_it_does_not_know(net, server):
+    d, proxy = net
+    for url, headers in (
+        (f"http://{d.listen}", {}),  # no claims: no rule matches
+        (f"http://{d.listen}", {"authorization": "Bearer plt_" + "A" * 43}),
+        (server.url, {}),
+        (server.url, {"authorization": "Bearer plt_" + "A" * 43}),
+        (server.url, {"authorization": "Basic Zm9vOmJhcg=="}),
+    ):
+        r = httpx.get(url + "/v1/health", headers=headers, timeout=10)
+        assert r.status_code == 200 and r.json() == {"ok": True}, (url, headers, r.text)
+    viewer = server.cli("token", "create", "v1", "--role", "viewer", check=True).stdout.strip()
+    worker = server.cli("token", "create", "w1", check=True).stdout.strip()
+    for tok in (viewer, worker):
+        got = httpx.get(server.url + "/v1/health", headers={"authorization": f"Bearer {tok}"}, timeout=10).json()
+        assert got["ok"] and got["version"] and got["pid"] and got["server_id"], got
+    got = _call(proxy, HUMAN_KEY, "GET", "/v1/health").json()
+    assert got["version"] and got["pid"], got
+    with server.api() as api:  # the socket's user
+        assert api.call("GET", "/v1/health")["version"]
