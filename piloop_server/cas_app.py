@@ -2,7 +2,8 @@
 
 Who may call it: any live piloop token (`plt_…`) of any kind — a worker's of any pool, a person's of any role —
 reads every blob and writes new ones; nothing else does. Listing and deleting blobs (the garbage collector's side)
-take a token named in `[plugins.network] cas_operators`; any other is refused 403. A put is capped (`[plugins.network] cas_max_put_mb`):
+take a token named in `[plugins.network] cas_operators`; any other is refused 403. Tokens are checked in the daemon's
+Redis: while it does not answer (the daemon and its embedded Redis stopped) every call is 503 naming the daemon. A put is capped (`[plugins.network] cas_max_put_mb`):
 a bigger body is refused 413 by its `Content-Length` before a byte is read, or as it comes when it has none,
 and nothing is stored. Other bodies (`POST /v1/cas/has`) are capped at `[plugins.network] max_body_mb`.
 """
@@ -16,8 +17,9 @@ from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse
 
 from piloop_common.cas.base import Store
-from piloop_common.errors import Forbidden, PiloopError, Unauthorized
+from piloop_common.errors import Forbidden, PiloopError, Unauthorized, Unavailable
 from piloop_server.api.cas import cas_router, sweep_router
+from piloop_server.state.connection import UNREACHABLE
 
 MIB = 1024 * 1024
 DEFAULT_MAX_PUT_MB = 4096
@@ -89,11 +91,20 @@ def create_cas_app(
     it may also list and delete blobs; a put over `max_put_mb` MiB, or another body over `max_body_mb`, is refused
     413."""
 
+    def _asked(check: Callable[[str], bool], token: str) -> bool:
+        try:
+            return check(token)
+        except UNREACHABLE as e:
+            raise Unavailable(
+                "this CAS checks tokens in the piloop daemon's Redis, which does not answer: the daemon (and its "
+                "embedded Redis) is stopped or unreachable; start it (`piloop serve`), and the CAS answers again"
+            ) from e
+
     def _token(authorization: str | None) -> str:
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("a bearer token is required: send `Authorization: Bearer <token>`")
-        if not verify(token.strip()):
+        if not _asked(verify, token.strip()):
             raise Unauthorized("the token is not valid (unknown, revoked or expired)")
         return token.strip()
 
@@ -101,7 +112,7 @@ def create_cas_app(
         _token(authorization)
 
     def operator_bearer(authorization: Annotated[str | None, Header()] = None) -> None:
-        if not operator(_token(authorization)):
+        if not _asked(operator, _token(authorization)):
             raise Forbidden(
                 "listing and deleting blobs is for operators: the token's name must be in "
                 "[plugins.network] cas_operators of this `piloop cas serve`"

@@ -298,6 +298,7 @@ class Worker(Claiming, JobStarts, Reporting):
         try:
             new = h.shipper.upload(self.store, self.timed.log_max_bytes)
             if new:
+                self.store.flush()  # chunks a cached CAS kept while its remote was away: the server checks them
                 self.api.call(
                     "POST",
                     "/v1/worker/log",

@@ -233,6 +233,7 @@ def _run(
         # an http CAS takes the worker's own token (on the proxy network, none: the proxy's credential is no token)
         store = open_store(settings.plugins.cas, home, token=None if proxy else token)
         store.identity()
+        store.hold_when_away()  # a report is built and spooled while the CAS is away; it flushes before sending
     except ConfigError as e:
         return _fail(f"config: {e.message}")
     except (Unauthorized, Forbidden) as e:

@@ -131,6 +131,7 @@ class Reporting(Part):
         """Send one spooled report; its answer (and the spool file gone), or None to try again later."""
         assert self.spool is not None and self.timing is not None
         try:
+            self.store.flush()  # the blobs it names first: kept by a cached CAS while its remote was away
             got: ReportResponse = self.api.call(
                 "POST", "/v1/worker/report", report, model=ReportResponse, timeout=self.timed.request_timeout_seconds
             )
@@ -155,6 +156,7 @@ class Reporting(Part):
         None to try it again later, and the claim's answer (None: not claimed, the loop claims alone)."""
         assert self.spool is not None and self.timing is not None
         try:
+            self.store.flush()
             got: ReportsResponse = self.api.call(
                 "POST",
                 "/v1/worker/reports",

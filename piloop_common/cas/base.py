@@ -78,6 +78,15 @@ class Store(ABC):
     def close(self) -> None:
         """Release clients and pools."""
 
+    def hold_when_away(self) -> bool:
+        """From now on keep a put that the remote does not answer, for `flush` to send (`cached`); whether this store
+        can. Only for a caller that flushes before naming a blob to anyone (the worker)."""
+        return False
+
+    def flush(self) -> int:
+        """Put what this store kept while its remote did not answer (`cached`); how many blobs. None elsewhere."""
+        return 0
+
     # -- the garbage collector's side (piloop_server/cas_gc.py): providers that can be swept override these
 
     def _list(self, after: str | None) -> Iterator[Listed]:

@@ -1,7 +1,11 @@
 """The `cached` provider: a local LRU directory in front of any other store.
 
 Writes go to the remote first and then to the cache (write-through), so a put that the remote
-did not take fails and is never reported stored. Reads fill the cache. Each read touches the
+refused, or that did not reach it, fails and is never reported stored. A worker's store (`hold_when_away`)
+keeps a put made while the remote does not answer (`Unavailable`: a `piloop cas serve` whose daemon is
+stopped) in `pending/` instead, outside the LRU, and `flush` puts it to the remote: the worker flushes
+before any call that names blobs (a report, a log append), so the server never hears of a blob its CAS
+lacks, and a job that ends while both are away still has its report built and spooled. Reads fill the cache. Each read touches the
 blob's mtime, and eviction removes the least recently touched blobs until the cache is under
 its limit: the directory itself is the index, so processes sharing a cache agree on it.
 """
@@ -19,13 +23,15 @@ from typing import BinaryIO
 from piloop_common.cas.address import CHUNK
 from piloop_common.cas.base import Blob, Listed, Store
 from piloop_common.cas.local import LocalStore
-from piloop_common.errors import Corrupt
+from piloop_common.errors import Corrupt, Unavailable
 
 
 class CachedStore(Store):
     def __init__(self, remote: Store, root: str | os.PathLike[str], max_bytes: int) -> None:
         self.remote = remote
         self.cache = LocalStore(root)
+        self.pending = LocalStore(Path(root) / "pending")  # put while the remote was away: `flush` sends them
+        self.holds = False
         self.max_bytes = max_bytes
         self.where = remote.where
         self.spool_dir = self.cache.spool_dir
@@ -39,13 +45,47 @@ class CachedStore(Store):
         return self.remote.identity()
 
     def _store(self, address: str, path: Path, owned: bool) -> None:
-        self.remote._store(address, path, owned=False)
+        try:
+            self.remote._store(address, path, owned=False)
+        except Unavailable:
+            if not self.holds:
+                raise
+            self.pending._store(address, path, owned)
+            return
         self._admit(address, path, owned)
+
+    def hold_when_away(self) -> bool:
+        self.holds = True
+        return True
+
+    def flush(self) -> int:
+        """Put every blob kept while the remote was away to it; how many. `Unavailable` while it still is."""
+        sent = 0
+        for path in self._pending_paths():
+            address = f"sha256:{path.name}"
+            self.remote._store(address, path, owned=False)
+            self._admit(address, path, owned=False)
+            self.pending.discard(address)
+            sent += 1
+        return sent
+
+    def _pending_paths(self) -> list[Path]:
+        return [
+            Path(e) for shard in _subdirs(self.pending.root / "blobs") for sub in _subdirs(shard) for e in _files(sub)
+        ]
 
     @contextmanager
     def _open(self, address: str) -> Iterator[Blob]:
         try:
-            f: BinaryIO = open(self.cache.path_of(address), "rb")
+            f: BinaryIO = open(self.pending.path_of(address), "rb")
+        except FileNotFoundError:
+            pass
+        else:
+            with f:
+                yield Blob(os.fstat(f.fileno()).st_size, iter(lambda: f.read(CHUNK), b""))
+            return
+        try:
+            f = open(self.cache.path_of(address), "rb")
             os.utime(f.fileno())  # the last access, for eviction
         except FileNotFoundError:
             f = self._fetch(address)
@@ -89,8 +129,10 @@ class CachedStore(Store):
         return self.remote._delete(addresses, before)
 
     def _size(self, address: str) -> int:
-        path = self.cache.path_of(address)
-        return path.stat().st_size if path.is_file() else self.remote._size(address)
+        for path in (self.pending.path_of(address), self.cache.path_of(address)):
+            if path.is_file():
+                return path.stat().st_size
+        return self.remote._size(address)
 
     # -- the LRU ----------------------------------------------------------------------------
 
@@ -137,3 +179,8 @@ def _subdirs(path: Path | str) -> list[str]:
             return [e.path for e in it if e.is_dir()]
     except FileNotFoundError:
         return []
+
+
+def _files(path: str) -> list[str]:
+    with os.scandir(path) as it:
+        return [e.path for e in it if e.is_file() and not e.name.startswith(".")]

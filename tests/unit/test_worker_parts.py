@@ -423,6 +423,7 @@ def _busy_worker(tmp_path: Path, held: int) -> tuple[Worker, list[Held]]:
     w.host_sample = lambda: HostSample(cpus=2, load1=0.1, memory_available_gb=8, disk_free_gb=10)
     w.room_mb = lambda: 4096
     w.api, w.spool, w.relay, w.spare, w.name = _Api(), Spool(tmp_path / "spool"), None, None, "w1"
+    w.store = LocalStore(tmp_path / "cas")  # a report flushes its store first: nothing held here
     w.reach = Reachability("test")
     ready = []
     for i in range(held):
