@@ -1,7 +1,8 @@
-"""`run_worker`: what `piloop worker` runs. Exit codes: 0 stopped (detached), 1 its CAS does not answer at start
-(a restart may find it), 2 a user mistake, 3 refused (by the server, or its CAS refused its token), 4 its directory
-is in use by another worker (one worker per directory), 5 the server's certificate is not trusted (the CA that signed
-it goes in `SSL_CERT_FILE`). Each with one line on stderr."""
+"""`run_worker`: what `piloop worker` runs. Exit codes: 0 stopped (detached), 1 a failure at start that a restart may
+mend (its CAS does not answer, an answer it cannot use), 2 a user mistake (a file or dir of its own it cannot make),
+3 refused (by the server, or its CAS refused its token), 4 its directory is in use by another worker (one worker per
+directory), 5 the server's certificate is not trusted (the CA that signed it goes in `SSL_CERT_FILE`). Each with one
+line on stderr."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from piloop_common.config import Settings
     from piloop_worker.shimhost import ShimHost
 
-EXIT_OK, EXIT_CAS_DOWN, EXIT_USAGE, EXIT_REFUSED, EXIT_IN_USE, EXIT_UNTRUSTED = 0, 1, 2, 3, 4, 5
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_IN_USE, EXIT_UNTRUSTED = 0, 1, 2, 3, 4, 5
 # how long `piloop serve`'s own worker waits for the directory: the worker of a daemon that died detaches meanwhile
 SERVE_DIR_WAIT = 60.0
 CREDENTIAL_ENV = "PILOOP_WORKER_CREDENTIAL"
@@ -239,7 +240,7 @@ def _run(
     except (Unauthorized, Forbidden) as e:
         return _fail(f"refused by the CAS: {e.message}", EXIT_REFUSED)
     except Unavailable as e:
-        return _fail(f"the CAS does not answer: {e.message}", EXIT_CAS_DOWN)
+        return _fail(f"the CAS does not answer: {e.message}", EXIT_FAILED)
     except PiloopError as e:
         return _fail(f"the CAS cannot be opened: {e.message}", EXIT_USAGE)
 
@@ -263,7 +264,14 @@ def _run(
     signal.signal(signal.SIGINT, on_signal)
     try:
         try:
-            w.start()
+            try:
+                w.start()
+            except DirInUse:
+                raise
+            except PiloopError as e:  # whatever else ends its start: one line, and a supervisor restarts it
+                return _fail(f"cannot start: {e.message}", EXIT_FAILED)
+            except OSError as e:  # its spool or work dir cannot be made there: a setup mistake
+                return _fail(f"cannot start: {e.filename or ''}: {e.strerror or e}", EXIT_USAGE)
             w.loop()
         except ShutdownRequested:
             log.info("event=worker.detaching worker=%s jobs=%d", w.name, len(w.held))

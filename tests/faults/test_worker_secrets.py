@@ -156,3 +156,16 @@ def test_a_worker_drops_its_token_from_its_environment_block(server, workers):
     assert Path(f"/proc/{pid}/environ").stat().st_uid == 0  # not dumpable: its /proc is root's
     for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
         assert tok.encode() not in Path(f"/proc/{child}/environ").read_bytes()
+
+
+def test_a_worker_that_cannot_make_its_spool_exits_2_in_one_line(server, workers):
+    """A start that fails after registering (here its spool, a file where its dir goes) is one line and a documented
+    code, not a traceback and 1, which a supervisor would restart every 5 s forever."""
+    w = workers(server, token(server, "gpu1", "--pool", "gpu"))
+    (w.home / "spool").write_text("not a dir\n")
+    w.start()
+    assert w.wait(60) == 2, w.output()
+    out = w.output()
+    lines = [line for line in out.splitlines() if line.startswith("piloop worker:")]
+    assert len(lines) == 1 and "cannot start:" in lines[0] and "spool" in lines[0], out
+    assert "Traceback" not in out
