@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import redis
 
@@ -162,7 +163,8 @@ def test_a_job_cannot_leave_its_relay_routes_by_any_path_encoding(server, redis_
     shared.chmod(0o777)  # where the job writes its answers (the one place a job run as another user reaches)
     try:
         # a victim that a claim without `room_mb` would lease (its grant fits no worker's room), with a secret
-        victim = submit(d, "sh", "-c", "echo score=1e9", opts=("--memory-mb", "100000000", "--secret", "VICTIM_KEY"))
+        more = str(2 * psutil.virtual_memory().total // 2**20)  # twice this host's memory, in MiB
+        victim = submit(d, "sh", "-c", "echo score=1e9", opts=("--memory-mb", more, "--secret", "VICTIM_KEY"))
         k = d.keys
         # the worker's own claims looked at it and left it queued (they note its grant on the job)
         wait_for(lambda: r.hget(k.job(victim), "grant_mb"), 20, what="the victim looked at by a claim")
