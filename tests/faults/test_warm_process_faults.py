@@ -19,13 +19,14 @@ from piloop_common.tasks import Client
 from tests.helpers import warm_tasks_mod as m
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
+from tests.helpers.slowdown import scaled
 from tests.helpers.workers import events
 
 REPO = str(Path(__file__).resolve().parents[2])
 # one evaluation slot: each job, task or process, goes to the same slot
 ONE_SLOT = FAST_EXECUTOR.replace("evaluations = 2", "evaluations = 1")
 assert ONE_SLOT != FAST_EXECUTOR
-WAIT = 60
+WAIT = scaled(60)
 
 
 @pytest.fixture(scope="module")
