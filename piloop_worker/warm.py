@@ -59,7 +59,9 @@ class Warm:
         """Hand `req`'s task to the warm process (forked first when there is none that fits); its pid."""
         key = (req.code, req.env.get("PYTHONPATH", ""))
         self.max_rss = req.warm_max_rss_mb * 2**20
-        if self.pid and (key != self.key or self.tasks >= req.warm_max_tasks or not self.alive()):
+        if self.pid and not self.alive():
+            self.gone()  # killed from outside between tasks (reaped now): nothing of it to signal
+        if self.pid and (key != self.key or self.tasks >= req.warm_max_tasks):
             self.retire()
         for attempt in (0, 1):
             if not self.pid:
@@ -80,17 +82,16 @@ class Warm:
         return self.pid
 
     def alive(self) -> bool:
-        """Whether the process is still there: one killed from outside between tasks (the OOM killer, an operator)
-        is reaped here, and the next task gets a fresh one instead of a dead socket."""
+        """Whether the process is still there; one that is not (killed from outside between tasks: the OOM killer,
+        an operator) is reaped here, so the next task gets a fresh one instead of a dead socket."""
         if not self.pid:
             return False
-        if self.pidfd is not None:
-            ready, _, _ = select.select([self.pidfd], [], [], 0)  # readable once it exited, its pid reused or not
-            return not ready
+        if self.pidfd is not None and not select.select([self.pidfd], [], [], 0)[0]:
+            return True  # the descriptor polls readable once it exited, whoever has its pid since
         try:
             done, _ = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:
-            return False  # reaped already (by a reap of the shim's children)
+            return False  # reaped already
         return not done
 
     def result(self) -> int | None:
