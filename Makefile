@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_HOME ?= $(CURDIR)/.piloop-demo
 
-.PHONY: venv demo lint test test-redis7 bench clean
+.PHONY: venv demo lint test test-redis7 test-debian-python bench clean
 
 # once per change of pyproject.toml: about a minute, so it says so and pip prints each package it fetches
 $(BIN)/.installed: pyproject.toml
@@ -46,10 +46,27 @@ REDIS7_TESTS := tests/integration/test_redis_version.py tests/integration/test_l
 test-redis7: venv
 	PILOOP_TEST_REDIS_SERVER=$(REDIS7) PILOOP_TEST_REDIS_MAJOR=7 $(BIN)/pytest -q -n $(TEST_JOBS) $(REDIS7_TESTS)
 
+# the unit tests and one end-to-end job (shipped task code, unpacked by a worker) on Debian 12's own Python, the
+# oldest that requires-python admits here (3.11.2), in a venv of its own beside the newest that `make test` uses:
+# what needs a later Python (tarfile's filter= is 3.11.4+) fails here first. A few minutes, most of it the venv
+DEBIAN_PYTHON ?= /usr/bin/python3
+DEBIAN_VENV ?= .venv-debian
+DEBIAN_TESTS := tests/unit \
+	tests/integration/test_taskcode.py::test_shipped_code_runs_on_a_worker_elsewhere_and_an_edit_runs_without_a_restart
+$(DEBIAN_VENV)/.installed: pyproject.toml
+	@echo "== setting up $(DEBIAN_VENV) on $$($(DEBIAN_PYTHON) --version) (once; about a minute)"
+	$(DEBIAN_PYTHON) -m venv $(DEBIAN_VENV)
+	$(DEBIAN_VENV)/bin/pip install -q --upgrade pip
+	$(DEBIAN_VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+test-debian-python: $(DEBIAN_VENV)/.installed
+	$(DEBIAN_VENV)/bin/python --version
+	$(DEBIAN_VENV)/bin/pytest -q -n $(TEST_JOBS) $(DEBIAN_TESTS)
+
 # piloop beside rq and Celery on one Redis, one table (docs/performance.md); BENCH_ARGS=--quick for a one-minute run
 bench: venv
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
 	-PILOOP_HOME="$(DEMO_HOME)" $(BIN)/piloop stop
-	rm -rf $(VENV) $(DEMO_HOME)
+	rm -rf $(VENV) $(DEBIAN_VENV) $(DEMO_HOME)

@@ -28,7 +28,7 @@ try:  # uvicorn[standard] brings it (not on Windows or PyPy): a cheaper loop tha
 except ImportError:  # pragma: no cover
     uvloop = None
 
-from piloop_common import logformat
+from piloop_common import logformat, pidfile
 from piloop_common.cas import open_store
 from piloop_common.client import SERVER_KEEPALIVE_SECONDS, SOCKET_NAME
 from piloop_common.config import Settings
@@ -50,7 +50,9 @@ from piloop_server.state.leader import LeaderLease
 from piloop_server.tokens import check_stored_names
 
 log = logging.getLogger("piloop.serve")
-PID_FILE = "piloop.pid"
+# how long a stop waits for the requests in flight (a follower's or a claim's long poll, a client that sends nothing)
+# before it cancels them: `piloop stop` returns within a few seconds whatever is attached
+SHUTDOWN_GRACE_SECONDS = 2.0
 
 
 class _Server(uvicorn.Server):
@@ -200,6 +202,17 @@ def run(
     home.mkdir(parents=True, exist_ok=True)
     home.chmod(0o700)
     logs_dir(home).mkdir(exist_ok=True)
+    try:
+        held = pidfile.hold(home)  # before anything of the home is touched: one daemon a home, for its whole life
+    except pidfile.HomeTaken as e:
+        raise Unavailable(f"a daemon is already running on {home} (pid {e.pid}): `piloop stop` it first") from None
+    try:
+        return _run(settings, home, listen, tcp_addr, replica)
+    finally:
+        pidfile.release(home, held)
+
+
+def _run(settings: Settings, home: Path, listen: str | None, tcp_addr: tuple[str, int] | None, replica: bool) -> int:
     own_redis = settings.plugins.state.embedded and not replica
     redis_proc = embedded.start(home) if own_redis else None
     try:
@@ -244,6 +257,7 @@ def run(
                     log_config=None,  # uvicorn's lines through the daemon's own handler, in its format
                     access_log=False,
                     timeout_keep_alive=SERVER_KEEPALIVE_SECONDS,
+                    timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
                 )
             )
         ]
@@ -257,12 +271,12 @@ def run(
                         log_config=None,
                         access_log=False,
                         timeout_keep_alive=SERVER_KEEPALIVE_SECONDS,
+                        timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
                         proxy_headers=settings.plugins.network.tls == "proxy",
                         **uvicorn_tls(settings),
                     )
                 )
             )
-        (home / PID_FILE).write_text(str(os.getpid()))
         stop = threading.Event()
         from piloop_server import tasks
         from piloop_server.provisioner import Provisioner
@@ -306,8 +320,11 @@ def run(
             await asyncio.gather(*(s.serve(sockets=[sk]) for s, sk in zip(servers, servers_socks, strict=True)))
 
         try:
-            with asyncio.Runner(loop_factory=uvloop.new_event_loop if uvloop else None) as runner:
-                runner.run(main())
+            # the runner is not closed: closing waits for every task left, and a request cancelled at the grace may
+            # still wait in its thread (a follower's XREAD blocks up to 20 s); the process ends when the rest below
+            # has stopped (the CLI's os._exit), and that thread with it
+            runner = asyncio.Runner(loop_factory=uvloop.new_event_loop if uvloop else None)
+            runner.run(main())
         finally:
             stop.set()
             if child:
@@ -321,8 +338,6 @@ def run(
                 background.stop()
             with contextlib.suppress(FileNotFoundError):
                 sock_path.unlink()
-            with contextlib.suppress(FileNotFoundError):
-                (home / PID_FILE).unlink()
             log.info("event=daemon.stopped")
         return 0
     finally:

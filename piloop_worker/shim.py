@@ -125,6 +125,10 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
     proc: subprocess.Popen[bytes] | None = None
     # a warm process runs the task: one that another user's job never ran in, and never one of its own
     hot = WARM if req.task and req.warm_max_tasks and req.user is None else None
+    if hot is None:
+        # another kind of job on this slot: its end kills and reaps every process under the shim, the warm one too,
+        # so that one ends first (the next task forks a fresh one, ~1 ms) rather than die unseen
+        WARM.retire()
     try:
         if (user := jobuser.JobUser.of(req.user)) is not None:
             jobuser.hand_over(jd.root, user)
@@ -241,6 +245,11 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
             reason = f"out of memory (held at its limit for {held_seconds:g}s)"
         # the group stays: the worker gives it back for a later job, or removes it (`Cgroups.give`)
     exit_code = warm_code if warm_code is not None else os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+    # a warm process is the slot's, shared by its tasks: one killed from outside under a task (the OOM killer for
+    # the whole host, an operator) is lost like a worker, and its task queued again, not failed for what it did
+    lost = hot is not None and warm_code is None and not why and not oom and _killed_from_outside(status)
+    if lost:
+        reason = f"its warm task process was killed by {signal.Signals(os.WTERMSIG(status)).name} from outside"
     error: tuple[str, ...] = ()
     if req.task and not why and exit_code == tasks.FAILED:
         reason = reason or tasks.reason(jd)  # its module could not be imported: one line, the job's reason
@@ -255,6 +264,7 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
             signal=os.WTERMSIG(status) if warm_code is None and os.WIFSIGNALED(status) else None,
             oom=oom,
             stopped=why,
+            lost=lost,
             reason=reason,
             usage=usage,
             duration_seconds=round(clock.now() - started, 3),
@@ -265,6 +275,12 @@ def _supervise(req: ShimRequest, jd: JobDir) -> int:
     )
     _told(jd, cg)
     return 0
+
+
+def _killed_from_outside(status: int) -> bool:
+    """Whether a process ended by a signal that only another process sends (a task's own fault is a SIGSEGV, an
+    abort, an exit status)."""
+    return os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGKILL, signal.SIGTERM)
 
 
 def _told(jd: JobDir, cg: JobCgroup | None) -> None:

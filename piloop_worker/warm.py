@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import socket
 import sys
@@ -58,16 +59,40 @@ class Warm:
         """Hand `req`'s task to the warm process (forked first when there is none that fits); its pid."""
         key = (req.code, req.env.get("PYTHONPATH", ""))
         self.max_rss = req.warm_max_rss_mb * 2**20
+        if self.pid and not self.alive():
+            self.gone()  # killed from outside between tasks (reaped now): nothing of it to signal
         if self.pid and (key != self.key or self.tasks >= req.warm_max_tasks):
             self.retire()
-        if not self.pid:
-            self._fork(key)
-        assert self.sock is not None
-        if cg is not None:
-            write_file(cg.join_path(), str(self.pid))
-        self._cpu_before = _cpu_seconds(self.pid)
-        self.sock.sendall(req.wire())
+        for attempt in (0, 1):
+            if not self.pid:
+                self._fork(key)
+            assert self.sock is not None
+            try:
+                if cg is not None:
+                    write_file(cg.join_path(), str(self.pid))
+                self._cpu_before = _cpu_seconds(self.pid)
+                self.sock.sendall(req.wire())
+            except OSError:
+                # killed from outside since the look above (ESRCH joining the group, EPIPE sending): a fresh one
+                self.retire()
+                if attempt:
+                    raise
+                continue
+            break
         return self.pid
+
+    def alive(self) -> bool:
+        """Whether the process is still there; one that is not (killed from outside between tasks: the OOM killer,
+        an operator) is reaped here, so the next task gets a fresh one instead of a dead socket."""
+        if not self.pid:
+            return False
+        if self.pidfd is not None and not select.select([self.pidfd], [], [], 0)[0]:
+            return True  # the descriptor polls readable once it exited, whoever has its pid since
+        try:
+            done, _ = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return False  # reaped already
+        return not done
 
     def result(self) -> int | None:
         """The task's exit status, once its process has sent it (never waits); None until then, or when the
@@ -111,11 +136,15 @@ class Warm:
         self.pid, self.sock, self.pidfd, self.tasks = 0, None, None, 0
 
     def retire(self) -> None:
+        """SIGKILL to the process's group and the process reaped (if no one reaped it already); none is left."""
         if self.pid:
-            with contextlib.suppress(OSError):
-                os.killpg(self.pid, signal.SIGKILL)
+            # one that exited may be reaped already, and its pid another's: neither signalled nor waited for then
+            exited = self.pidfd is not None and bool(select.select([self.pidfd], [], [], 0)[0])
+            if not exited:
+                with contextlib.suppress(OSError):
+                    os.killpg(self.pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
-                os.waitpid(self.pid, 0)
+                os.waitpid(self.pid, os.WNOHANG if exited else 0)
         self.gone()
 
     def _fork(self, key: tuple[str | None, str]) -> None:

@@ -8,6 +8,30 @@ import uuid
 import pytest
 
 from tests.helpers.redis import RedisProcess
+from tests.helpers.slowdown import factor
+
+
+def pytest_configure(config):
+    try:
+        factor()
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
+def pytest_collection_modifyitems(config, items):
+    """pytest-timeout's limit for each test (`--timeout`, else pyproject's `timeout`, or the test's own mark)
+    stretched by PILOOP_TEST_SLOWDOWN, as the tests' own deadlines are (`tests.helpers.slowdown`)."""
+    f = factor()
+    if f == 1:
+        return
+    given = config.getoption("timeout", None)
+    default = float(given if given is not None else config.getini("timeout") or 0)
+    for item in items:
+        mark = item.get_closest_marker("timeout")
+        base = float(mark.args[0] if mark.args else mark.kwargs.get("timeout", 0)) if mark else default
+        if base > 0:
+            rest = {k: v for k, v in mark.kwargs.items() if k != "timeout"} if mark else {}
+            item.add_marker(pytest.mark.timeout(base * f, **rest), append=False)
 
 
 @pytest.fixture(scope="session")

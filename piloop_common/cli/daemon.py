@@ -19,6 +19,7 @@ from piloop_common.errors import PiloopError, Unavailable
 from piloop_common.extras import need_server
 
 PID_FILE = "piloop.pid"
+STOPPING_WAIT_SECONDS = 15.0  # how long `serve` waits for a daemon that holds its home but no longer answers
 
 CONFIG_TEMPLATE = """\
 # piloop's config. Every key and its default: docs/configuration.md.
@@ -45,18 +46,39 @@ min_memory_gb = 0.5
 
 
 def _pid(home: Path) -> int | None:
+    """The pid of the daemon running on `home`, or None. The daemon holds a lock on its pid file for its whole life
+    (`piloop_common.pidfile`): a file that a SIGKILLed daemon left, or a pid reused since, never counts."""
+    from piloop_common.pidfile import holder
+
+    pid = holder(home)
+    if pid is not None:
+        return pid or None  # 0: it holds the lock and is writing its pid this very moment
+    return _unlocked_daemon(home)
+
+
+def _unlocked_daemon(home: Path) -> int | None:
+    """A daemon of a release before the lock: its pid file's pid, when that is a live `piloop serve` and the home's
+    socket answers (so a stale file and a reused pid never count)."""
     try:
         pid = int((home / PID_FILE).read_text().strip())
-    except (FileNotFoundError, ValueError):
+    except (OSError, ValueError):
         return None
     if pid == os.getpid():
         return None  # a container restarted: the stale file names us
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return None  # no such process
-    # a reused pid belongs to something else: only a piloop daemon counts
-    return pid if b"piloop" in cmdline and b"serve" in cmdline else None
+    if "serve" not in [a.decode(errors="replace") for a in args] or not any(b"piloop" in a for a in args[:3]):
+        return None  # a reused pid belongs to something else
+    from piloop_common.client import ApiClient
+
+    try:
+        with ApiClient.local(home, timeout=2) as api:
+            api.call("GET", "/v1/health")
+    except PiloopError:
+        return None
+    return pid
 
 
 def _wait_up(ctx_obj, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> dict[str, Any]:
@@ -177,6 +199,14 @@ def serve(obj, detach: bool, listen: str | None, log_format: str | None, replica
 
     serve_listen(settings, listen)
     pid = _pid(obj.home)
+    if pid and not _answers(obj):
+        # one that is stopping: this one starts once it is gone
+        if held := _wait_gone(obj.home, pid, STOPPING_WAIT_SECONDS):
+            raise click.ClickException(
+                f"the daemon (pid {held}) holds {obj.home} but has not answered on its socket for "
+                f"{STOPPING_WAIT_SECONDS:g}s: `piloop stop` it, or end it (kill {held})"
+            )
+        pid = None
     if pid:
         raise click.ClickException(f"a daemon is already running (pid {pid}): `piloop stop` it first")
     if log_format:
@@ -220,6 +250,26 @@ def stop(obj, timeout: float) -> None:
         time.sleep(0.05)
     progress_done()
     raise click.ClickException(f"the daemon (pid {pid}) did not stop within {timeout:g}s; see {_daemon_log(obj.home)}")
+
+
+def _answers(obj) -> bool:
+    try:
+        with obj.local_api(timeout=2) as api:
+            api.call("GET", "/v1/health")
+    except PiloopError:
+        return False
+    return True
+
+
+def _wait_gone(home: Path, pid: int, timeout: float) -> int | None:
+    """Wait up to `timeout` for the daemon `pid`, which holds the home but does not answer (it is stopping), to end;
+    the pid still holding it then, or None."""
+    started = time.monotonic()
+    while (held := _pid(home)) and time.monotonic() - started < timeout:
+        progress(f"piloop: waiting for the daemon (pid {pid}) that is stopping… {time.monotonic() - started:.0f}s")
+        time.sleep(0.1)
+    progress_done()
+    return held
 
 
 def _gone(pid: int) -> bool:

@@ -13,19 +13,22 @@ import sys
 import time
 
 from tests.helpers.redis import wait_for
-from tests.helpers.serve import cli_env
+from tests.helpers.serve import FAST_EXECUTOR, cli_env
+from tests.helpers.slowdown import scaled
 from tests.helpers.workers import (
     GRACE,
     TOLERATION,
     events,
     job_dirs,
     job_pgids,
+    kill_tree_of,
     marker_job,
     marker_runs,
     overlapping,
     pgid_alive,
     state,
     submit,
+    tcp_server,
     token,
 )
 
@@ -104,9 +107,25 @@ def test_the_machine_sleeps_a_gap_longer_than_grace_is_the_daemons_absence_nothi
     assert len(runs) == 1 and runs[0]["ended"], runs
 
 
-def test_piloop_serve_restarts_its_worker_reattaches_and_each_job_finishes_once(server, tmp_path):
-    d, marker = server, tmp_path / "marker"
-    jobs = [marker_job(d, marker, pool="serve", seconds=4) for _ in range(2)]
+# the restart's own timings: a stop and a start take seconds on a loaded machine (each a Python's imports), so the
+# jobs outlive it and the fence (toleration − 2 × renew) leaves it ample room; re-attaching is what is tested here
+RESTART_EXECUTOR = FAST_EXECUTOR.replace("grace_seconds = 2\n", "grace_seconds = 10\n").replace(
+    "toleration_seconds = 6\n", "toleration_seconds = 40\n"
+)
+assert RESTART_EXECUTOR.count("= 10\n") and RESTART_EXECUTOR.count("= 40\n")
+
+
+def test_piloop_serve_restarts_its_worker_reattaches_and_each_job_finishes_once(redis_server, namespace, tmp_path):
+    d, marker = tcp_server(redis_server.url, namespace, config=RESTART_EXECUTOR), tmp_path / "marker"
+    try:
+        _restarts_and_reattaches(d, marker)
+    finally:
+        d.cleanup()
+        kill_tree_of(str(d.home))
+
+
+def _restarts_and_reattaches(d, marker) -> None:
+    jobs = [marker_job(d, marker, pool="serve", seconds=scaled(20)) for _ in range(2)]
     for j in jobs:
         state(d, j, "running")
     before = job_pgids(d.home)
@@ -119,8 +138,8 @@ def test_piloop_serve_restarts_its_worker_reattaches_and_each_job_finishes_once(
         stdout=subprocess.PIPE,
         text=True,
     )
-    d.proc.wait(40)
-    out = stopper.communicate(timeout=20)[0]
+    d.proc.wait(scaled(40))
+    out = stopper.communicate(timeout=scaled(20))[0]
     assert "its worker's jobs run on under their shims" in out, out
     # detached, not stopped: each job's group still runs, or (a slow stop on a loaded machine) its run already
     # ended by itself, not killed

@@ -9,6 +9,7 @@ import time
 from piloop_common.tasks import Client
 from tests.helpers import warm_tasks_mod as m
 from tests.helpers.redis import wait_for
+from tests.helpers.slowdown import scaled
 from tests.helpers.workers import (
     FENCE_AFTER,
     KILL_GRACE,
@@ -26,7 +27,7 @@ def test_a_warm_task_that_cannot_renew_is_killed_before_its_lease_ends_and_never
     d, marker = server, tmp_path / "marker"
     a = workers(d, token(d, "wa")).start()
     with Client.from_env(d.home) as c:
-        before = m.where.apply_async(pool="gpu", client=c).get(timeout=60)
+        before = m.where.apply_async(pool="gpu", client=c).get(timeout=scaled(60))
         job = m.marker.apply_async((str(marker), True), pool="gpu", client=c).id
     first = wait_for(lambda: (r := marker_runs(marker).get(job)) and r[-1], 30, interval=0.05, what="the first run")
     assert first["where"] == "wa"

@@ -12,6 +12,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.helpers.slowdown import scaled
+
 REDIS_ENV = "PILOOP_TEST_REDIS_SERVER"
 
 
@@ -31,7 +33,9 @@ def free_port() -> int:
 
 
 def wait_for(cond, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
-    """Poll `cond` until it returns something truthy, or fail naming `what`."""
+    """Poll `cond` until it returns something truthy, or fail naming `what`, after `timeout` seconds stretched by
+    PILOOP_TEST_SLOWDOWN (`tests.helpers.slowdown`)."""
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     last_exc: BaseException | None = None
     while time.monotonic() < deadline:
@@ -43,7 +47,7 @@ def wait_for(cond, timeout: float = 10.0, interval: float = 0.02, what: str = "c
             last_exc = e
         time.sleep(interval)
     raise AssertionError(
-        f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else "")
+        f"timed out after {timeout:g}s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else "")
     )
 
 

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.helpers.slowdown import scaled
+
 DUMMY_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -29,6 +31,7 @@ def free_port() -> int:
 
 def wait_until_answers(url: str, proc: subprocess.Popen[bytes], deadline_seconds: float = 30) -> None:
     """Poll `url` until any HTTP answer comes back; fail early if `proc` died."""
+    deadline_seconds = scaled(deadline_seconds)
     deadline = time.monotonic() + deadline_seconds
     while True:
         if proc.poll() is not None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from piloop_common.client import ApiClient
 from piloop_common.errors import Unavailable
+from tests.helpers.slowdown import scaled
 
 # Short timings for tests; the config validates toleration > grace + 2·renew + request timeout + kill grace.
 FAST_EXECUTOR = """
@@ -52,14 +53,14 @@ def piloop(
     timeout: float = 60,
     check: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Run the real CLI as a user would (a new process each time)."""
+    """Run the real CLI as a user would (a new process each time); `timeout` stretched by PILOOP_TEST_SLOWDOWN."""
     proc = subprocess.run(
         [sys.executable, "-m", "piloop_common.cli", *args],
         env=cli_env(home, env),
         capture_output=True,
         text=True,
         input=input,
-        timeout=timeout,
+        timeout=scaled(timeout),
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"piloop {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
@@ -96,10 +97,11 @@ class Daemon:
         self.proc = subprocess.Popen(
             argv, env=cli_env(self.home, self.env), stdout=self.log, stderr=self.log, start_new_session=True
         )
+        timeout = scaled(timeout)
         deadline = time.monotonic() + timeout
         while not self.healthy():  # raises at once when the daemon exits (a refused start)
             if time.monotonic() > deadline:
-                raise AssertionError(f"piloop serve on {self.home} did not answer within {timeout}s")
+                raise AssertionError(f"piloop serve on {self.home} did not answer within {timeout:g}s")
             time.sleep(0.05)
         return self
 
@@ -127,7 +129,7 @@ class Daemon:
             self.proc.send_signal(signal.SIGCONT)
             self.proc.terminate()
             try:
-                self.proc.wait(timeout)
+                self.proc.wait(scaled(timeout))
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)

@@ -78,3 +78,16 @@ def marker(path, first_forever):
         line("tick")
     line("end")
     return os.getpid()
+
+
+@task
+def runs(path, hold):
+    """Append this run's pid to `path`; the first run (none in the file yet) then waits up to `hold` seconds (to be
+    killed from outside), a later one returns at once. The pids of every run so far."""
+    first = not os.path.exists(path)
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    if first:
+        time.sleep(hold)
+    with open(path) as f:
+        return [int(line) for line in f.read().split()]

@@ -15,9 +15,11 @@ from pathlib import Path
 import psutil
 
 from piloop_common.client import ApiClient
+from piloop_common.tasks import Client
 from piloop_worker.jobdir import JobDir
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
+from tests.helpers.slowdown import scaled
 
 # FAST_EXECUTOR: renew 0.5 s, grace 2 s, toleration 6 s, kill grace 0.5 s.
 RENEW, GRACE, TOLERATION, KILL_GRACE = 0.5, 2.0, 6.0, 0.5
@@ -85,19 +87,19 @@ class RemoteWorker:
 
     def wait(self, timeout: float = 20) -> int:
         assert self.proc is not None
-        return self.proc.wait(timeout)
+        return self.proc.wait(scaled(timeout))
 
     def kill(self) -> None:
         """SIGKILL the worker and its shim host (the shims and jobs live on in their own sessions)."""
         if self.proc is not None and self.proc.poll() is None:
             _signal_group(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(5)
+            self.proc.wait(scaled(5))
 
     def terminate(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
             self.proc.terminate()
-            self.proc.wait(20)
+            self.proc.wait(scaled(20))
 
     def pause(self) -> None:
         assert self.proc is not None
@@ -153,13 +155,20 @@ def view(d: Daemon, job: str) -> dict:
 
 
 def state(d: Daemon, job: str, *states: str, timeout: float = 30) -> dict:
+    """The job's view once it is in one of `states` (default: any end); a timeout names the states it was seen in."""
     states = states or ENDED
-    return wait_for(
-        lambda: (v := view(d, job))["state"] in states and v,
-        timeout,
-        interval=0.1,
-        what=f"job {job} to be {'|'.join(states)}",
-    )
+    seen: list[str] = []
+
+    def look() -> dict | bool:
+        v = view(d, job)
+        if not seen or seen[-1] != v["state"]:
+            seen.append(v["state"])
+        return v["state"] in states and v
+
+    try:
+        return wait_for(look, timeout, interval=0.1, what=f"job {job} to be {'|'.join(states)}")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; it was {' → '.join(seen) or 'never seen'}") from None
 
 
 def events(d: Daemon, *types: str) -> list[dict]:
@@ -284,12 +293,15 @@ def marker_job(
     first_forever: bool = False,
     ignore_term: bool = False,
 ) -> str:
-    opts = ("--env", f"MARKER={marker}", "--env", f"RUN_SECONDS={seconds}")
+    """Queue the marker job (through the API in this process: a CLI's start takes seconds on a loaded machine, which
+    a test that submits two jobs and waits for both to run would count against the first)."""
+    env = {"MARKER": str(marker), "RUN_SECONDS": str(seconds)}
     if first_forever:
-        opts += ("--env", "FIRST_FOREVER=1")
+        env["FIRST_FOREVER"] = "1"
     if ignore_term:
-        opts += ("--env", "IGNORE_TERM=1")
-    return submit(d, sys.executable, "-c", MARKER_JOB, pool=pool, kind=kind, opts=opts)
+        env["IGNORE_TERM"] = "1"
+    with d.api() as api:
+        return Client(api).submit([sys.executable, "-c", MARKER_JOB], pool=pool, kind=kind, env=env)
 
 
 class HandWorker:

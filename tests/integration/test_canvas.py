@@ -14,6 +14,7 @@ from piloop_common.tasks import Client, chain, group
 from tests.helpers import canvas_tasks as ct
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
+from tests.helpers.slowdown import scaled
 
 REPO = str(Path(__file__).resolve().parents[2])
 # a pool no worker serves: a nested submit naming it must be refused, not queued there
@@ -47,14 +48,14 @@ def ended(client, job, timeout=60):
 
 def test_a_chain_passes_each_result_on_as_the_next_ones_first_argument(client):
     r = chain(ct.add.s(2, 3), ct.double.s(), ct.as_set.s()).apply_async(client=client)
-    assert r.get(timeout=90) == {10}  # as_set(double(add(2, 3))), the set kept by pickle
+    assert r.get(timeout=scaled(90)) == {10}  # as_set(double(add(2, 3))), the set kept by pickle
     first, second = r.parents
     assert first.get(timeout=5) == 5 and second.get(timeout=5) == 10
     view = client.show(r.id)
     assert view.spec["after"] == [second.id] and view.spec["pipe"] == second.id
     # the server filled in the parent's result as the link's input
     assert view.spec["inputs"]["parent.json"] == client.show(second.id).result["outputs"]["result.json"]
-    assert (ct.add.s(1, 1) | ct.double.s()).apply_async(client=client).get(timeout=60) == 4
+    assert (ct.add.s(1, 1) | ct.double.s()).apply_async(client=client).get(timeout=scaled(60)) == 4
 
 
 def test_a_failed_parent_ends_its_children_with_the_reason_down_the_tree_and_none_runs(server, client, tmp_path):
@@ -78,17 +79,17 @@ def test_a_failed_parent_ends_its_children_with_the_reason_down_the_tree_and_non
     with pytest.raises(TaskFailed, match=f"parent {parent.id} failed"):
         child.get(timeout=5)
     assert not never.exists()
-    assert blocker.get(timeout=60) == 1.5
+    assert blocker.get(timeout=scaled(60)) == 1.5
 
 
 def test_a_child_of_parents_that_have_ended_is_settled_at_submit(client):
     ok = ct.add.apply_async((1, 2), client=client)
-    assert ok.get(timeout=60) == 3
+    assert ok.get(timeout=scaled(60)) == 3
     bad = ct.fail.apply_async(("x",), client=client)
     ended(client, bad.id)
     queued = ct.double.apply_async((4,), client=client, depends_on=[ok.id])
     assert client.show(queued.id).state != "waiting"
-    assert queued.get(timeout=60) == 8
+    assert queued.get(timeout=scaled(60)) == 8
     view = client.show(ct.double.apply_async((4,), client=client, depends_on=[ok.id, bad.id]).id)
     assert (view.state, view.reason) == ("cancelled", f"parent {bad.id} failed")
 
@@ -101,13 +102,13 @@ def test_depends_on_a_job_that_is_not_there_is_refused_with_its_id(server):
 
 def test_map_and_group_give_their_results_in_order(client):
     squares = ct.square.map(range(6), client=client)
-    assert squares.get(timeout=90) == [0, 1, 4, 9, 16, 25]
+    assert squares.get(timeout=scaled(90)) == [0, 1, 4, 9, 16, 25]
     assert squares.ready() and squares.successful() and squares.completed_count() == 6
     g = group(ct.add.s(i, 10 * i) for i in range(4)).apply_async(client=client)
-    assert g.get(timeout=90) == [0, 11, 22, 33]
+    assert g.get(timeout=scaled(90)) == [0, 11, 22, 33]
     mixed = group(ct.add.s(1, 1), ct.fail.s("one of them")).apply_async(client=client)
     with pytest.raises(TaskFailed, match="one of them"):
-        mixed.get(timeout=60)
+        mixed.get(timeout=scaled(60))
     assert mixed.ready() and not mixed.successful() and mixed.completed_count() == 1
 
 
@@ -122,14 +123,14 @@ def test_a_group_result_cancels_every_job_not_ended(client):
 
 
 def test_a_task_queues_a_child_from_inside_itself_and_gets_its_result(client):
-    got = ct.nested_add.apply_async((20, 22), client=client).get(timeout=90)
+    got = ct.nested_add.apply_async((20, 22), client=client).get(timeout=scaled(90))
     assert got["value"] == 42
     child = client.show(got["child"])
     assert child.state == "succeeded" and child.pool == "serve" and child.spec["argv"] == [ct.add.name]
 
 
 def test_a_nested_submit_naming_another_pool_is_refused(client):
-    got = ct.nested_elsewhere.apply_async(("gpu",), client=client).get(timeout=60)
+    got = ct.nested_elsewhere.apply_async(("gpu",), client=client).get(timeout=scaled(60))
     assert got["error"] == "forbidden", got
     assert "runs in pool serve: the jobs it queues go to its own pool, not gpu" in got["message"], got
     assert not [j for j in client.api.call("GET", "/v1/jobs", params={"pool": "gpu"})], "a job reached pool gpu"

@@ -18,6 +18,7 @@ from piloop_common.errors import TaskFailed
 from piloop_common.tasks import Client
 from tests.helpers import tasks_mod
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
+from tests.helpers.slowdown import scaled
 
 REPO = str(Path(__file__).resolve().parents[2])
 CAP, RESULT_CAP = 64 * 1024, 16 * 1024
@@ -52,7 +53,7 @@ def blobs(d: Daemon) -> dict[str, int]:
 def test_a_log_past_the_cap_ends_with_a_marker_and_the_cas_holds_nothing_past_it(server, client):
     before = blobs(server)
     job = client.submit([sys.executable, "-c", WRITER], pool="serve")  # 1 MiB: 16 times the cap
-    view = client.wait(job, timeout=60)
+    view = client.wait(job, timeout=scaled(60))
     assert view.state == "succeeded", view
     whole = b"".join(f"line {i:08d} ".ljust(LINE - 1, ".").encode() + b"\n" for i in range(16 * CAP // LINE))
     assert client.log(job) == whole[:CAP] + log_marker(CAP)
@@ -72,17 +73,17 @@ def test_a_log_past_the_cap_ends_with_a_marker_and_the_cas_holds_nothing_past_it
 
 def test_a_log_under_the_cap_is_whole(server, client):
     job = client.submit([sys.executable, "-c", "print('short')"], pool="serve")
-    view = client.wait(job, timeout=60)
+    view = client.wait(job, timeout=scaled(60))
     assert client.log(job) == b"short\n" and view.log_truncated == 0 and view.log_dropped == 0, view
     assert "log cut" not in server.cli("job", "show", job, check=True).stdout
 
 
 def test_a_task_result_over_its_cap_fails_naming_the_key_and_one_under_it_succeeds(server, client):
-    assert tasks_mod.text.apply_async((1000,), client=client).get(timeout=60) == "x" * 1000
+    assert tasks_mod.text.apply_async((1000,), client=client).get(timeout=scaled(60)) == "x" * 1000
     before = blobs(server)
     big = tasks_mod.text.apply_async((RESULT_CAP + 4096,), client=client)
     with pytest.raises(TaskFailed, match=r"over \[plugins.state\] result_max_bytes = 16 KiB"):
-        big.get(timeout=60)
+        big.get(timeout=scaled(60))
     view = client.show(big.id)
     assert view.state == "failed", view
     assert view.reason == "the task's result is 20.0 KiB, over [plugins.state] result_max_bytes = 16 KiB", view

@@ -9,6 +9,7 @@ import pytest
 from piloop_server.logfiles import CHECK_ENV
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
+from tests.helpers.slowdown import scaled
 
 CAP = 2048
 
@@ -45,7 +46,7 @@ def test_the_serve_workers_log_past_the_cap_is_rotated_by_the_pass_and_its_write
     mine.write_bytes(b"x" * 4 * CAP)  # not a file the daemon writes: never touched
     d.start()
     log, first = logs / "worker-serve.log", logs / "worker-serve.log.1"
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + scaled(90)
     while not first.exists():  # each job adds a few lines to the worker's log
         assert time.monotonic() < deadline, f"worker-serve.log never rotated: {log.stat().st_size} bytes"
         _run(d, "true")
@@ -56,7 +57,7 @@ def test_the_serve_workers_log_past_the_cap_is_rotated_by_the_pass_and_its_write
     wait_for(lambda: log.stat().st_size > 0, 30, what="the worker writes to its truncated log")
     assert not log.read_bytes().startswith(b"\0")
     # the keep count: a second rotation shifts `.1` to `.2`, and no `.3` ever appears
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + scaled(90)
     while not (logs / "worker-serve.log.2").exists():
         assert time.monotonic() < deadline, "worker-serve.log was never rotated a second time"
         _run(d, "true")

@@ -19,6 +19,7 @@ from piloop_worker.main import EXIT_REFUSED
 from tests.helpers.certs import make_pki
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, piloop, short_home
+from tests.helpers.slowdown import scaled
 
 TICKER = "import time\nfor i in range(6):\n    print('remote line', i, flush=True)\n    time.sleep(0.2)\n"
 WORKER_ONLY = "workers can only register, heartbeat, claim, report, release and log"
@@ -220,7 +221,7 @@ def test_the_python_client_takes_the_same_server_token_and_ca(tls):
     d = tls
     with Client.from_env(server=d.url, token=d.tokens["operator"], ca=d.pki.ca) as c:
         jid = c.submit(["true"])
-        assert c.wait(jid, timeout=60).state == "succeeded"
+        assert c.wait(jid, timeout=scaled(60)).state == "succeeded"
     with Client.from_env(server=d.url, token=d.tokens["viewer"], ca=d.pki.ca) as c, pytest.raises(Forbidden) as e:
         c.submit(["true"])
     assert e.value.message == "POST /v1/jobs needs the operator role; token u-viewer has the viewer role"

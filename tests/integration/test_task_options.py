@@ -14,6 +14,7 @@ from piloop_common.errors import TaskFailed, TaskRevoked
 from piloop_common.tasks import AsyncResult, Client
 from tests.helpers import tasks_mod
 from tests.helpers.redis import wait_for
+from tests.helpers.slowdown import scaled
 from tests.helpers.workers import RemoteWorker, events, tcp_server, token
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -53,7 +54,7 @@ def _of(server, job: str, *types: str) -> list[dict]:
 def test_a_failing_task_is_retried_after_its_backoff_each_wait_twice_as_long(server, client, tmp_path):
     marker = tmp_path / "attempts"
     r = tasks_mod.flaky.apply_async((str(marker), 2), client=client)  # retries=2, retry_backoff=1, retry_on OSError
-    assert r.get(timeout=60) == 3 and marker.read_text() == "..."
+    assert r.get(timeout=scaled(60)) == 3 and marker.read_text() == "..."
     assert r.successful() and client.show(r.id).attempts == 3
     retrying = _of(server, r.id, "job.retrying")
     leases = [_ms(e) for e in _of(server, r.id, "lease.granted")]
@@ -68,7 +69,7 @@ def test_retry_on_retries_only_the_exceptions_it_names(server, client, tmp_path)
     marker = tmp_path / "attempts"
     r = tasks_mod.flaky.apply_async((str(marker), 2), {"kind": "value"}, client=client)
     with pytest.raises(TaskFailed) as e:
-        r.get(timeout=60)
+        r.get(timeout=scaled(60))
     assert "ValueError: attempt 1 fails" in e.value.message and e.value.details["error_type"] == "ValueError"
     view = client.show(r.id)
     assert view.state == "failed" and view.attempts == 1 and marker.read_text() == "."
@@ -77,14 +78,14 @@ def test_retry_on_retries_only_the_exceptions_it_names(server, client, tmp_path)
     # the same task, told at submit to retry ValueError too: retried
     again = tmp_path / "again"
     r2 = tasks_mod.flaky.apply_async((str(again), 1), {"kind": "value"}, retry_on=(ValueError,), client=client)
-    assert r2.get(timeout=60) == 2 and again.read_text() == ".."
+    assert r2.get(timeout=scaled(60)) == 2 and again.read_text() == ".."
 
 
 def test_a_countdown_is_not_run_before_its_time(server, client):
     r = tasks_mod.add.apply_async((1, 2), countdown=1.5, client=client)
     view = client.show(r.id)
     assert view.state == "queued" and view.not_before_ms == view.created_ms + 1500, view
-    assert r.get(timeout=60) == 3
+    assert r.get(timeout=scaled(60)) == 3
     queued, started = _of(server, r.id, "job.queued"), _of(server, r.id, "lease.granted")
     assert _ms(started[0]) - _ms(queued[0]) >= 1500, (queued, started)
     assert [e["after"] for e in _of(server, r.id, "job.requeued")] == ["countdown"]
@@ -93,7 +94,7 @@ def test_a_countdown_is_not_run_before_its_time(server, client):
 def test_an_eta_is_not_run_before_it(server, client):
     eta = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1.5)
     r = tasks_mod.add.apply_async((2, 3), eta=eta, client=client)
-    assert r.get(timeout=60) == 5
+    assert r.get(timeout=scaled(60)) == 5
     started = _of(server, r.id, "lease.granted")
     assert _ms(started[0]) >= int(eta.timestamp() * 1000), (eta, started)
 
@@ -126,7 +127,7 @@ def test_a_single_slot_worker_starts_the_highest_priority_first_fifo_within_one(
     assert all(r.state == "queued" for r in got.values())  # no gpu worker yet
     gpu_worker.start()
     for r in got.values():
-        assert r.get(timeout=60) == 0
+        assert r.get(timeout=scaled(60)) == 0
     by_job = {r.id: name for name, r in got.items()}
     order = [by_job[e["job"]] for e in events(server, "lease.granted") if e.get("job") in by_job]
     assert order == ["high", "mid1", "mid2", "low", "low2"], order
@@ -135,7 +136,7 @@ def test_a_single_slot_worker_starts_the_highest_priority_first_fifo_within_one(
 def test_a_failing_tasks_handle_has_its_traceback_and_get_names_the_remote_exception(client):
     r = tasks_mod.boom.apply_async(("no good",), client=client)
     with pytest.raises(TaskFailed) as e:
-        r.get(timeout=60)
+        r.get(timeout=scaled(60))
     assert e.value.message.startswith(f"task {r.id} failed: ValueError: no good")
     assert r.ready() and not r.successful() and r.state == "failed"
     assert "raise ValueError(message)" in r.traceback and r.traceback.startswith("Traceback")
@@ -149,7 +150,7 @@ def test_a_failing_tasks_handle_has_its_traceback_and_get_names_the_remote_excep
 def test_a_job_id_of_the_callers_choosing(client):
     job_id = "mine-" + uuid.uuid4().hex[:8]
     r = tasks_mod.add.apply_async((4, 5), job_id=job_id, client=client)
-    assert r.id == job_id and r.get(timeout=60) == 9
+    assert r.id == job_id and r.get(timeout=scaled(60)) == 9
     from piloop_common.errors import Conflict
 
     with pytest.raises(Conflict, match="exists"):

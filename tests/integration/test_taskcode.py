@@ -20,6 +20,7 @@ from piloop_common.taskcode import pack
 from piloop_common.tasks import AsyncResult, Client
 from tests.helpers.redis import free_port
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, piloop, short_home
+from tests.helpers.slowdown import scaled
 
 GPU = "\n[plugins.executor.pools.gpu]\nagents = 0\nevaluations = 2\nmax_load = 1000\nmin_memory_gb = 0\n"
 PKG = "shipped_" + uuid.uuid4().hex[:8]  # a package no process has on its path but through the tests below
@@ -101,12 +102,12 @@ def test_shipped_code_runs_on_a_worker_elsewhere_and_an_edit_runs_without_a_rest
     src = base / "src"
     pkg = write_pkg(src, "v1")
     work = _module(src)
-    plain = work.where.apply_async(client=client).get(timeout=60)  # no code shipped: the worker's --tasks-path
+    plain = work.where.apply_async(client=client).get(timeout=scaled(60))  # no code shipped: the worker's --tasks-path
     assert plain["version"] == "from the tasks path" and plain["file"].startswith(str(base / "tasks-path")), plain
 
     shipping = Client(client.api, code=pkg)
     first = work.where.apply_async(client=shipping)
-    got = first.get(timeout=60)
+    got = first.get(timeout=scaled(60))
     address = client.show(first.id).spec["code"]
     assert address == client.push_code(pkg)  # the spec names the snapshot's address, the same for the same files
     # imported from the worker's unpacked copy of that address, under its --dir, not the host's preloaded module
@@ -115,25 +116,25 @@ def test_shipped_code_runs_on_a_worker_elsewhere_and_an_edit_runs_without_a_rest
 
     (pkg / "work.py").write_text(WORK.format(version="v2", pool="gpu"))
     second = work.where.apply_async(client=shipping)  # the same Task and client: the dir is snapshotted again
-    assert second.get(timeout=60)["version"] == "v2"
+    assert second.get(timeout=scaled(60))["version"] == "v2"
     assert client.show(second.id).spec["code"] != address
     assert proc.poll() is None and client.show(second.id).worker == client.show(first.id).worker == "gpu1"
 
     # two code addresses at once on the one worker: each task runs its own
     other = write_pkg(base / "other", "v1")
     a, b = work.where.apply_async(client=Client(client.api, code=other)), work.where.apply_async(client=shipping)
-    assert (a.get(timeout=60)["version"], b.get(timeout=60)["version"]) == ("v1", "v2")
+    assert (a.get(timeout=scaled(60))["version"], b.get(timeout=scaled(60))["version"]) == ("v1", "v2")
     assert client.show(a.id).spec["code"] == address  # v1's files again: v1's address, run from the cache
     assert sorted(p.name for p in cache.iterdir()) == sorted(
         client.show(j).spec["code"].partition(":")[2] for j in (first.id, second.id)
     )
     # and the shipped code left the host's own import alone: a task without code still runs the tasks path's
-    assert work.where.apply_async(client=client).get(timeout=60)["version"] == "from the tasks path"
+    assert work.where.apply_async(client=client).get(timeout=scaled(60))["version"] == "from the tasks path"
 
 
 def test_the_config_tasks_path_serves_the_daemons_worker(setup, client):
     work = _module(setup[3] / "serve-path")
-    got = work.where.apply_async(client=client).get(timeout=60)
+    got = work.where.apply_async(client=client).get(timeout=scaled(60))
     assert got["version"] == "from the config's path"
     assert got["file"] == str(setup[3] / "serve-path" / PKG / "work.py"), got
 
@@ -142,7 +143,7 @@ def test_a_module_the_worker_cannot_import_fails_with_one_line(setup, client):
     base = setup[3]
     args = client.put_blob(b'{"args": [], "kwargs": {}}')
     job = client.submit(["nosuch_pkg.mod:fn"], pool="gpu", runner="task", inputs={"args.json": args})
-    view = client.wait(job, timeout=60)
+    view = client.wait(job, timeout=scaled(60))
     assert view.state == "failed", view
     assert "\n" not in view.reason and "Traceback" not in view.reason, view.reason
     for part in ("'nosuch_pkg.mod'", "worker gpu1", str(base / "tasks-path"), str(base / "elsewhere")):
@@ -186,7 +187,7 @@ def test_a_process_job_with_pushed_code_imports_from_it(setup, client):
     address = d.cli("task", "push", str(plain), check=True).stdout.strip()
     cmd = [sys.executable, "-c", f"import {mod}; print({mod}.X)"]
     job = d.cli("job", "submit", "--pool", "gpu", "--code", address, "--", *cmd, check=True).stdout.strip()
-    view = client.wait(job, timeout=60)
+    view = client.wait(job, timeout=scaled(60))
     assert view.state == "succeeded" and view.spec["code"] == address, view
     assert client.log(job) == b"from the pushed code\n"
     bad = d.cli("job", "submit", "--pool", "gpu", "--code", "sha256:nope", "--", "true")

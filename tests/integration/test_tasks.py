@@ -13,6 +13,7 @@ from piloop_common.errors import TaskFailed, WaitTimeout
 from piloop_common.tasks import Client
 from tests.helpers import tasks_mod
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
+from tests.helpers.slowdown import scaled
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -39,7 +40,7 @@ def client(server):
 
 def test_submit_and_wait(client):
     job = client.submit([sys.executable, "-c", "print('hi')"], pool="serve")
-    view = client.wait(job, timeout=60)
+    view = client.wait(job, timeout=scaled(60))
     assert view.state == "succeeded" and view.result["exit_code"] == 0
     assert client.log(job) == b"hi\n"
     slow = client.submit([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -53,17 +54,17 @@ def test_a_task_returns_its_value(server, client, monkeypatch):
     monkeypatch.delenv("PILOOP_SERVER", raising=False)
     monkeypatch.setattr(tasks_mod.add, "_client", None)  # .delay's own client, from the environment
     r = tasks_mod.add.delay(2, 40)
-    assert r.get(timeout=60) == 42
+    assert r.get(timeout=scaled(60)) == 42
     view = client.show(r.id)
     assert view.spec["runner"] == "task" and view.spec["argv"] == ["tests.helpers.tasks_mod:add"]
     assert list(view.spec["inputs"]) == ["args.json"] and "result.json" in view.result["outputs"]
-    assert tasks_mod.pair.apply_async((7,), client=client).get(timeout=60) == (7, {7})
+    assert tasks_mod.pair.apply_async((7,), client=client).get(timeout=scaled(60)) == (7, {7})
 
 
 def test_a_task_that_raises_is_a_failed_job_with_its_traceback(client):
     r = tasks_mod.boom.apply_async(("no good",), client=client)
     with pytest.raises(TaskFailed) as e:
-        r.get(timeout=60)
+        r.get(timeout=scaled(60))
     assert "ValueError: no good" in e.value.message and "raise ValueError(message)" in e.value.message
     view = client.show(r.id)
     assert view.state == "failed" and view.result["exit_code"] == 1
@@ -74,7 +75,7 @@ def test_a_task_that_raises_is_a_failed_job_with_its_traceback(client):
 def test_a_task_is_forked_from_the_warm_shim_host_not_a_new_interpreter(client):
     first = tasks_mod.whoami.apply_async(client=client)
     second = tasks_mod.whoami.apply_async(client=client)
-    a, b = first.get(timeout=60), second.get(timeout=60)
+    a, b = first.get(timeout=scaled(60)), second.get(timeout=scaled(60))
     for got in (a, b):
         # a new interpreter has its own command line (python -m …, -c …); a fork keeps the shim host's
         assert got["cmdline"][1:] == ["-m", "piloop_worker.shimhost"], got
@@ -87,5 +88,5 @@ def test_a_task_is_forked_from_the_warm_shim_host_not_a_new_interpreter(client):
 
 def test_a_tasks_prints_reach_its_log_in_order(client):
     r = tasks_mod.chatty.apply_async((5,), client=client)
-    assert r.get(timeout=60) == 5
+    assert r.get(timeout=scaled(60)) == 5
     assert client.log(r.id).decode().splitlines() == [f"step {i}" for i in range(5)]

@@ -14,6 +14,7 @@ from tests.helpers import tasks_mod
 from tests.helpers.proxy import Proxy
 from tests.helpers.redis import free_port
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, piloop, short_home
+from tests.helpers.slowdown import scaled
 
 REPO = str(Path(__file__).resolve().parents[2])
 NETWORK = """
@@ -56,9 +57,9 @@ def test_a_remote_client_runs_a_task_and_attaches_through_the_api(remote, monkey
     with Client.from_env(elsewhere) as client:
         assert client.api.socket is None
         r = tasks_mod.add.apply_async((20, 22), client=client)
-        assert r.get(timeout=60) == 42
+        assert r.get(timeout=scaled(60)) == 42
         job = client.submit([sys.executable, "-c", "print('from afar'); print('twice')"])
-        client.wait(job, timeout=60)
+        client.wait(job, timeout=scaled(60))
     got = piloop(elsewhere, "attach", job, env=env, timeout=60)
     assert got.returncode == 0, got.stderr
     assert got.stdout == "from afar\ntwice\n"

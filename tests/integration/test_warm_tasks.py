@@ -16,6 +16,7 @@ from piloop_common.tasks import Client
 from tests.helpers import warm_tasks_mod as m
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
+from tests.helpers.slowdown import scaled
 
 REPO = str(Path(__file__).resolve().parents[2])
 # one evaluation slot: each task goes to the one shim, and so to its warm process
@@ -49,7 +50,7 @@ def client(warm):
 
 
 def _run(t, *args, client):
-    return t.apply_async(args, client=client).get(timeout=60)
+    return t.apply_async(args, client=client).get(timeout=scaled(60))
 
 
 def _fresh_start(client) -> int:
@@ -76,7 +77,7 @@ def test_a_task_that_ends_its_process_fails_and_the_next_task_gets_a_fresh_one(c
     pid = _fresh_start(client)
     r = m.die.apply_async((7,), client=client)
     with pytest.raises(TaskFailed):
-        r.get(timeout=60)
+        r.get(timeout=scaled(60))
     view = client.show(r.id)
     assert view.state == "failed" and view.result["exit_code"] == 7
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

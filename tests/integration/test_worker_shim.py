@@ -20,6 +20,7 @@ from piloop_worker.jobdir import JobDir, read_json
 from piloop_worker.shimhost import ShimHost
 from piloop_worker.shimproto import CgroupGrant, ExitRecord, ShimRequest, StopReason
 from tests.helpers.redis import wait_for
+from tests.helpers.slowdown import scaled
 
 # A job whose tree has a background child in its group and one that left it (setsid), each pid written down.
 TREE = "sleep 1000 & echo $! >> pids; setsid sleep 1000 & echo $! >> pids; echo $$ >> pids; wait"
@@ -102,7 +103,7 @@ def test_a_passed_deadline_kills_the_whole_tree(host, tmp_path):
 def test_renewed_deadlines_keep_a_job_alive(host, tmp_path):
     jd = _job(tmp_path)
     _start(host, jd, ["sleep", "1.5"], deadline_in=0.6)
-    end = time.monotonic() + 5
+    end = time.monotonic() + scaled(5)
     while not jd.exit_json.exists() and time.monotonic() < end:
         jd.write_deadline(clock.now() + 0.6)  # as each acknowledged heartbeat does
         time.sleep(0.1)

@@ -26,6 +26,7 @@ from piloop_common import client as client_mod
 from piloop_common.client import ApiClient
 from piloop_common.errors import ConfigError, NotFound, Unavailable
 from tests.helpers.certs import make_pki
+from tests.helpers.slowdown import scaled
 
 PROXY_ENV = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
 
@@ -207,7 +208,7 @@ def test_a_connection_the_server_closed_while_idle_is_seen_before_the_next_call(
     with ApiClient(url=url(tcp)) as api:
         first = api.http.get("/a")
         sock = first.extensions["network_stream"].get_extra_info("socket")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while not select.select([sock], [], [], 0.05)[0]:
             assert time.monotonic() < deadline, "the server never closed the idle connection"
         b = api.call("GET", "/b")

@@ -64,6 +64,65 @@ def test_a_member_outside_the_dir_is_refused(tmp_path):
     assert not (tmp_path / "escaped.py").exists()
 
 
+def _evil(tmp_path: Path, *members: tarfile.TarInfo) -> Path:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        good = tarfile.TarInfo("ok.py")
+        good.size = 1
+        tar.addfile(good, io.BytesIO(b"x"))  # first: nothing is written before every member is checked
+        for info in members:
+            tar.addfile(info, io.BytesIO(b"x" * info.size) if info.isreg() else None)
+    path = tmp_path / "evil.tar.gz"
+    path.write_bytes(raw.getvalue())
+    return path
+
+
+def _info(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    info.size = 1 if kind == tarfile.REGTYPE else 0
+    return info
+
+
+@pytest.mark.parametrize(
+    ("member", "says"),
+    [
+        (_info("/tmp/abs.py"), "absolute path"),
+        (_info("pkg/../../up.py"), "outside its dir"),
+        (_info("out", tarfile.SYMTYPE, "/etc/passwd"), "is a link"),
+        (_info("inside", tarfile.SYMTYPE, "ok.py"), "is a link"),
+        (_info("hard", tarfile.LNKTYPE, "/etc/passwd"), "is a link"),
+        (_info("dev", tarfile.CHRTYPE), "is a device"),
+        (_info("fifo", tarfile.FIFOTYPE), "is a device"),
+        (_info("ok.py"), "twice"),
+    ],
+)
+def test_a_member_that_is_not_a_plain_file_or_dir_inside_is_refused_and_nothing_is_written(tmp_path, member, says):
+    # the same check on every Python 3.11 (tarfile's `data` filter is 3.11.4+): no crash, a TarError naming it
+    with pytest.raises(tarfile.TarError, match=says):
+        unpack(_evil(tmp_path, member), tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "up.py").exists()
+
+
+def test_unpack_keeps_files_and_dirs_and_whether_a_file_runs(tmp_path):
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "m.py").write_text("X = 1\n")
+    (src / "sub" / "run.sh").write_text("#!/bin/sh\n")
+    (src / "sub" / "run.sh").chmod(0o4755)  # the setuid bit is not kept
+    (tmp_path / "code.tar.gz").write_bytes(pack(src))
+    unpack(tmp_path / "code.tar.gz", tmp_path / "out")
+    assert (tmp_path / "out" / "m.py").read_text() == "X = 1\n"
+    assert (tmp_path / "out" / "m.py").stat().st_mode & 0o7777 == 0o644 & ~_umask()
+    assert (tmp_path / "out" / "sub" / "run.sh").stat().st_mode & 0o7777 == 0o755 & ~_umask()
+
+
+def _umask() -> int:
+    old = os.umask(0)
+    os.umask(old)
+    return old
+
+
 def test_the_cache_fetches_once_and_trims_the_least_recently_used_past_an_hour(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
