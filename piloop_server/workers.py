@@ -97,10 +97,19 @@ def _host(info: str) -> str:
     return host if isinstance(host, str) else ""
 
 
+def pool_facts(rt: Runtime) -> dict[str, pools.PoolFacts]:
+    """Each pool's config (limits applied) and the limits that set its keys, as `pools.waiting` reads them."""
+    limits = {v.key: v.reason for v in rt.limits.views()}
+    pressure = rt.executor.memory_pressure_max
+    return {name: pools.PoolFacts(name, cfg, limits, pressure) for name, cfg in rt.executor.pools.items()}
+
+
 def pool_summary(rt: Runtime, workers: list[WorkerView]) -> list[dict[str, Any]]:
+    """Each pool's workers, slots, memory, jobs, and why its queued jobs of each kind wait (`waiting`)."""
     out = []
     names = sorted(rt.executor.pools)
     counts = rt.jobs.counts(names, KINDS)
+    facts = pool_facts(rt)
     for name in names:
         pool = rt.executor.pools[name]
         mine = [w for w in workers if w.pool == name]
@@ -118,5 +127,8 @@ def pool_summary(rt: Runtime, workers: list[WorkerView]) -> list[dict[str, Any]]
             row[f"{kind}_slots"] = per * len(usable)
             row[f"{kind}_free"] = max(0, per * len(usable) - used)
             row[f"{kind}_queued"], row[f"{kind}_running"] = counts[(name, kind)]
+        why = {k: pools.waiting(facts[name], k, workers) for k in KINDS if row[f"{k}_queued"]}
+        row["waiting"] = {k: w.text for k, w in why.items() if w is not None}
+        row["waiting_codes"] = {k: w.code for k, w in why.items() if w is not None}
         out.append(row)
     return out

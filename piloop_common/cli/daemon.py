@@ -32,8 +32,8 @@ provider = "workers"
 # `piloop serve`'s own worker is in the pool `serve`.
 [plugins.executor.pools.serve]
 agents = 2
-evaluations = 1
-max_load = 2.0       # the 1-minute load per CPU
+# evaluations = 2    # default: the host's CPUs, at least 2 (Python tasks run in these slots too)
+# max_load = 4.0     # the 1-minute load per CPU over which it takes no job; default: none (docs/worker.md)
 min_memory_gb = 0.5
 
 # [plugins.cas]      # default: a directory under this home
@@ -325,6 +325,9 @@ def status(obj, as_json: bool) -> None:
             rows,
         )
     )
+    for p in st["pools"]:  # why a pool's queued jobs have no lease
+        for kind, why in (p.get("waiting") or {}).items():
+            click.echo(f" waiting: pool {p['pool']}'s {kind}s: {why}")
     if st.get("provisioners"):
         click.echo("")
         rows = [

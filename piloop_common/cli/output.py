@@ -49,6 +49,20 @@ def progress(line: str) -> None:
         sys.stderr.flush()
 
 
+class WaitNote:
+    """A wait's progress line, and why it waits: on a terminal one line that rewrites itself; elsewhere (a script,
+    `make demo`) a `waiting: …` line each time the reason changes, so a log says why nothing moved."""
+
+    def __init__(self) -> None:
+        self.said = ""
+
+    def show(self, line: str, why: str = "") -> None:
+        progress((line + (f"; waiting: {why}" if why else ""))[:300])
+        if why and why != self.said and not sys.stderr.isatty():
+            click.echo(f"waiting: {why}", err=True)
+        self.said = why
+
+
 def progress_done() -> None:
     if sys.stderr.isatty():
         sys.stderr.write("\r\033[K")
