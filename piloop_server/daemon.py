@@ -221,7 +221,7 @@ def run(p: Pass, stop: threading.Event) -> None:
             else:
                 p.follow()
             if failing:
-                log.warning("event=daemon.redis_back")
+                log.info("event=daemon.redis_back")  # the recovery; the fault was the pass_failed warning
             failing = False
         except Fenced as e:
             p.refused(e)
