@@ -64,6 +64,7 @@ def disruption_policy(ex: ExecutorConfig) -> Policy:
         forget_ms=hold_ms,
         absent_ms=grace_ms // 2,
         settle_ms=grace_ms + 2 * pass_ms,
+        gone_ms=grace_ms,  # revoked, departed or stopped: it cannot come back, so it leaves `worker list` soon
     )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from piloop_common.errors import Conflict, NotFound
+from piloop_common.names import check_name
 from piloop_common.operator_protocol import WorkerView
 from piloop_common.protocol import HostSample
 from piloop_server import pools
@@ -80,6 +82,26 @@ def views(rt: Runtime) -> list[WorkerView]:
                 )
             )
     return sorted(out, key=lambda w: w.name)
+
+
+def forget(rt: Runtime, name: str, by: str) -> None:
+    """Remove worker `name` from `worker list` (an admin's `piloop worker forget`): one that is gone for good. A
+    reachable worker, or one that still holds leases, is a Conflict that says what to do first; changes nothing."""
+    check_name("worker", name, reserved_ok=True)
+    rec = next((w for w in rt.workers.all() if w.name == name), None)  # with its alive key and its leases
+    if rec is None:
+        raise NotFound(f"no worker {name} (`piloop worker list`)")
+    if rec.alive:
+        raise Conflict(
+            f"worker {name} is reachable: stop it first (`piloop token revoke {name}` refuses it at its next call)"
+        )
+    held = sum(len(ids) for ids in rec.leases.values())
+    if held:
+        raise Conflict(
+            f"worker {name} holds {held} lease(s): they expire after toleration_seconds, or cancel its jobs first"
+        )
+    if name not in rt.disruption.forget((name,), by):
+        raise Conflict(f"worker {name} took a lease meanwhile: try again once it has none")
 
 
 def _granted(rt: Runtime, leases: list[list[str]]) -> list[int]:
