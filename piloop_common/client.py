@@ -83,6 +83,22 @@ def _untrusted(e: BaseException) -> str:
     return ""
 
 
+# OpenSSL's reasons when what answered a TLS hello is not TLS (an HTTP server's `HTTP/1.1 400` read as a record)
+PLAIN_REASONS = frozenset(
+    {"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "UNKNOWN_PROTOCOL", "PACKET_LENGTH_TOO_LONG"}
+)
+
+
+def _plain_http(e: BaseException) -> bool:
+    """Whether `e` comes from a TLS handshake that met a server speaking plain HTTP (or anything but TLS)."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError) and getattr(seen, "reason", None) in PLAIN_REASONS:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def part(value: object) -> str:
     """One path segment from what a user typed (a job id, a name): quoted whole, so `../x` or `a/b` names the thing
     it says and never another route."""
@@ -352,6 +368,11 @@ class ApiClient:
     def _unavailable(self, e: BaseException, *, connecting: bool) -> Unavailable:
         if self.socket is not None and connecting:
             return Unavailable(f"no daemon answers on {self.socket}: start one with `piloop serve --detach`")
+        if (self.url or "").lower().startswith("https:") and _plain_http(e):
+            plain = "http:" + (self.url or "")[len("https:") :]
+            where = urlsplit(plain).netloc
+            # a setup mistake no retry fixes: the worker stops at start on it as on an untrusted certificate
+            return Unavailable(f"the server speaks plain HTTP on {where}; use {plain}", tls="plain_http")
         untrusted = _untrusted(e)
         if untrusted:
             return Unavailable(

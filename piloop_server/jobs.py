@@ -7,7 +7,7 @@ import re
 import secrets as _secrets
 
 from piloop_common import envnames
-from piloop_common.errors import BadRequest, NotFound
+from piloop_common.errors import BadRequest, NotFound, bad_param
 from piloop_common.operator_protocol import JobView, SubmitRequest
 from piloop_common.protocol import JOB_ID, PIPE_PLACEHOLDER, TERMINAL_STATES
 from piloop_server import pools, workers
@@ -40,7 +40,7 @@ def submit(rt: Runtime, req: SubmitRequest, by: str) -> str:
 def check_submit(rt: Runtime, req: SubmitRequest) -> None:
     """BadRequest naming what of `req` this server cannot queue: its pool, grant, secrets, inputs or code."""
     if req.pool not in rt.executor.pools:
-        raise BadRequest(f"--pool {req.pool}: no such pool (pools: {', '.join(sorted(rt.executor.pools))})")
+        raise bad_param("pool", req.pool, f"no such pool (pools: {', '.join(sorted(rt.executor.pools))})")
     pool = rt.executor.pools[req.pool]
     if (pool.agents if req.kind == "agent" else pool.evaluations) == 0 and pool.provisioner is None:
         # a limit may set it to 0 for a while; say so, but queue the job anyway
@@ -57,11 +57,13 @@ def check_submit(rt: Runtime, req: SubmitRequest) -> None:
         have = rt.secrets.names() if getattr(rt, "secrets", None) else set()
         missing = [s for s in req.spec.secrets if s not in have]
         if missing:
-            raise BadRequest(f"--secret: no secret named {', '.join(missing)} (`piloop secret list`)")
+            raise bad_param(
+                "secrets", missing, f"no secret named {', '.join(missing)} (`piloop secret list`)", flag="--secret"
+            )
     given = [a for a in req.spec.inputs.values() if a != PIPE_PLACEHOLDER]  # a chain's: filled in at its release
     missing_inputs = sorted(set(given) - rt.store.has_many(given))
     if missing_inputs:
-        raise BadRequest(f"--input: the CAS lacks {', '.join(missing_inputs)}")
+        raise bad_param("inputs", missing_inputs, "the CAS lacks them", flag="--input")
     if req.spec.code and not rt.store.has_many([req.spec.code]):
         raise BadRequest(f"code {req.spec.code}: the CAS lacks it (push it again: `piloop task push DIR`)")
 
@@ -88,6 +90,8 @@ def view(rt: Runtime, job_id: str) -> JobView:
         token=j.token,
         created_ms=j.created,
         updated_ms=j.updated,
+        started_ms=j.started or j.leased,  # a job that ended before a heartbeat said `running`: its lease
+        finished_ms=j.ended if j.state in TERMINAL_STATES else 0,
         reason=j.reason,
         spec=j.spec_dict(),
         result=result,

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from piloop_common.cli.live import agent_lines
-from piloop_common.cli.output import ago, emit_json, progress, progress_done, table
+from piloop_common.cli.output import ago, emit_json, progress, progress_done, table, value_text
 from piloop_common.errors import PiloopError, Unavailable
 from piloop_common.extras import need_server
 
@@ -358,7 +358,7 @@ def status(obj, as_json: bool) -> None:
         click.echo("")
         click.echo("limits")
         for lim in st["limits"]:
-            click.echo(f"  {lim['key']} = {lim['value']}: {lim['reason']} ({lim['by']})")
+            click.echo(f"  {lim['key']} = {value_text(lim['value'])}: {lim['reason']} ({lim['by']})")
     if st["escalations"]:
         click.echo("")
         click.echo("escalations (`piloop inbox`)")

@@ -266,6 +266,8 @@ def show(obj, job_id, as_json) -> None:
         ("token", j["token"] or "-"),
         ("command", " ".join(j["spec"].get("argv", []))),
         ("created", stamp(j.get("created_ms"))),
+        ("started", stamp(j.get("started_ms"))),
+        ("finished", stamp(j.get("finished_ms"))),
         ("updated", stamp(j.get("updated_ms"))),
         ("ran", f"{r['duration_seconds']:.1f} s" if r.get("duration_seconds") else "-"),
         ("exit", r.get("exit_code") if r else "-"),

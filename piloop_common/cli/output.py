@@ -38,6 +38,14 @@ def when(ms: int | None) -> str:
     return dt.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M")
 
 
+def value_text(value: Any) -> str:
+    """A setting's value as TOML writes it: a whole float as `100000` (TOML and the limits read it back the same), a
+    string bare, anything else as JSON (`null`, `true`, `["process"]`)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
 def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
 
