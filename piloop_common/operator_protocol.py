@@ -86,6 +86,10 @@ class JobResult(Message):
     score: float | None = None
     error: list[str] = Field(default_factory=list, description="The exception's class names, most derived first.")
 
+    def __bool__(self) -> bool:
+        """False until a report said something (a job never leased has no result)."""
+        return bool(self.model_fields_set or self.model_extra)
+
     @model_serializer(mode="wrap")
     def _as_stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # on the wire, the keys the report gave and no default (a job not reported yet: `{}`)
