@@ -8,15 +8,17 @@ import os
 import ssl
 import threading
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 from urllib.parse import quote, urlsplit
 
 import httpx
-from pydantic import BaseModel
 
 from piloop_common.errors import ConfigError, PiloopError, Unavailable, from_payload
 
-M = TypeVar("M", bound=BaseModel)
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+M = TypeVar("M", bound="BaseModel")
 SOCKET_NAME = "piloop.sock"
 # A worker's heartbeat comes every renew_seconds (10 s by default): the server keeps an idle connection longer than
 # that, so each heartbeat rides the last one's (no new connection, no TLS handshake), and the client lets it go a
@@ -288,7 +290,7 @@ class ApiClient:
         model: type[M] | None = None,
         timeout: float | None = None,
     ) -> Any:
-        payload = body.model_dump(mode="json") if isinstance(body, BaseModel) else body
+        payload = body if body is None or isinstance(body, dict) else body.model_dump(mode="json")
         headers = None
         data = None
         if payload is not None:

@@ -175,7 +175,6 @@ class LimitView(Message):
     at_ms: int
 
 
-ROLES = ("viewer", "operator", "admin")  # piloop_server.auth.Role, lowest first
 TokenRole = Literal["viewer", "operator", "admin"]
 
 

@@ -11,8 +11,7 @@ import click
 from piloop_common.cli.output import emit_json, table, value_text, when
 from piloop_common.client import part
 from piloop_common.duration import parse_duration
-from piloop_common.names import check_name
-from piloop_common.operator_protocol import ROLES
+from piloop_common.names import ROLES, check_name
 
 
 @click.group()
