@@ -6,7 +6,10 @@ set -eu
 : "${PILOOP_HOME:?set PILOOP_HOME}"
 work=$(mktemp -d)
 trap 'piloop stop >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
-piloop stop >/dev/null 2>&1 || true
+[ -e "$PILOOP_HOME/piloop.pid" ] && { piloop stop >/dev/null 2>&1 || true; }
+echo "piloop's demo: a daemon on the embedded defaults runs a campaign on its own worker, \`serve\` (agents that"
+echo "each commit a guess to a small git repo, and an evaluation that scores each run) until 6 runs are scored,"
+echo "then one evaluation on its own; about half a minute. A job that waits says why (a waiting: line)."
 echo "== piloop init (home $PILOOP_HOME)"
 piloop init
 
@@ -27,24 +30,19 @@ eval_cmd='g=$(cat guess.txt); d=$((g > 42 ? g - 42 : 42 - g)); echo "guess $g is
 
 echo "== a campaign: two agents live at a time on the serve worker"
 # a run before this one left its campaign (to look at afterwards): start afresh, so the demo runs again and again
-if piloop campaign show guess >/dev/null 2>&1; then
-  piloop campaign rm guess --force
-fi
+piloop campaign rm guess --force >/dev/null 2>&1 || true
 piloop campaign create guess --repo "$repo" --workspace "$work/workspace" --agents 2 \
   --agent-cmd "$agent" --eval-cmd "$eval_cmd"
-echo "== waiting for 6 scored runs (about a minute)"
+echo "== waiting for 6 scored runs (about 15 s on an idle machine)"
 piloop campaign wait guess --runs 6 --timeout 5m
 piloop campaign pause guess
 echo "== the campaign, its runs ranked by score"
 piloop campaign show guess --runs 10
 
-echo "== an evaluation on its own, and its log from the CAS"
+echo "== an evaluation on its own: its log as it comes (piloop attach), then its record"
 id=$(piloop job submit -- sh -c 'echo evaluating on $(hostname); echo score=0.9')
-piloop job wait "$id"
+piloop attach "$id"
 piloop job show "$id"
-for addr in $(piloop job show "$id" --json | python3 -c 'import json,sys; print(" ".join(json.load(sys.stdin)["log"]))'); do
-  piloop cas get "$addr"
-done
 echo "== workers and status"
 piloop worker list
 piloop status

@@ -8,15 +8,17 @@ import os
 import ssl
 import threading
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 from urllib.parse import quote, urlsplit
 
 import httpx
-from pydantic import BaseModel
 
 from piloop_common.errors import ConfigError, PiloopError, Unavailable, from_payload
 
-M = TypeVar("M", bound=BaseModel)
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+M = TypeVar("M", bound="BaseModel")
 SOCKET_NAME = "piloop.sock"
 # A worker's heartbeat comes every renew_seconds (10 s by default): the server keeps an idle connection longer than
 # that, so each heartbeat rides the last one's (no new connection, no TLS handshake), and the client lets it go a
@@ -81,6 +83,22 @@ def _untrusted(e: BaseException) -> str:
             return seen.verify_message or str(seen)
         seen = seen.__cause__ or seen.__context__
     return ""
+
+
+# OpenSSL's reasons when what answered a TLS hello is not TLS (an HTTP server's `HTTP/1.1 400` read as a record)
+PLAIN_REASONS = frozenset(
+    {"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "UNKNOWN_PROTOCOL", "PACKET_LENGTH_TOO_LONG"}
+)
+
+
+def _plain_http(e: BaseException) -> bool:
+    """Whether `e` comes from a TLS handshake that met a server speaking plain HTTP (or anything but TLS)."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError) and getattr(seen, "reason", None) in PLAIN_REASONS:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def part(value: object) -> str:
@@ -272,7 +290,7 @@ class ApiClient:
         model: type[M] | None = None,
         timeout: float | None = None,
     ) -> Any:
-        payload = body.model_dump(mode="json") if isinstance(body, BaseModel) else body
+        payload = body if body is None or isinstance(body, dict) else body.model_dump(mode="json")
         headers = None
         data = None
         if payload is not None:
@@ -352,6 +370,11 @@ class ApiClient:
     def _unavailable(self, e: BaseException, *, connecting: bool) -> Unavailable:
         if self.socket is not None and connecting:
             return Unavailable(f"no daemon answers on {self.socket}: start one with `piloop serve --detach`")
+        if (self.url or "").lower().startswith("https:") and _plain_http(e):
+            plain = "http:" + (self.url or "")[len("https:") :]
+            where = urlsplit(plain).netloc
+            # a setup mistake no retry fixes: the worker stops at start on it as on an untrusted certificate
+            return Unavailable(f"the server speaks plain HTTP on {where}; use {plain}", tls="plain_http")
         untrusted = _untrusted(e)
         if untrusted:
             return Unavailable(

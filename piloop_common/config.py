@@ -3,6 +3,7 @@ reads it from its sources; `configref` writes docs/configuration.md from it)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -75,8 +76,17 @@ class ProvisionerConfig(_Model):
 
 class PoolConfig(_Model):
     agents: int = Field(2, ge=0, description="Agent slots per worker of this pool.")
-    evaluations: int = Field(1, ge=0, description="Evaluation slots per worker of this pool.")
-    max_load: float = Field(2.0, gt=0, description="A worker whose 1-minute load per CPU is over this takes no job.")
+    evaluations: int = Field(
+        1,
+        ge=0,
+        description="Evaluation slots per worker of this pool; the pool `serve`'s: the host's CPUs (at least 2).",
+    )
+    max_load: float | None = Field(
+        None,
+        gt=0,
+        description="A worker whose 1-minute load per CPU is over this takes no job; unset: the load holds none back "
+        '(docs/worker.md, "Load and pressure").',
+    )
     min_memory_gb: float = Field(0.5, ge=0, description="A worker with less free memory than this takes no job.")
     memory_mb: int | None = Field(
         None,
@@ -145,6 +155,9 @@ class ExecutorConfig(_Model):
         # `piloop serve`'s own worker always has its pool; give it 0 slots to keep jobs off it
         if "serve" not in self.pools:
             self.pools = {"serve": PoolConfig(), **self.pools}
+        serve = self.pools["serve"]
+        if "evaluations" not in serve.model_fields_set:  # a fan-out of tasks runs as wide as the host
+            serve.__dict__["evaluations"] = max(2, len(os.sched_getaffinity(0)))
         return self
 
     @model_validator(mode="after")

@@ -33,6 +33,7 @@ class Effective:
     key: str
     value: Any
     source: str
+    over: Effective | None = None  # under a limit (source `limit: REASON`): what the config gives
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,27 @@ class Checked:
             "home": str(self.home),
             "file": str(self.file),
             "file_exists": self.file_exists,
-            "settings": {e.key: {"value": e.value, "source": e.source} for e in self.settings},
+            "settings": {e.key: _row(e) for e in self.settings},
         }
+
+
+def _row(e: Effective) -> dict[str, Any]:
+    if e.over is None:
+        return {"value": e.value, "source": e.source}
+    return {"value": e.value, "source": LIMIT, "reason": e.source.removeprefix(f"{LIMIT}: "), "over": _row(e.over)}
+
+
+LIMIT = "limit"
+
+
+def with_limits(checked: Checked, limits: dict[str, tuple[Any, str]]) -> Checked:
+    """`checked` with each value a daemon's limit holds (key -> (value, reason)) in place of the config's: its source
+    `limit: REASON`, and the config's value and source kept beside it (`over`)."""
+    rows = [
+        Effective(e.key, limits[e.key][0], f"{LIMIT}: {limits[e.key][1]}", over=e) if e.key in limits else e
+        for e in checked.settings
+    ]
+    return Checked(home=checked.home, file=checked.file, file_exists=checked.file_exists, settings=rows)
 
 
 def check(settings: Settings, sources: Sources) -> Checked:

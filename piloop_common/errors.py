@@ -32,6 +32,25 @@ class BadRequest(PiloopError):
     status = 400
 
 
+def bad_param(param: str, value: object, why: str, flag: str = "") -> BadRequest:
+    """A request's parameter refused, named as the Python API names it (`pool='gpu': no such pool`); the CLI shows
+    the flag of the command it ran instead (`--pool gpu: no such pool`; `flag` when it is not `--<param>`)."""
+    return BadRequest(
+        f"{param}={value!r}: {why}", param=param, value=value, flag=flag or "--" + param.replace("_", "-")
+    )
+
+
+def as_flag(e: PiloopError, args: list[str]) -> str:
+    """`e`'s message naming the CLI flag (`--pool gpu: …`) when the command line `args` gave that flag, else as is."""
+    param, value, flag = e.details.get("param"), e.details.get("value"), e.details.get("flag")
+    if not isinstance(param, str) or not isinstance(flag, str):
+        return e.message
+    if not any(a == flag or a.startswith(flag + "=") for a in args):
+        return e.message
+    shown = ", ".join(map(str, value)) if isinstance(value, list) else value
+    return e.message.replace(f"{param}={value!r}", f"{flag} {shown}", 1)
+
+
 class TooLarge(BadRequest):
     """A write over one of the caps on what a caller may make the server keep; the message names the cap's key."""
 

@@ -11,6 +11,7 @@ import re
 
 from piloop_common.errors import BadRequest
 
+ROLES = ("viewer", "operator", "admin")  # a person's token's roles, lowest first (piloop_server.auth.Role)
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 ALLOWED = "a name is 1-63 characters of a-z, 0-9, '.', '_', '-', starting with a letter or digit"
 RESERVED = "`serve` and names beginning `piloop` are reserved"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from piloop_common.protocol import HostSample, JobId, JobSpec, Kind, Message
 
@@ -57,6 +57,46 @@ class RelaySubmit(Message):
         return data
 
 
+class JobUsage(Message):
+    model_config = ConfigDict(extra="allow")
+    peak_rss_bytes: int = 0
+    cpu_seconds: float = 0.0
+
+
+class JobResult(Message):
+    """What a job's last report said (empty until one did): `view.result.exit_code`, `.outputs["result.json"]`."""
+
+    model_config = ConfigDict(extra="allow")  # a key a newer server adds stays readable, never refused
+    exit_code: int | None = None
+    signal: int | None = None
+    oom: bool = False
+    outcome: str = Field("", description="The worker's outcome (succeeded, failed, cancelled, fenced, lost).")
+    usage: JobUsage = Field(default_factory=JobUsage)
+    log: list[str] = Field(default_factory=list, description="CAS addresses of the log's chunks, in order.")
+    log_dropped: int = 0
+    log_truncated: int = 0
+    outputs: dict[str, str] = Field(default_factory=dict, description="Output name -> CAS address.")
+    metrics: str | None = None
+    duration_seconds: float = 0.0
+    at_ms: int = Field(0, description="When the server took the report (ms).")
+    fetched_bytes: int = 0
+    head: str = ""
+    bundle: str | None = None
+    workspace: str | None = None
+    score: float | None = None
+    error: list[str] = Field(default_factory=list, description="The exception's class names, most derived first.")
+
+    def __bool__(self) -> bool:
+        """False until a report said something (a job never leased has no result)."""
+        return bool(self.model_fields_set or self.model_extra)
+
+    @model_serializer(mode="wrap")
+    def _as_stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # on the wire, the keys the report gave and no default (a job not reported yet: `{}`)
+        data = handler(self)
+        return {k: v for k, v in data.items() if k in self.model_fields_set or k in (self.model_extra or {})}
+
+
 class JobView(Message):
     id: str
     kind: str
@@ -70,9 +110,13 @@ class JobView(Message):
     token: str = ""
     created_ms: int = 0
     updated_ms: int = 0
+    started_ms: int = Field(
+        0, description="When its latest attempt started running, or was leased when it ended first (0: neither)."
+    )
+    finished_ms: int = Field(0, description="When it ended (0: it has not).")
     reason: str = ""
     spec: dict[str, Any] = Field(default_factory=dict)
-    result: dict[str, Any] = Field(default_factory=dict)
+    result: JobResult = Field(default_factory=JobResult)
     log: list[str] = Field(default_factory=list)
     log_dropped: int = Field(
         0, description="Log chunks not kept, past [plugins.state] log_chunks_max or log_max_bytes."
@@ -131,7 +175,6 @@ class LimitView(Message):
     at_ms: int
 
 
-ROLES = ("viewer", "operator", "admin")  # piloop_server.auth.Role, lowest first
 TokenRole = Literal["viewer", "operator", "admin"]
 
 

@@ -73,7 +73,7 @@ class AsyncResult(Generic[R]):
     def _error_record(self, view: JobView) -> dict[str, Any]:
         """The task's `error.json` (type, classes, message, traceback), or {} (it raised nothing, or never ran)."""
         if self._error is None:
-            outputs = view.result.get("outputs") or {}
+            outputs = view.result.outputs
             self._error = json.loads(self.client.get_blob(outputs["error.json"])) if "error.json" in outputs else {}
         return self._error
 
@@ -113,7 +113,7 @@ class AsyncResult(Generic[R]):
     revoke = cancel  # Celery's name
 
     def _outcome(self, view: JobView) -> R:
-        outputs = view.result.get("outputs") or {}
+        outputs = view.result.outputs
         if view.state == "succeeded":
             raw = self.client.get_blob(outputs[f"result.{self.serializer}"])
             value: R = json.loads(raw)["value"] if self.serializer == "json" else pickle.loads(raw)

@@ -64,6 +64,7 @@ def disruption_policy(ex: ExecutorConfig) -> Policy:
         forget_ms=hold_ms,
         absent_ms=grace_ms // 2,
         settle_ms=grace_ms + 2 * pass_ms,
+        gone_ms=grace_ms,  # revoked, departed or stopped: it cannot come back, so it leaves `worker list` soon
     )
 
 
@@ -221,7 +222,7 @@ def run(p: Pass, stop: threading.Event) -> None:
             else:
                 p.follow()
             if failing:
-                log.warning("event=daemon.redis_back")
+                log.info("event=daemon.redis_back")  # the recovery; the fault was the pass_failed warning
             failing = False
         except Fenced as e:
             p.refused(e)

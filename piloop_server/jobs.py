@@ -7,10 +7,10 @@ import re
 import secrets as _secrets
 
 from piloop_common import envnames
-from piloop_common.errors import BadRequest, NotFound
+from piloop_common.errors import BadRequest, NotFound, bad_param
 from piloop_common.operator_protocol import JobView, SubmitRequest
 from piloop_common.protocol import JOB_ID, PIPE_PLACEHOLDER, TERMINAL_STATES
-from piloop_common.sizes import format_memory
+from piloop_server import pools, workers
 from piloop_server.runtime import Runtime
 
 
@@ -40,7 +40,7 @@ def submit(rt: Runtime, req: SubmitRequest, by: str) -> str:
 def check_submit(rt: Runtime, req: SubmitRequest) -> None:
     """BadRequest naming what of `req` this server cannot queue: its pool, grant, secrets, inputs or code."""
     if req.pool not in rt.executor.pools:
-        raise BadRequest(f"--pool {req.pool}: no such pool (pools: {', '.join(sorted(rt.executor.pools))})")
+        raise bad_param("pool", req.pool, f"no such pool (pools: {', '.join(sorted(rt.executor.pools))})")
     pool = rt.executor.pools[req.pool]
     if (pool.agents if req.kind == "agent" else pool.evaluations) == 0 and pool.provisioner is None:
         # a limit may set it to 0 for a while; say so, but queue the job anyway
@@ -57,11 +57,13 @@ def check_submit(rt: Runtime, req: SubmitRequest) -> None:
         have = rt.secrets.names() if getattr(rt, "secrets", None) else set()
         missing = [s for s in req.spec.secrets if s not in have]
         if missing:
-            raise BadRequest(f"--secret: no secret named {', '.join(missing)} (`piloop secret list`)")
+            raise bad_param(
+                "secrets", missing, f"no secret named {', '.join(missing)} (`piloop secret list`)", flag="--secret"
+            )
     given = [a for a in req.spec.inputs.values() if a != PIPE_PLACEHOLDER]  # a chain's: filled in at its release
     missing_inputs = sorted(set(given) - rt.store.has_many(given))
     if missing_inputs:
-        raise BadRequest(f"--input: the CAS lacks {', '.join(missing_inputs)}")
+        raise bad_param("inputs", missing_inputs, "the CAS lacks them", flag="--input")
     if req.spec.code and not rt.store.has_many([req.spec.code]):
         raise BadRequest(f"code {req.spec.code}: the CAS lacks it (push it again: `piloop task push DIR`)")
 
@@ -88,6 +90,8 @@ def view(rt: Runtime, job_id: str) -> JobView:
         token=j.token,
         created_ms=j.created,
         updated_ms=j.updated,
+        started_ms=j.started or j.leased,  # a job that ended before a heartbeat said `running`: its lease
+        finished_ms=j.ended if j.state in TERMINAL_STATES else 0,
         reason=j.reason,
         spec=j.spec_dict(),
         result=result,
@@ -103,31 +107,20 @@ def view(rt: Runtime, job_id: str) -> JobView:
 
 
 def waiting(rt: Runtime, v: JobView) -> str:
-    """Why queued job `v` has no lease where the live workers of its pool tell (what claim.lua checks of each): none
-    is live (and no provisioner starts one), none runs its image, or its grant is larger than every one's room. Empty
-    when one could take it, or the job waits out a backoff or a countdown. It stays queued either way: a worker may come."""
+    """Why queued job `v` has no lease, where the workers of its pool tell (`pools.waiting`): none is live (and no
+    provisioner starts one), none runs its image, its grant is larger than every one's room, or each one's load,
+    memory or slots keep it. Empty when one could take it, or the job waits out a backoff or a countdown. It stays
+    queued either way: a worker may come."""
     if v.state == "waiting":
         return f"it waits until {', '.join(v.spec.get('after') or [])} succeeded (--after, a chain)"
     if v.state != "queued" or v.retry_ms or v.not_before_ms:
         return ""
-    live = [w for w in rt.workers.all() if w.alive and w.pool == v.pool and not w.draining]
-    pool = rt.executor.pools.get(v.pool)
-    if not live:
-        if pool is not None and pool.provisioner is not None:
-            return ""  # the provisioner starts workers for what is queued
-        return f"no live worker in pool {v.pool}"
-    if v.image:
-        live = [w for w in live if w.image == v.image]
-        if not live:
-            return f"no live worker of pool {v.pool} runs image {v.image}"
-    grant = v.memory_mb or int(v.spec.get("memory_mb") or 0) or (pool.memory_mb if pool is not None else 0) or 0
-    rooms = [w.room_mb for w in live if w.room_mb is not None]
-    if grant and rooms and len(rooms) == len(live) and grant > max(rooms):  # a worker that sent no room takes any
-        return (
-            f"its grant of {format_memory(grant)} is larger than the room of every live worker of pool {v.pool} "
-            f"(the most: {format_memory(max(rooms))})"
-        )
-    return ""
+    facts = workers.pool_facts(rt).get(v.pool)
+    if facts is None:
+        return f"pool {v.pool} is gone from the server's config"
+    grant = v.memory_mb or int(v.spec.get("memory_mb") or 0) or facts.config.memory_mb or 0
+    why = pools.waiting(facts, v.kind, workers.views(rt), image=v.image, grant_mb=grant)
+    return why.text if why is not None else ""
 
 
 def listing(rt: Runtime, state: str | None, pool: str | None, limit: int = 200) -> list[JobView]:

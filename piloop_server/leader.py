@@ -53,7 +53,8 @@ class Leadership:
         self._failing = False
         with self._lock:
             if held.leading and held.token != self.token:
-                log.warning(
+                # a server taking the pass is the normal start (and a handover): news, not a fault
+                log.info(
                     "event=pass.leader instance=%s token=%s (this server runs the pass)", self.instance, held.token
                 )
             elif not held.leading and self.token:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from piloop_common.errors import Conflict, NotFound
+from piloop_common.names import check_name
 from piloop_common.operator_protocol import WorkerView
 from piloop_common.protocol import HostSample
 from piloop_server import pools
@@ -82,6 +84,26 @@ def views(rt: Runtime) -> list[WorkerView]:
     return sorted(out, key=lambda w: w.name)
 
 
+def forget(rt: Runtime, name: str, by: str) -> None:
+    """Remove worker `name` from `worker list` (an admin's `piloop worker forget`): one that is gone for good. A
+    reachable worker, or one that still holds leases, is a Conflict that says what to do first; changes nothing."""
+    check_name("worker", name, reserved_ok=True)
+    rec = next((w for w in rt.workers.all() if w.name == name), None)  # with its alive key and its leases
+    if rec is None:
+        raise NotFound(f"no worker {name} (`piloop worker list`)")
+    if rec.alive:
+        raise Conflict(
+            f"worker {name} is reachable: stop it first (`piloop token revoke {name}` refuses it at its next call)"
+        )
+    held = sum(len(ids) for ids in rec.leases.values())
+    if held:
+        raise Conflict(
+            f"worker {name} holds {held} lease(s): they expire after toleration_seconds, or cancel its jobs first"
+        )
+    if name not in rt.disruption.forget((name,), by):
+        raise Conflict(f"worker {name} took a lease meanwhile: try again once it has none")
+
+
 def _granted(rt: Runtime, leases: list[list[str]]) -> list[int]:
     """Each worker's granted memory (MiB): the grants of the jobs it holds leases on, as claim.lua sums them."""
     got = iter(rt.jobs.field_of([j for ids in leases for j in ids], "granted_mb"))
@@ -97,10 +119,19 @@ def _host(info: str) -> str:
     return host if isinstance(host, str) else ""
 
 
+def pool_facts(rt: Runtime) -> dict[str, pools.PoolFacts]:
+    """Each pool's config (limits applied) and the limits that set its keys, as `pools.waiting` reads them."""
+    limits = {v.key: v.reason for v in rt.limits.views()}
+    pressure = rt.executor.memory_pressure_max
+    return {name: pools.PoolFacts(name, cfg, limits, pressure) for name, cfg in rt.executor.pools.items()}
+
+
 def pool_summary(rt: Runtime, workers: list[WorkerView]) -> list[dict[str, Any]]:
+    """Each pool's workers, slots, memory, jobs, and why its queued jobs of each kind wait (`waiting`)."""
     out = []
     names = sorted(rt.executor.pools)
     counts = rt.jobs.counts(names, KINDS)
+    facts = pool_facts(rt)
     for name in names:
         pool = rt.executor.pools[name]
         mine = [w for w in workers if w.pool == name]
@@ -118,5 +149,8 @@ def pool_summary(rt: Runtime, workers: list[WorkerView]) -> list[dict[str, Any]]
             row[f"{kind}_slots"] = per * len(usable)
             row[f"{kind}_free"] = max(0, per * len(usable) - used)
             row[f"{kind}_queued"], row[f"{kind}_running"] = counts[(name, kind)]
+        why = {k: pools.waiting(facts[name], k, workers) for k in KINDS if row[f"{k}_queued"]}
+        row["waiting"] = {k: w.text for k, w in why.items() if w is not None}
+        row["waiting_codes"] = {k: w.code for k, w in why.items() if w is not None}
         out.append(row)
     return out

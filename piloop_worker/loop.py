@@ -178,7 +178,7 @@ class Worker(Claiming, JobStarts, Reporting):
             except (PiloopError, OSError) as e:
                 if isinstance(e, BadRequest):
                     raise
-                if isinstance(e, Unavailable) and e.details.get("tls") == "untrusted":
+                if isinstance(e, Unavailable) and e.details.get("tls") in ("untrusted", "plain_http"):
                     raise ServerUntrusted(e.message) from e  # only at start: once running, it is an outage
                 self.reach.failed(e, self.name or "-")
                 if orphaned(self):  # a server gone before this worker registered: no heartbeat thread to see it

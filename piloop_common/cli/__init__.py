@@ -22,7 +22,7 @@ from piloop_common.cli.secret import secret
 from piloop_common.cli.task import task
 from piloop_common.cli.ui import ui
 from piloop_common.cli.worker import worker
-from piloop_common.errors import ConfigError, PiloopError
+from piloop_common.errors import BadRequest, ConfigError, PiloopError, as_flag
 from piloop_common.extras import MissingExtra
 
 
@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     except MissingExtra as e:
         click.echo(f"piloop: {e.message}", err=True)
+        sys.exit(2)
+    except BadRequest as e:  # the input was wrong: a usage error, as click's own are (docs/operations.md)
+        click.echo(f"piloop: {as_flag(e, sys.argv[1:] if argv is None else argv)}", err=True)
         sys.exit(2)
     except PiloopError as e:
         click.echo(f"piloop: {e.message}", err=True)

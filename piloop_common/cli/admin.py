@@ -8,11 +8,10 @@ from typing import Any
 
 import click
 
-from piloop_common.cli.output import emit_json, table, when
+from piloop_common.cli.output import emit_json, table, value_text, when
 from piloop_common.client import part
 from piloop_common.duration import parse_duration
-from piloop_common.names import check_name
-from piloop_common.operator_protocol import ROLES
+from piloop_common.names import ROLES, check_name
 
 
 @click.group()
@@ -35,10 +34,7 @@ def limits_set(obj, assignment: str, reason: str, as_json: bool) -> None:
     if as_json:
         emit_json(lim)
     else:
-        click.echo(
-            f"{lim['key']} = {json.dumps(lim['value']) if not isinstance(lim['value'], str) else lim['value']}"
-            ": the daemon applies it at once"
-        )
+        click.echo(f"{lim['key']} = {value_text(lim['value'])}: the daemon applies it at once")
 
 
 @limits.command("unset")
@@ -66,7 +62,7 @@ def limits_list(obj, as_json: bool) -> None:
         click.echo(
             table(
                 ["key", "value", "reason", "by", "set"],
-                [[r["key"], r["value"], r["reason"], r["by"], when(r["at_ms"])] for r in rows],
+                [[r["key"], value_text(r["value"]), r["reason"], r["by"], when(r["at_ms"])] for r in rows],
             )
         )
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from piloop_common.cli.output import emit_json, parse_env, progress, progress_done, table, when
+from piloop_common.cli.output import WaitNote, emit_json, parse_env, progress_done, table, when
 from piloop_common.client import part
 from piloop_common.duration import parse_duration
 
@@ -226,6 +226,13 @@ def rm(obj, name, force) -> None:
 campaign.add_command(rm, "delete")
 
 
+def _waiting(api: Any, c: dict[str, Any]) -> str:
+    """Why the campaign's queued agents and evaluations have no lease, from `/v1/status`'s pools; '' when none waits."""
+    pools = {p["pool"]: p.get("waiting") or {} for p in api.call("GET", "/v1/status")["pools"]}
+    why = [pools.get(c["agent_pool"], {}).get("agent", ""), pools.get(c["eval_pool"], {}).get("evaluation", "")]
+    return "; ".join(dict.fromkeys(w for w in why if w))
+
+
 @campaign.command("wait")
 @click.argument("name")
 @click.option("--runs", "want", default=1, show_default=True, type=click.IntRange(1), help="Scored runs to wait for.")
@@ -235,6 +242,7 @@ def wait(obj, name, want, timeout) -> None:
     """Wait until the campaign has this many scored runs, then print them ranked."""
     limit = parse_duration(timeout, "--timeout") if timeout else None
     started = time.monotonic()
+    note, why, asked = WaitNote(), "", 0.0
     with obj.api() as api:
         while True:
             c = api.call("GET", f"/v1/campaigns/{part(name)}")
@@ -246,9 +254,12 @@ def wait(obj, name, want, timeout) -> None:
                 progress_done()
                 click.echo(f"piloop: gave up after {limit:g}s with {len(scored)} of {want} scored run(s)", err=True)
                 sys.exit(124)
-            progress(
+            if time.monotonic() - asked > 2:  # why its jobs wait, where its pools' workers tell (`piloop status`)
+                why, asked = _waiting(api, c), time.monotonic()
+            note.show(
                 f"waiting {waited:.0f}s: {len(scored)}/{want} scored, {c['live']} agent(s) live, "
-                f"{len(c['runs'])} run(s)"
+                f"{len(c['runs'])} run(s)",
+                why,
             )
             time.sleep(0.5)
     progress_done()

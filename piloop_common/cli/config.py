@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
-from piloop_common.cli.output import emit_json, table
+from piloop_common.cli.output import emit_json, table, value_text
 from piloop_common.errors import ConfigError
 
 
@@ -22,9 +23,10 @@ def config_check(obj, as_json: bool) -> None:
     """Validate the config and show each setting's source.
 
     Reads config.toml and the PILOOP_* environment as `piloop serve` does, and prints every setting in effect with
-    where it came from: `default`, `config.toml`, or its variable (`env PILOOP_…`); secrets masked. An invalid
-    config exits 2 with the line `piloop serve` would give, naming the key."""
-    from piloop_common.configcheck import check
+    where it came from: `default`, `config.toml`, its variable (`env PILOOP_…`), or a limit the running daemon holds
+    (`limit: REASON`, with the value it holds over); secrets masked. An invalid config exits 2 with the line
+    `piloop serve` would give, naming the key."""
+    from piloop_common.configcheck import check, with_limits
     from piloop_common.configload import read_sources, settings_from
     from piloop_common.listen import serve_listen
 
@@ -37,22 +39,40 @@ def config_check(obj, as_json: bool) -> None:
         if as_json:
             emit_json({"valid": False, "error": e.message})
         raise
+    limits, said = _limits(obj)
+    checked = with_limits(checked, limits)
     if as_json:
-        emit_json(checked.as_json())
+        emit_json({**checked.as_json(), "limits_read": not said})
         return
     found = "" if checked.file_exists else " (absent: no value below comes from it)"
     click.echo(f"piloop: config valid\n home:        {checked.home}\n config.toml: {checked.file}{found}\n")
-    rows = [[e.key, _shown(e.value), e.source] for e in checked.settings]
+    rows = [[e.key, _shown(e.value), _source(e)] for e in checked.settings]
     click.echo(table(["KEY", "VALUE", "SOURCE"], rows))
+    if said:
+        click.echo(f"\n{said}")
+
+
+def _source(e: Any) -> str:
+    return e.source if e.over is None else f"{e.source} (over {e.over.source}: {_shown(e.over.value)})"
+
+
+def _limits(obj: Any) -> tuple[dict[str, tuple[Any, str]], str]:
+    """The limits the local daemon holds (key -> (value, reason)), and '' — or none, and why they were not read."""
+    from piloop_common.errors import PiloopError
+
+    try:
+        with obj.local_api(timeout=5) as api:
+            got = api.call("GET", "/v1/limits")
+    except PiloopError as e:
+        return {}, f"limits: not read ({e.message.splitlines()[0][:160]}); a limit of a running daemon wins over these"
+    return {g["key"]: (g["value"], g["reason"]) for g in got}, ""
 
 
 def _shown(value: object) -> str:
     """A value as TOML writes it (a whole float as `5`, which TOML reads back the same), `unset` for none."""
     if value is None:
         return "unset"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return json.dumps(value, ensure_ascii=False)
+    return value_text(value) if not isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 @config.command("schema")

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from piloop_common.cli.live import agent_lines
-from piloop_common.cli.output import ago, emit_json, progress, progress_done, table
+from piloop_common.cli.output import ago, emit_json, progress, progress_done, table, value_text
 from piloop_common.errors import PiloopError, Unavailable
 from piloop_common.extras import need_server
 
@@ -33,8 +33,8 @@ provider = "workers"
 # `piloop serve`'s own worker is in the pool `serve`.
 [plugins.executor.pools.serve]
 agents = 2
-evaluations = 1
-max_load = 2.0       # the 1-minute load per CPU
+# evaluations = 2    # default: the host's CPUs, at least 2 (Python tasks run in these slots too)
+# max_load = 4.0     # the 1-minute load per CPU over which it takes no job; default: none (docs/worker.md)
 min_memory_gb = 0.5
 
 # [plugins.cas]      # default: a directory under this home
@@ -375,6 +375,9 @@ def status(obj, as_json: bool) -> None:
             rows,
         )
     )
+    for p in st["pools"]:  # why a pool's queued jobs have no lease
+        for kind, why in (p.get("waiting") or {}).items():
+            click.echo(f" waiting: pool {p['pool']}'s {kind}s: {why}")
     if st.get("provisioners"):
         click.echo("")
         rows = [
@@ -405,7 +408,7 @@ def status(obj, as_json: bool) -> None:
         click.echo("")
         click.echo("limits")
         for lim in st["limits"]:
-            click.echo(f"  {lim['key']} = {lim['value']}: {lim['reason']} ({lim['by']})")
+            click.echo(f"  {lim['key']} = {value_text(lim['value'])}: {lim['reason']} ({lim['by']})")
     if st["escalations"]:
         click.echo("")
         click.echo("escalations (`piloop inbox`)")

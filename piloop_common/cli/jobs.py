@@ -4,17 +4,28 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, get_args
+from typing import Any
 
 import click
 
-from piloop_common.cli.output import emit_json, parse_env, progress, progress_done, table, when
+from piloop_common.cli.output import WaitNote, emit_json, parse_env, progress_done, table, when
 from piloop_common.client import part
 from piloop_common.duration import parse_duration
-from piloop_common.protocol import JobState
 
 KIND = click.Choice(["evaluation", "agent"])
-JOB_STATES = get_args(JobState)
+# protocol.JobState's (a unit test holds them equal): the CLI does not import the protocol's models to start
+JOB_STATES = (
+    "waiting",
+    "queued",
+    "leased",
+    "running",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "lost",
+    "worker_lost",
+    "expired",
+)
 
 
 @click.group()
@@ -266,6 +277,8 @@ def show(obj, job_id, as_json) -> None:
         ("token", j["token"] or "-"),
         ("command", " ".join(j["spec"].get("argv", []))),
         ("created", stamp(j.get("created_ms"))),
+        ("started", stamp(j.get("started_ms"))),
+        ("finished", stamp(j.get("finished_ms"))),
         ("updated", stamp(j.get("updated_ms"))),
         ("ran", f"{r['duration_seconds']:.1f} s" if r.get("duration_seconds") else "-"),
         ("exit", r.get("exit_code") if r else "-"),
@@ -363,9 +376,10 @@ def wait(obj, job_ids, timeout, as_json) -> None:
     limit = parse_duration(timeout, "--timeout") if timeout else None
     started = time.monotonic()
     done: dict[str, dict[str, Any]] = {}
+    note = WaitNote()
     with obj.api() as api:
         while len(done) < len(job_ids):
-            states = {}
+            states, why = {}, []
             for jid in job_ids:
                 if jid in done:
                     continue
@@ -373,6 +387,8 @@ def wait(obj, job_ids, timeout, as_json) -> None:
                 states[jid] = j["state"]
                 if j["state"] in TERMINAL_STATES:
                     done[jid] = j
+                elif j.get("waiting") and j["waiting"] not in why:
+                    why.append(j["waiting"])
             if len(done) == len(job_ids):
                 break
             waited = time.monotonic() - started
@@ -381,7 +397,7 @@ def wait(obj, job_ids, timeout, as_json) -> None:
                 click.echo(f"piloop: gave up after {limit:g}s", err=True)
                 sys.exit(124)
             summary = ", ".join(f"{k} {v}" for k, v in states.items())
-            progress(f"waiting {waited:.0f}s: {len(done)}/{len(job_ids)} done; {summary}"[:200])
+            note.show(f"waiting {waited:.0f}s: {len(done)}/{len(job_ids)} done; {summary}"[:200], "; ".join(why))
             time.sleep(0.2)
     progress_done()
     if as_json:

@@ -38,6 +38,14 @@ def when(ms: int | None) -> str:
     return dt.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M")
 
 
+def value_text(value: Any) -> str:
+    """A setting's value as TOML writes it: a whole float as `100000` (TOML and the limits read it back the same), a
+    string bare, anything else as JSON (`null`, `true`, `["process"]`)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
 def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
 
@@ -47,6 +55,20 @@ def progress(line: str) -> None:
     if sys.stderr.isatty():
         sys.stderr.write("\r\033[K" + line)
         sys.stderr.flush()
+
+
+class WaitNote:
+    """A wait's progress line, and why it waits: on a terminal one line that rewrites itself; elsewhere (a script,
+    `make demo`) a `waiting: …` line each time the reason changes, so a log says why nothing moved."""
+
+    def __init__(self) -> None:
+        self.said = ""
+
+    def show(self, line: str, why: str = "") -> None:
+        progress((line + (f"; waiting: {why}" if why else ""))[:300])
+        if why and why != self.said and not sys.stderr.isatty():
+            click.echo(f"waiting: {why}", err=True)
+        self.said = why
 
 
 def progress_done() -> None:

@@ -10,7 +10,6 @@ import click
 
 from piloop_common.cli.output import emit_json, table, when
 from piloop_common.errors import BadRequest
-from piloop_common.schedule_protocol import check_cron
 
 
 @click.group()
@@ -72,6 +71,8 @@ def add(obj, name, cron, pool, target, timeout, as_json, argv) -> None:
     if not cron:
         raise click.UsageError("--cron: when the job runs, like '*/5 * * * *' (or a task made with @periodic)")
     try:
+        from piloop_common.schedule_protocol import check_cron
+
         check_cron(cron)
     except BadRequest as e:
         raise click.UsageError(e.message) from None

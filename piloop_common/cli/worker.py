@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from piloop_common.cli.output import ago, emit_json, table
+from piloop_common.client import part
 
 
 @click.group(invoke_without_command=True)
@@ -56,8 +57,24 @@ from piloop_common.cli.output import ago, emit_json, table
     envvar="PILOOP_LOG_FORMAT",
     help="text (event=… key=value lines) or json (one object a line); default: the config's log_format.",
 )
+@click.option("--max-runs", "max_runs", hidden=True, callback=lambda c, p, v: _not_a_flag("--max-runs", v))
+@click.option("--poll-seconds", "poll_seconds", hidden=True, callback=lambda c, p, v: _not_a_flag("--poll-seconds", v))
 @click.pass_context
-def worker(ctx, server, socket, pool, token_file, name, image, workdir, tasks_path, task_processes, log_format) -> None:
+def worker(
+    ctx,
+    server,
+    socket,
+    pool,
+    token_file,
+    name,
+    image,
+    workdir,
+    tasks_path,
+    task_processes,
+    log_format,
+    max_runs,
+    poll_seconds,
+) -> None:
     """Run a worker: it calls the server, and the server never calls it."""
     if ctx.invoked_subcommand:
         return
@@ -97,6 +114,21 @@ def worker(ctx, server, socket, pool, token_file, name, image, workdir, tasks_pa
     )
 
 
+# orca's worker flags (the 004 spec), and where piloop keeps each: on the server, one value for a pool or all
+ELSEWHERE = {
+    "--max-runs": "a worker's slots are its pool's, set on the server: `evaluations = N` in "
+    "[plugins.executor.pools.<pool>], or `piloop limits set executor.pools.<pool>.evaluations=N` (docs/worker.md)",
+    "--poll-seconds": "the heartbeat period is the server's renew_seconds in [plugins.executor], which every worker "
+    "and the lease engine's expiry agree on (docs/worker.md)",
+}
+
+
+def _not_a_flag(flag: str, value: object) -> None:
+    """A usage error that says where a flag of orca's worker lives in piloop, when one is given."""
+    if value is not None:
+        raise click.UsageError(f"{flag}: {ELSEWHERE[flag]}")
+
+
 @worker.command("check")
 @click.option(
     "--dir",
@@ -120,6 +152,19 @@ def worker_check(obj, workdir: Path | None) -> None:
     for ok, line in verdicts:
         click.echo(f"piloop: {line}", err=not ok)
     sys.exit(0 if all(ok for ok, _ in verdicts) else 1)
+
+
+@worker.command("forget")
+@click.argument("name")
+@click.pass_obj
+def worker_forget(obj, name: str) -> None:
+    """Remove a worker that is gone for good from `worker list` (admin): not one that is reachable or holds leases.
+
+    A worker whose token was revoked, or that departed (drained and stopped), leaves the list by itself
+    grace_seconds after its last heartbeat; any other silent one without leases after 2 x toleration_seconds."""
+    with obj.api() as api:
+        api.call("DELETE", f"/v1/workers/{part(name)}")
+    click.echo(f"worker {name}: forgotten")
 
 
 @worker.command("list")

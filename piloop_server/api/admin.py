@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from piloop_common import __version__
-from piloop_common.errors import BadRequest, NotFound, PiloopError
+from piloop_common.errors import BadRequest, NotFound, PiloopError, bad_param
 from piloop_common.operator_protocol import LimitRequest, LimitView, TokenCreate, TokenCreated, TokenView, WorkerView
 from piloop_server import campaign_admin, cas_gc, workers
 from piloop_server.api.deps import AdminDep, OperatorDep, RuntimeDep, ViewerDep
@@ -41,6 +41,13 @@ def pass_leader(rt: Runtime) -> str:
 @router.get("/workers", response_model=list[WorkerView])
 def worker_list(rt: RuntimeDep, caller: ViewerDep) -> list[WorkerView]:
     return workers.views(rt)
+
+
+@router.delete("/workers/{name}")
+def worker_forget(name: str, rt: RuntimeDep, caller: AdminDep) -> dict:
+    """Remove a worker that is gone for good from the list (`piloop worker forget`)."""
+    workers.forget(rt, name, caller.signed)
+    return {"worker": name}
 
 
 @router.get("/status")
@@ -94,7 +101,7 @@ def limits_unset(key: str, rt: RuntimeDep, caller: AdminDep) -> dict:
 @router.post("/tokens", response_model=TokenCreated)
 def token_create(body: TokenCreate, rt: RuntimeDep, caller: AdminDep) -> TokenCreated:
     if body.pool is not None and body.pool not in rt.executor.pools:
-        raise BadRequest(f"--pool {body.pool}: no such pool (pools: {', '.join(sorted(rt.executor.pools))})")
+        raise bad_param("pool", body.pool, f"no such pool (pools: {', '.join(sorted(rt.executor.pools))})")
     token = rt.tokens.create(
         body.name,
         by=caller.signed,

@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 
 from piloop_common.operator_protocol import WorkerView
 from piloop_server import workers
+from piloop_server.pools import WAITING_CODES
 from piloop_server.provisioner.manager import LIVE
 from piloop_server.provisioner.manager import summary as provisioned_pools
 from piloop_server.state.records.lease import KINDS
@@ -73,11 +74,19 @@ class StateGauges(Collector):
             labels=["pool", "kind"],
         )
         free = GaugeMetricFamily("piloop_slots_free", "Of those, the slots no lease holds.", labels=["pool", "kind"])
+        waiting = GaugeMetricFamily(
+            "piloop_queue_waiting",
+            "Queued jobs that no worker of their pool takes now, by why (`piloop status` says it in words).",
+            labels=["pool", "kind", "reason"],
+        )
         for row in workers.pool_summary(self.rt, views):
             for kind in KINDS:
                 slots.add_metric([row["pool"], kind], row[f"{kind}_slots"])
                 free.add_metric([row["pool"], kind], row[f"{kind}_free"])
-        yield from (slots, free)
+                code = row["waiting_codes"].get(kind)
+                for reason in WAITING_CODES:
+                    waiting.add_metric([row["pool"], kind, reason], row[f"{kind}_queued"] if reason == code else 0)
+        yield from (slots, free, waiting)
 
     def _provisioners(self) -> Iterator[Metric]:
         rows = provisioned_pools(self.rt)

@@ -31,6 +31,9 @@ class Policy:
     forget_ms: int  # a silent worker holding no lease whose last heartbeat is older than this leaves the workers set
     absent_ms: int  # a gap since the last pass longer than this is the daemon's own absence
     settle_ms: int  # after such a gap no hold begins and none ends `recovered` for this long
+    gone_ms: int = (
+        0  # a worker that cannot come back (revoked, departed, stopped) is forgotten this long after (0: forget_ms)
+    )
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class Disruption:
                 policy.settle_ms,
                 uuid.uuid4().hex,
                 int(time.time() * 1000),  # a token's expiry is by the daemon's clock, which set it
+                policy.gone_ms or policy.forget_ms,
             ],
             fence,
         )

@@ -210,9 +210,14 @@ def test_revoked_and_departed_workers_do_not_count(gpu, disruption, redis_client
             return all(_state(d, j) == "queued" for j in revoked_jobs)
 
         wait_for(back, TOLERATION + 10, interval=0.1, what="the revoked workers' jobs to come back at toleration")
-        with d.api() as api:
-            reachable = {w["name"]: w["reachable"] for w in api.call("GET", "/v1/workers") if w["pool"] == "gpu"}
-        assert reachable == {"gpu0": True, "gpu1": False, "gpu2": False, "gpu3": False}  # listed, as they are
+
+        def listed() -> dict[str, bool]:
+            with d.api() as api:
+                return {w["name"]: w["reachable"] for w in api.call("GET", "/v1/workers") if w["pool"] == "gpu"}
+
+        # they cannot come back: once silent past grace without a lease, they leave the list (docs/operations.md)
+        wait_for(lambda: listed() == {"gpu0": True}, GRACE + 10, interval=0.1, what="the gone workers to leave")
+        assert {e["worker"] for e in events(d, "worker.forgotten")} == {"gpu1", "gpu2", "gpu3"}
     finally:
         beats.close()
 

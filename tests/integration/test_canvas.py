@@ -54,7 +54,7 @@ def test_a_chain_passes_each_result_on_as_the_next_ones_first_argument(client):
     view = client.show(r.id)
     assert view.spec["after"] == [second.id] and view.spec["pipe"] == second.id
     # the server filled in the parent's result as the link's input
-    assert view.spec["inputs"]["parent.json"] == client.show(second.id).result["outputs"]["result.json"]
+    assert view.spec["inputs"]["parent.json"] == client.show(second.id).result.outputs["result.json"]
     assert (ct.add.s(1, 1) | ct.double.s()).apply_async(client=client).get(timeout=scaled(60)) == 4
 
 

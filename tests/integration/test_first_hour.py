@@ -53,11 +53,11 @@ def test_job_wait_exit_codes_are_the_documented_ones(daemon):
 
 def test_limits_set_refuses_a_boolean_for_a_number_naming_the_key(daemon):
     r = daemon.cli("limits", "set", "executor.pools.serve.max_load=true", "--reason", "typo")
-    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "executor.pools.serve.max_load = 'true' is refused" in r.stderr, r.stderr
     assert daemon.cli("limits", "list", check=True).stdout.strip() == "no limits"
     r = daemon.cli("limits", "set", "executor.pools.serve.evaluations=True", "--reason", "typo")
-    assert r.returncode == 1 and "executor.pools.serve.evaluations" in r.stderr and "integer" in r.stderr
+    assert r.returncode == 2 and "executor.pools.serve.evaluations" in r.stderr and "integer" in r.stderr
 
 
 def test_worker_list_drops_a_load_reason_once_the_hosts_sample_fits_again(server):

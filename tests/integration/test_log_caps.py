@@ -87,5 +87,5 @@ def test_a_task_result_over_its_cap_fails_naming_the_key_and_one_under_it_succee
     view = client.show(big.id)
     assert view.state == "failed", view
     assert view.reason == "the task's result is 20.0 KiB, over [plugins.state] result_max_bytes = 16 KiB", view
-    assert "result.json" not in view.result["outputs"], view.result
+    assert "result.json" not in view.result.outputs, view.result
     assert all(n < RESULT_CAP for a, n in blobs(server).items() if a not in before)  # never put in the CAS

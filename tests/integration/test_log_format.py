@@ -1,10 +1,12 @@
 """`--log-format json`: a real `piloop serve` and its worker write one JSON object a line through a real job, each
-event once, with the events stream's keys."""
+event once, with the events stream's keys, and every line keeps to docs/logs.md's schema: its event is there, at its
+level, and each field has its key and type (numbers are numbers)."""
 
 from __future__ import annotations
 
 import json
 
+from tests.helpers.logschema import LINE_KEYS, is_type, schema
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import Daemon, short_home
 from tests.helpers.workers import state, submit
@@ -36,11 +38,35 @@ def test_serve_and_its_worker_log_one_json_object_a_line_each_event_once(redis_s
         assert [e["type"] for e in mine] == ["job.started", "job.ended", "job.reported"], mine
         started = mine[0]
         assert started["worker"] == "serve" and started["kind"] == "evaluation" and started["logger"] == "piloop.worker"
-        assert mine[1]["outcome"] == "succeeded" and mine[1]["exit_code"] == "0", mine[1]
+        assert mine[1]["outcome"] == "succeeded" and mine[1]["exit_code"] == 0, mine[1]
         assert all({"ts", "level", "logger"} <= set(e) for e in worker)
         assert any(e.get("type") == "worker.registered" and e.get("pool") == "serve" for e in worker)
         server = _lines(d.home / "logs" / "test-daemon.log")
         assert server and all({"ts", "level", "logger"} <= set(e) for e in server)
         assert not any("Bearer" in json.dumps(e) for e in worker + server)
+        leader = [e for e in server if e.get("type") == "pass.leader"]
+        assert [(e["level"], e["msg"]) for e in leader] == [("info", "(this server runs the pass)")], leader
+        _keeps_to_the_schema(worker + server)
     finally:
         d.cleanup()
+
+
+def _keeps_to_the_schema(lines: list[dict]) -> None:
+    events, problems = schema(), []
+    typed = [e for e in lines if "type" in e]
+    assert len(typed) >= 6, typed  # daemon.started, pass.leader, worker.registered, job.started/ended/reported
+    for e in typed:
+        ev = events.get(e["type"])
+        if ev is None:
+            problems.append(f"{e['type']} is not in docs/logs.md: {e}")
+            continue
+        if e["level"] not in ev.levels:
+            problems.append(f"{e['type']} at {e['level']}, docs/logs.md says {sorted(ev.levels)}")
+        for k, v in e.items():
+            if k in LINE_KEYS:
+                continue
+            if k not in ev.fields:
+                problems.append(f"{e['type']}: a field {k} docs/logs.md does not list: {e}")
+            elif not is_type(v, ev.fields[k]):
+                problems.append(f"{e['type']}.{k} = {v!r}, docs/logs.md says {'|'.join(ev.fields[k])}")
+    assert not problems, "\n".join(problems)

@@ -74,7 +74,7 @@ def test_limits_lines_are_the_spec_lines(daemon):
 )
 def test_bad_limits_are_refused_with_the_reason_and_change_nothing(daemon, assignment, says):
     r = daemon.cli("limits", "set", assignment, "--reason", "because")
-    assert r.returncode == 1
+    assert r.returncode == 2  # bad input: a usage error
     assert says in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert daemon.cli("limits", "list").stdout == "no limits\n"
 

@@ -160,7 +160,7 @@ def test_task_push_prints_the_address_and_bad_input_is_one_line(setup, client):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == client.push_code(pkg) == "sha256:" + hashlib.sha256(pack(pkg)).hexdigest()
     bad = d.cli("task", "push", str(base / "missing"))
-    assert bad.returncode == 1 and "not a directory" in bad.stderr and "Traceback" not in bad.stderr, bad
+    assert bad.returncode == 2 and "not a directory" in bad.stderr and "Traceback" not in bad.stderr, bad
     assert bad.stderr.strip().count("\n") == 0
     with pytest.raises(BadRequest, match="the CAS lacks"):
         client.submit(["x:y"], pool="gpu", runner="task", code="sha256:" + "0" * 64)

@@ -41,7 +41,7 @@ def client(server):
 def test_submit_and_wait(client):
     job = client.submit([sys.executable, "-c", "print('hi')"], pool="serve")
     view = client.wait(job, timeout=scaled(60))
-    assert view.state == "succeeded" and view.result["exit_code"] == 0
+    assert view.state == "succeeded" and view.result.exit_code == 0
     assert client.log(job) == b"hi\n"
     slow = client.submit([sys.executable, "-c", "import time; time.sleep(30)"])
     with pytest.raises(WaitTimeout, match="still"):
@@ -57,7 +57,7 @@ def test_a_task_returns_its_value(server, client, monkeypatch):
     assert r.get(timeout=scaled(60)) == 42
     view = client.show(r.id)
     assert view.spec["runner"] == "task" and view.spec["argv"] == ["tests.helpers.tasks_mod:add"]
-    assert list(view.spec["inputs"]) == ["args.json"] and "result.json" in view.result["outputs"]
+    assert list(view.spec["inputs"]) == ["args.json"] and "result.json" in view.result.outputs
     assert tasks_mod.pair.apply_async((7,), client=client).get(timeout=scaled(60)) == (7, {7})
 
 
@@ -67,7 +67,7 @@ def test_a_task_that_raises_is_a_failed_job_with_its_traceback(client):
         r.get(timeout=scaled(60))
     assert "ValueError: no good" in e.value.message and "raise ValueError(message)" in e.value.message
     view = client.show(r.id)
-    assert view.state == "failed" and view.result["exit_code"] == 1
+    assert view.state == "failed" and view.result.exit_code == 1
     log = client.log(r.id).decode()
     assert "Traceback (most recent call last)" in log and "ValueError: no good" in log
 

@@ -166,7 +166,8 @@ def test_overview_shows_pools_and_workers(site):
     jid = submit(site.d, "true", pool="idle")
     try:
         site.until(
-            lambda b: site.text("[data-pool='idle'] .waits") == "no reachable worker in the pool", "why it waits"
+            lambda b: site.text("[data-pool='idle'] .waits") == "evaluations wait: no live worker in pool idle",
+            "why it waits (the server's words)",
         )
         site.shot("overview")
     finally:

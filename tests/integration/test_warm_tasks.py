@@ -79,7 +79,7 @@ def test_a_task_that_ends_its_process_fails_and_the_next_task_gets_a_fresh_one(c
     with pytest.raises(TaskFailed):
         r.get(timeout=scaled(60))
     view = client.show(r.id)
-    assert view.state == "failed" and view.result["exit_code"] == 7
+    assert view.state == "failed" and view.result.exit_code == 7
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert _run(m.where, client=client)["pid"] != pid
 

@@ -43,7 +43,7 @@ def test_each_value_names_the_source_that_gave_it(tmp_path):
     assert got["executor.grace_seconds"] == (45, "env PILOOP_PLUGINS")  # the later source wins, and is named
     assert got["executor.pools.gpu.agents"] == (3, "config.toml")
     assert got["executor.pools.gpu.evaluations"] == (2, "env PILOOP_EXECUTOR__POOLS__GPU__EVALUATIONS")
-    assert got["executor.pools.gpu.max_load"] == (2.0, "default")  # a table given, a key of it not
+    assert got["executor.pools.gpu.max_load"] == (None, "default")  # a table given, a key of it not
     assert got["namespace"] == ("ns1", "env PILOOP_NAMESPACE")
     # the daemon's own pool, which the model adds when the file has only others, is a default
     assert got["executor.pools.serve.agents"] == (2, "default")

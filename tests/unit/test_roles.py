@@ -76,7 +76,7 @@ def test_the_route_table_gives_each_route_the_role_its_decision_says():
             assert needs == PUBLIC, (method, path)
         elif path in WORKER_ROUTES or path.startswith("/v1/relay/"):
             assert needs == "worker", (method, path)
-        elif path.startswith(ADMIN_PREFIXES) or (path.startswith("/v1/limits") and method != "GET"):
+        elif path.startswith(ADMIN_PREFIXES) or (path.startswith(("/v1/limits", "/v1/workers")) and method != "GET"):
             assert needs == "admin", (method, path)
         elif (method, path) in OPERATOR_WRITES:
             assert needs == "operator", (method, path)

@@ -5,7 +5,9 @@
 -- (more than)  ARGV[4] the hold's length (ms)  ARGV[5] forget: a silent worker without leases whose last heartbeat
 -- is older than this (ms) leaves the workers set  ARGV[6] absent: a gap since the last pass longer than this (ms)
 -- is the daemon's own absence  ARGV[7] settle (ms)  ARGV[8] escalation nonce (hex)
--- ARGV[9] now by the daemon's clock (ms), which a token's expiry is set by  ARGV[10] the fencing token  ARGV[11] the event cap
+-- ARGV[9] now by the daemon's clock (ms), which a token's expiry is set by
+-- ARGV[10] forget sooner: a worker that cannot come back (below), with no lease, silent longer than this (ms)
+-- ARGV[11] the fencing token  ARGV[12] the event cap
 -- What counts: a worker counts in its pool unless it cannot come back: its token is gone (revoked, expired, or no
 -- longer in KEYS[4]), it departed (drained, its alive key gone, no lease held) or the server stopped it (its
 -- provisioned record is `stopping` or `stopped`). A counted worker without an alive key is silent.
@@ -77,7 +79,8 @@ for _, w in ipairs(redis.call('SMEMBERS', KEYS[1])) do
       if not alive then p[2] = p[2] + 1 end
     end
     local seen = math.max(tonumber(f[4] or '0') or 0, tonumber(f[5] or '0') or 0)
-    if not alive and leases == 0 and now - seen > forget_ms then forget[#forget + 1] = w end
+    local after = counts and forget_ms or tonumber(ARGV[10])
+    if not alive and leases == 0 and now - seen > after then forget[#forget + 1] = w end
   end
 end
 -- pools held before whose workers are all gone end too

@@ -7,15 +7,12 @@ function workerState(w) {
   return w.draining ? "draining" : "ready";
 }
 
-// why the pool's next queued job has no lease, from what the pool and its workers say
-function waits(p, ws) {
+// why the pool's queued jobs have no lease: the server's words (`piloop status`, `job show`)
+function waits(p) {
   const queued = p.agent_queued + p.evaluation_queued;
   if (!queued) return "nothing waits";
-  if (!p.reachable) return "no reachable worker in the pool";
-  const full = ["agent", "evaluation"].filter((k) => p[`${k}_queued`] && !p[`${k}_free`]);
-  if (full.length) return `every ${full.join(" and ")} slot is in use`;
-  const reasons = [...new Set(ws.filter((w) => w.pool === p.pool).map((w) => w.no_lease))].filter((r) => r && r !== "nothing");
-  return reasons.length ? `workers say: ${reasons.join(", ")}` : "a free slot: the next claim takes it";
+  const why = Object.entries(p.waiting || {}).map(([kind, text]) => `${kind}s wait: ${text}`);
+  return why.length ? why.join("; ") : "a free slot: the next claim takes it";
 }
 
 function slots(p, kind) {
@@ -78,7 +75,7 @@ export function overview() {
             slots(p, "evaluation"),
             `${p.agent_queued} / ${p.evaluation_queued}`,
             `${p.agent_running + p.evaluation_running}`,
-            td({ class: "waits" }, waits(p, ws)),
+            td({ class: "waits" }, waits(p)),
           ]),
           (i) => ({ "data-pool": st.pools[i].pool }),
         ),
