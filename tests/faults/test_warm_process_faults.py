@@ -61,7 +61,7 @@ def test_a_process_job_between_two_tasks_on_one_slot_leaves_the_next_task_runnin
     for argv in (["true"], ["sh", "-c", "echo plain; exit 3"]):
         job = client.submit(argv)
         view = client.wait(job, timeout=WAIT)
-        assert view.state in ("succeeded", "failed") and view.result["exit_code"] == (0 if argv == ["true"] else 3)
+        assert view.state in ("succeeded", "failed") and view.result.exit_code == (0 if argv == ["true"] else 3)
         got = _task(m.where, client=client)  # the task after it, on the same slot
         assert got["job"] and got["cwd"].endswith("/work"), got
     assert _task(m.get_env, "HOME", client=client) is not None
