@@ -52,6 +52,8 @@ def _client() -> Any | None:
 
 def _start_dockerd() -> str | None:
     """Start `dockerd` in its own session, left running for later runs; None once it answers, else why not."""
+    if os.environ.get("DOCKER_HOST"):
+        return f"DOCKER_HOST={os.environ['DOCKER_HOST']} does not answer, and a local dockerd would not be it"
     exe = shutil.which("dockerd")
     if exe is None:
         return "dockerd is not installed (apt-get install docker.io)"
