@@ -50,11 +50,12 @@ test-redis7: venv
 
 # the compose stack and the `docker` provisioner with real containers (tests/stack/, docs/compose.md): Debian's
 # docker.io and debootstrap installed when missing (root), dockerd started when none answers, the images built
-# (cached: a second run on the machine builds only what changed), the whole within STACK_SECONDS
+# (cached: a second run on the machine builds only what changed), the whole within STACK_SECONDS; the two files run
+# side by side (--dist loadfile), as neither touches the other's containers
 STACK_SECONDS ?= 900
 stack-test: venv
 	sh tests/stack/setup.sh
-	timeout $(STACK_SECONDS) $(BIN)/pytest -q -n 0 -rs tests/stack
+	timeout $(STACK_SECONDS) $(BIN)/pytest -q -n 2 --dist loadfile -rs tests/stack
 
 # piloop beside rq and Celery on one Redis, one table (docs/performance.md); BENCH_ARGS=--quick for a one-minute run
 bench: venv

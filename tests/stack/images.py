@@ -1,6 +1,6 @@
 """The images the compose stack runs where no image registry answers, built here: the base from Debian's archive
 (tests/stack/base.sh), a Python base on it, Redis and an S3 endpoint (moto) standing in for the official and MinIO
-images (tests/stack/images/), and piloop's two images from the project's Dockerfile on that Python base.
+images (tests/stack/dockerfiles/), and piloop's two images from the project's Dockerfile on that Python base.
 
 Through the Docker SDK for Python (the daemon's classic builder: no buildx needed), each build's seconds and each
 image's size written to $PILOOP_STACK_CACHE/images.json for docs/compose.md. `python -m tests.stack.images` builds
@@ -56,9 +56,9 @@ def _build(client: Any, *, path: str, tag: str, dockerfile: str = "Dockerfile", 
 
 
 def _context_with_ca(tmp: Path) -> Path:
-    """tests/stack/images/ and this machine's CA bundle (never committed) as one build context."""
+    """tests/stack/dockerfiles/ and this machine's CA bundle (never committed) as one build context."""
     ctx = tmp / "ctx"
-    shutil.copytree(HERE / "images", ctx)
+    shutil.copytree(HERE / "dockerfiles", ctx)
     shutil.copy(CA_BUNDLE, ctx / "ca.crt")
     return ctx
 
