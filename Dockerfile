@@ -11,7 +11,12 @@
 # has x86-64 wheels only and is installed only there (pyproject.toml). Without it `piloop serve` on the embedded
 # defaults runs a redis-server from PATH, or says how to get one (piloop_server/state/embedded.py); the compose
 # stack's server uses the stack's Redis 7 service, not the embedded one.
-FROM python:3.11-slim AS base
+# The base image: any Debian-family image whose `pip` installs into a Python 3.11+ on PATH. The default is the
+# official one; behind a registry mirror, or with no registry at all, pass another: `--build-arg
+# BASE_IMAGE=mirror.example.com/library/python:3.11-slim`, or the image built from Debian's archive by
+# tests/stack/images.py (docs/compose.md, "Without a registry").
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE} AS base
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

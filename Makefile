@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_HOME ?= $(CURDIR)/.piloop-demo
 
-.PHONY: venv demo lint test test-redis7 test-debian-python bench clean
+.PHONY: venv demo lint test test-redis7 test-debian-python stack-test bench clean
 
 # once per change of pyproject.toml: about a minute, so it says so and pip prints each package it fetches
 $(BIN)/.installed: pyproject.toml
@@ -34,8 +34,10 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy piloop_common piloop_server/state piloop_worker
 
+# TEST_ARGS: more pytest arguments, like -m "not stack" where `make stack-test` has run those already
+TEST_ARGS ?=
 test: lint
-	$(BIN)/pytest -q $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS))
+	$(BIN)/pytest -q $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS)) $(TEST_ARGS)
 
 # the tests that exercise Redis itself (scripts, expiry, streams, its faults) on Debian's redis-server 7.x beside the
 # embedded 6.2 that `make test` uses; .ci/run installs it (apt-get install redis-server)
@@ -62,6 +64,15 @@ $(DEBIAN_VENV)/.installed: pyproject.toml
 test-debian-python: $(DEBIAN_VENV)/.installed
 	$(DEBIAN_VENV)/bin/python --version
 	$(DEBIAN_VENV)/bin/pytest -q -n $(TEST_JOBS) $(DEBIAN_TESTS)
+
+# the compose stack and the `docker` provisioner with real containers (tests/stack/, docs/compose.md): Debian's
+# docker.io and debootstrap installed when missing (root), dockerd started when none answers, the images built
+# (cached: a second run on the machine builds only what changed), the whole within STACK_SECONDS; the two files run
+# side by side (--dist loadfile), as neither touches the other's containers
+STACK_SECONDS ?= 900
+stack-test: venv
+	sh tests/stack/setup.sh
+	timeout $(STACK_SECONDS) $(BIN)/pytest -q -n 2 --dist loadfile -rs tests/stack
 
 # piloop beside rq and Celery on one Redis, one table (docs/performance.md); BENCH_ARGS=--quick for a one-minute run
 bench: venv

@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from piloop_common.bytecaps import LOG_MAX_BYTES, RESULT_MAX_BYTES
 from piloop_common.cas.config import CasConfig, LocalCasConfig
+from piloop_common.config_docker import DockerCompute
 
 CONFIG_FILE = "config.toml"
 
@@ -54,7 +55,7 @@ class ModalCompute(_Model):
     idle_timeout_seconds: int | None = Field(None, description="The platform's own idle backstop.")
 
 
-ComputeConfig = Annotated[LocalCompute | ModalCompute, Field(discriminator="provider")]
+ComputeConfig = Annotated[LocalCompute | ModalCompute | DockerCompute, Field(discriminator="provider")]
 
 
 class ProvisionerConfig(_Model):

@@ -199,7 +199,7 @@ def load_settings(home: Path | None = None, env: dict[str, str] | None = None, p
 
 # a provider whose client library is an extra (the module, the extra): without it the pool's first start failed
 # minutes later, in the task log only
-PROVIDER_EXTRAS = {"modal": ("modal", requirement("modal"))}
+PROVIDER_EXTRAS = {"modal": ("modal", requirement("modal")), "docker": ("docker", requirement("server"))}
 
 
 def _check_extras(settings: Settings, sources: Sources) -> None:

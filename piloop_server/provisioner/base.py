@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Protocol
 
 from piloop_common.config import LocalCompute, ModalCompute
+from piloop_common.config_docker import DockerCompute
 from piloop_common.errors import PiloopError
 
 # The environment a started worker gets beside its token: the server's id (so that two servers never stop each
@@ -56,13 +57,23 @@ class Provider(Protocol):
 
 
 def open_provider(
-    pool: str, compute: LocalCompute | ModalCompute, *, url: str, home: Path, tag: str, cas_plugins: dict
+    pool: str,
+    compute: LocalCompute | ModalCompute | DockerCompute,
+    *,
+    url: str,
+    home: Path,
+    tag: str,
+    cas_plugins: dict,
 ) -> Provider:
-    """The provider of a pool's `compute`; modal is imported only when a pool uses it."""
+    """The provider of a pool's `compute`; modal and docker are imported only when a pool uses them."""
     if isinstance(compute, LocalCompute):
         from piloop_server.provisioner.local import LocalProvider
 
         return LocalProvider(pool, compute, url=url, home=home, tag=tag, cas_plugins=cas_plugins)
+    if isinstance(compute, DockerCompute):
+        from piloop_server.provisioner.docker import DockerProvider
+
+        return DockerProvider(pool, compute, url=url, tag=tag, cas_plugins=cas_plugins)
     from piloop_server.provisioner.modal import ModalProvider
 
     return ModalProvider(pool, compute, url=url, tag=tag)

@@ -52,8 +52,11 @@ COMPILERS = re.compile(r"\b(gcc|g\+\+|clang|build-essential|make|cmake|cc|python
 def test_dockerfile() -> None:
     steps = dockerfile()
     froms = [a for i, a in steps if i == "FROM"]
-    m = re.match(r"python:3\.(\d+)(?:\.\d+)?-slim", froms[0])
-    assert m and int(m.group(1)) >= 11, f"FROM {froms[0]}: python 3.11+ slim"
+    # the base is a build argument (a mirror's image, or one built without a registry), by default the official one
+    args = dict(a.split("=", 1) for i, a in steps if i == "ARG" and "=" in a)
+    assert froms[0].startswith("${BASE_IMAGE}"), f"FROM {froms[0]}: the base image is the BASE_IMAGE argument"
+    m = re.match(r"python:3\.(\d+)(?:\.\d+)?-slim", args.get("BASE_IMAGE", ""))
+    assert m and int(m.group(1)) >= 11, f"ARG BASE_IMAGE={args.get('BASE_IMAGE')}: python 3.11+ slim by default"
     stages = dict(dockerfile_stages())
     assert list(stages)[-1] == "server", "`docker build .` (no --target) builds the last stage: make it the server"
     installs = {"worker": "pip install '.[s3]'", "server": "pip install '.[server]'"}
