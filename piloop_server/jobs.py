@@ -7,9 +7,9 @@ import re
 import secrets as _secrets
 
 from piloop_common import envnames
-from piloop_common.errors import BadRequest, NotFound
+from piloop_common.errors import BadRequest, NotFound, TooLarge
 from piloop_common.operator_protocol import JobView, SubmitRequest
-from piloop_common.protocol import JOB_ID, PIPE_PLACEHOLDER, TERMINAL_STATES
+from piloop_common.protocol import JOB_ID, PIPE_PLACEHOLDER, TERMINAL_STATES, JobSpec
 from piloop_common.sizes import format_memory
 from piloop_server.runtime import Runtime
 
@@ -39,6 +39,7 @@ def submit(rt: Runtime, req: SubmitRequest, by: str) -> str:
 
 def check_submit(rt: Runtime, req: SubmitRequest) -> None:
     """BadRequest naming what of `req` this server cannot queue: its pool, grant, secrets, inputs or code."""
+    check_caps(rt, req.spec)
     if req.pool not in rt.executor.pools:
         raise BadRequest(f"--pool {req.pool}: no such pool (pools: {', '.join(sorted(rt.executor.pools))})")
     pool = rt.executor.pools[req.pool]
@@ -66,6 +67,24 @@ def check_submit(rt: Runtime, req: SubmitRequest) -> None:
         raise BadRequest(f"code {req.spec.code}: the CAS lacks it (push it again: `piloop task push DIR`)")
 
 
+def check_caps(rt: Runtime, spec: JobSpec) -> None:
+    """TooLarge naming the [plugins.state] key a job's argv, env, inputs or whole spec is over."""
+    st = rt.settings.plugins.state
+    for what, n, cap, key in (
+        ("argv", len(spec.argv), st.job_argv_max, "job_argv_max"),
+        ("env", len(spec.env), st.job_env_max, "job_env_max"),
+        ("inputs", len(spec.inputs), st.job_inputs_max, "job_inputs_max"),
+    ):
+        if n > cap:
+            raise TooLarge(f"the job's {what} has {n} entries, over the cap of {cap} ([plugins.state] {key})")
+    size = len(spec.model_dump_json().encode())
+    if size > st.job_spec_max_bytes:
+        raise TooLarge(
+            f"the job's spec is {size} bytes, over the cap of {st.job_spec_max_bytes} ([plugins.state] "
+            "job_spec_max_bytes): put large data in the CAS and name it as an input"
+        )
+
+
 def view(rt: Runtime, job_id: str) -> JobView:
     got = rt.jobs.with_log(check_id(job_id))
     if got is None:
@@ -85,7 +104,7 @@ def view(rt: Runtime, job_id: str) -> JobView:
         attempts=j.attempts,
         lost=j.lost,
         worker=j.worker,
-        token=j.token,
+        token=j.token.partition(".")[0],
         created_ms=j.created,
         updated_ms=j.updated,
         reason=j.reason,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from piloop_common.errors import NotFound, PiloopError, Refused
+from piloop_common.errors import NotFound, PiloopError, Refused, TooLarge
 from piloop_common.protocol import (
     PROTOCOL,
     Assignment,
@@ -74,6 +75,42 @@ def _check(
         )
 
 
+def owner(caller: Caller) -> str:
+    """The identity a worker's name is bound to (register.lua) and its leases with it (include/lease_check.lua): the
+    token's name (a name is unique, and only an admin makes a token), else how the caller came."""
+    if caller.token is not None:
+        return f"token:{caller.token.name}"
+    return "socket" if caller.via_socket else "proxy"
+
+
+def _own_name(rt: Runtime, caller: Caller) -> None:
+    """Refused when a `--rename` token names its worker after another token: that name is the other token's."""
+    tok = caller.token
+    if tok is None or caller.name == tok.name:
+        return
+    other = rt.tokens.get(caller.name)
+    if other is not None:
+        raise Refused(f"worker name {caller.name} is token {other.name}'s: token {tok.name} chooses another name")
+
+
+def _check_sizes(rt: Runtime, body: RegisterRequest) -> None:
+    """TooLarge when the worker's `info` or `image` is over [plugins.state] worker_info_max_bytes."""
+    cap = rt.settings.plugins.state.worker_info_max_bytes
+    for what, size in (("info", len(json.dumps(body.info))), ("image", len(body.image.encode()))):
+        if size > cap:
+            raise TooLarge(
+                f"the worker's {what} is {size} bytes, over the cap of {cap} ([plugins.state] worker_info_max_bytes)"
+            )
+
+
+def _wanted(rt: Runtime, body: ClaimRequest) -> None:
+    """TooLarge when a claim asks for more jobs of a kind than [plugins.state] claim_want_max."""
+    cap = rt.settings.plugins.state.claim_want_max
+    for kind, n in body.want.items():
+        if n > cap:
+            raise TooLarge(f"want {kind}={n}: over the cap of {cap} ([plugins.state] claim_want_max)")
+
+
 def _timing(rt: Runtime, pool_name: str) -> Timing:
     ex = rt.executor
     pool = ex.pools[pool_name]  # _check refused an unknown pool
@@ -98,16 +135,30 @@ def _sample(hello: WorkerHello) -> dict:
 @router.post("/register", response_model=RegisterResponse)
 def register(body: RegisterRequest, rt: RuntimeDep, caller: WorkerDep) -> Response:
     _check(rt, caller, body)
+    _own_name(rt, caller)
+    _check_sizes(rt, body)
     name = caller.name
     info = {
         **body.info,
         "token": caller.token.name if caller.token else "",
         "via": "socket" if caller.via_socket else "tcp",
     }
+    tok = caller.token
     rt.leases.register(
-        name, body.pool, body.image, body.cas_id, _sample(body), protocol=body.protocol, by=f"worker:{name}", info=info
+        name,
+        body.pool,
+        body.image,
+        body.cas_id,
+        _sample(body),
+        protocol=body.protocol,
+        by=f"worker:{name}",
+        info=info,
+        owner=owner(caller),
+        names_of=tok.name if tok is not None and tok.rename else "",
+        names_most=rt.settings.plugins.state.worker_names_max,
     )
-    _, statuses = rt.leases.heartbeat(name, _sample(body), [Lease(j.job, j.token) for j in body.jobs])
+    held = [Lease(j.job, j.token) for j in body.jobs]
+    _, statuses = rt.leases.heartbeat(name, _sample(body), held, owner(caller))
     return _json(RegisterResponse(worker=name, timing=_timing(rt, body.pool), jobs=statuses))
 
 
@@ -123,7 +174,8 @@ def _metrics(request: Request) -> Metrics:
 
 def _beat(body: WorkerHello, rt: Runtime, caller: Caller) -> HeartbeatResponse:
     _check(rt, caller, body)
-    _, statuses = rt.leases.heartbeat(caller.name, _sample(body), [Lease(j.job, j.token) for j in body.jobs])
+    held = [Lease(j.job, j.token) for j in body.jobs]
+    _, statuses = rt.leases.heartbeat(caller.name, _sample(body), held, owner(caller))
     return HeartbeatResponse(jobs=statuses, timing=_timing(rt, body.pool))
 
 
@@ -131,6 +183,7 @@ def _beat(body: WorkerHello, rt: Runtime, caller: Caller) -> HeartbeatResponse:
 async def claim(body: ClaimRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> Response:
     """Lease jobs; with nothing queued and `wait_seconds`, wait for a submit (a long poll) and look again."""
     _check(rt, caller, body)
+    _wanted(rt, body)
     wake = wakeup.of(request.app)
     end = time.monotonic() + body.wait_seconds
     while True:
@@ -171,7 +224,9 @@ async def _claim_for(body: ClaimRequest, rt: Runtime, caller: Caller, request: R
 
 def _give_back(rt: Runtime, caller: Caller, leases: list[Assignment]) -> None:
     for a in leases:
-        rt.leases.release(a.job, a.token, caller.name, "the worker was gone before it heard of the lease")
+        rt.leases.release(
+            a.job, a.token, caller.name, "the worker was gone before it heard of the lease", owner=owner(caller)
+        )
 
 
 def _claim(body: ClaimRequest, rt: Runtime, caller: Caller) -> ClaimResponse:
@@ -179,6 +234,10 @@ def _claim(body: ClaimRequest, rt: Runtime, caller: Caller) -> ClaimResponse:
     rec = rt.workers.get(name)
     if rec is None or not rec.pool:
         raise NotFound(f"worker {name} is not registered: register again")
+    if rec.owner and rec.owner != owner(caller):
+        raise Refused(f"worker name {name} is held by another token while its record lives")
+    if caller.token is not None and caller.token.pool and caller.token.pool != rec.pool:
+        raise Refused(f"token {caller.token.name} is for pool {caller.token.pool}, not {rec.pool}")
     pool_name, image = rec.pool, rec.image
     pool = rt.executor.pools.get(pool_name)
     if pool is None:
@@ -191,7 +250,8 @@ def _claim(body: ClaimRequest, rt: Runtime, caller: Caller) -> ClaimResponse:
         per_kind: dict[str, str] = {}
         for kind in KINDS:
             n = pools.slots(pool, kind)
-            want = body.want.get(kind, 0)
+            # cut to the slots before the claim builds a token for each (claim.lua cuts to the free ones, atomically)
+            want = min(body.want.get(kind, 0), n)
             if n <= 0 or want <= 0:
                 per_kind[kind] = "slots"
                 continue
@@ -236,7 +296,7 @@ def _assignments(rt: Runtime, leases: list[Lease]) -> list[Assignment]:
 @router.post("/release", response_model=dict)
 def release(body: ReleaseRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> Response:
     _check(rt, caller, body)
-    rt.leases.release(body.job, body.token, caller.name, body.reason)
+    rt.leases.release(body.job, body.token, caller.name, body.reason, owner=owner(caller))
     wakeup.notify(request.app)
     return _json()
 
@@ -246,7 +306,7 @@ def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep, request: Requ
     _check(rt, caller, body)
     m = _metrics(request)
     with m.timed("report"):
-        resp = _report(body, rt, caller.name, _present(rt, [body]))
+        resp = _report(body, rt, caller, _present(rt, [body]))
     m.report(body.outcome, resp.answer)
     m.fetched_bytes.inc(body.fetched_bytes)
     if resp.state == "queued":
@@ -271,6 +331,7 @@ async def reports(body: ReportsRequest, rt: RuntimeDep, caller: WorkerDep, reque
     if body.claim is not None:
         try:
             _check(rt, caller, body.claim)
+            _wanted(rt, body.claim)
             got = await _claim_for(body.claim.model_copy(update={"wait_seconds": 0}), rt, caller, request)
         except Refused:
             raise  # the worker's, as for a claim alone
@@ -293,7 +354,7 @@ def _reports(body: ReportsRequest, rt: Runtime, caller: Caller) -> tuple[list[Re
         except PiloopError as e:
             answers[i] = ReportAnswer(error=e.code, message=e.message)
             continue
-        batch.append(_as_report(one, caller.name, present))
+        batch.append(_as_report(one, caller, present))
         at.append(i)
     wake = False
     for i, got in zip(at, rt.leases.report_many(batch, _memory_caps(rt), rt.store.sizes) if batch else [], strict=True):
@@ -323,7 +384,7 @@ def _memory_caps(rt: Runtime) -> dict[str, int | None]:
     return {p: c.memory_max_mb for p, c in rt.executor.pools.items()}
 
 
-def _as_report(body: ReportRequest, name: str, present: set[str]) -> Report:
+def _as_report(body: ReportRequest, caller: Caller, present: set[str]) -> Report:
     """What `report.lua` is told of a report: its outcome, and the result the job keeps."""
     named = _named(body)
     outcome, reason = body.outcome, body.reason
@@ -356,11 +417,22 @@ def _as_report(body: ReportRequest, name: str, present: set[str]) -> Report:
         result["score"] = body.score
     if body.error:
         result["error"] = body.error
-    return Report(body.report_id, body.job, body.token, name, outcome, result, reason, body.oom, tuple(body.error))
+    return Report(
+        body.report_id,
+        body.job,
+        body.token,
+        caller.name,
+        outcome,
+        result,
+        reason,
+        body.oom,
+        tuple(body.error),
+        owner(caller),
+    )
 
 
-def _report(body: ReportRequest, rt: Runtime, name: str, present: set[str]) -> ReportResponse:
-    r = _as_report(body, name, present)
+def _report(body: ReportRequest, rt: Runtime, caller: Caller, present: set[str]) -> ReportResponse:
+    r = _as_report(body, caller, present)
     answer = rt.leases.report(
         r.report_id,
         r.job,
@@ -372,6 +444,7 @@ def _report(body: ReportRequest, rt: Runtime, name: str, present: set[str]) -> R
         oom=r.oom,
         memory_caps=_memory_caps(rt),
         sizes=rt.store.sizes,
+        owner=r.owner,
     )
     return ReportResponse.model_validate(answer)
 
@@ -379,5 +452,5 @@ def _report(body: ReportRequest, rt: Runtime, name: str, present: set[str]) -> R
 @router.post("/log", response_model=LogAnswer)
 def log(body: LogAppend, rt: RuntimeDep, caller: WorkerDep) -> Response:
     _check(rt, caller, body)
-    dropped = rt.leases.append_log(body.job, body.token, caller.name, body.chunks, rt.store.sizes)
+    dropped = rt.leases.append_log(body.job, body.token, caller.name, body.chunks, rt.store.sizes, owner(caller))
     return _json(LogAnswer(dropped=dropped))
