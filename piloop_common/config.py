@@ -274,7 +274,7 @@ class StateConfig(_Model):
         "schedule's job counts the same.",
     )
     schedule_min_period_seconds: float = Field(
-        10, ge=1, description="A schedule's cron may fire at most once in this many seconds (the closest two ticks)."
+        1, ge=1, description="A schedule's cron may fire at most once in this many seconds (the closest two ticks)."
     )
 
     @property

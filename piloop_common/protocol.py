@@ -19,6 +19,8 @@ API = "/v1"
 # A job's relay (on its worker) names the job and its lease on every call it forwards.
 RELAY_JOB_HEADER = "x-piloop-job"
 RELAY_TOKEN_HEADER = "x-piloop-lease-token"
+# a listing's count of the records it skipped because they cannot be read (each one logged by the server)
+SKIPPED_HEADER = "x-piloop-skipped"
 
 Kind = Literal["agent", "evaluation"]
 Outcome = Literal["succeeded", "failed", "cancelled", "fenced", "lost"]

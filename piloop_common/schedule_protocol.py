@@ -21,7 +21,7 @@ def check_cron(cron: str) -> str:
 
     if len(cron.split()) not in (5, 6):
         raise BadRequest(
-            f"--cron {cron!r}: {len(cron.split())} fields; give five, minute hour day month weekday (UTC), like "
+            f"--cron {cron!r}: not a cron ({len(cron.split())} fields); give five, minute hour day month weekday (UTC), like "
             "'*/5 * * * *', or six with seconds last"
         )
     try:

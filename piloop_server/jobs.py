@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import secrets as _secrets
+from typing import TYPE_CHECKING
 
 from piloop_common import envnames
-from piloop_common.errors import BadRequest, NotFound, TooLarge
+from piloop_common.errors import BadRequest, Conflict, NotFound, TooLarge
 from piloop_common.operator_protocol import JobView, SubmitRequest
 from piloop_common.protocol import JOB_ID, PIPE_PLACEHOLDER, TERMINAL_STATES, JobSpec
 from piloop_common.sizes import format_memory
 from piloop_server.runtime import Runtime
+
+if TYPE_CHECKING:
+    from piloop_server.state.jobs import JobWithLog
+
+log = logging.getLogger("piloop.jobs")
 
 
 def new_id() -> str:
@@ -86,12 +93,32 @@ def check_caps(rt: Runtime, spec: JobSpec) -> None:
 
 
 def view(rt: Runtime, job_id: str) -> JobView:
-    got = rt.jobs.with_log(check_id(job_id))
-    if got is None:
-        raise NotFound(
-            f"no job {job_id}: it never was, or it ended longer ago than [plugins.retention] finished_seconds "
-            "(failed_seconds for a failed one) and was removed (see `piloop job list`)"
-        )
+    """The job's view; NotFound, or Unreadable for a record this version cannot read (logged)."""
+    check_id(job_id)
+    try:
+        got = rt.jobs.with_log(job_id)
+        if got is None:
+            raise NotFound(
+                f"no job {job_id}: it never was, or it ended longer ago than [plugins.retention] finished_seconds "
+                "(failed_seconds for a failed one) and was removed (see `piloop job list`)"
+            )
+        return _view(got)
+    except (ValueError, TypeError, KeyError) as e:  # pydantic's ValidationError and a bad UTF-8 are ValueErrors
+        why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        log.warning("event=record.skipped record=job job=%s error=%s", job_id, why)
+        raise Unreadable(
+            f"job {job_id}'s record cannot be read ({why}): listings skip it; `piloop job cancel {job_id}` ends it"
+        ) from None
+
+
+class Unreadable(Conflict):
+    """A job's record that an older version wrote and this one cannot read: listings skip it, saying so."""
+
+    code = "unreadable"
+
+
+def _view(got: JobWithLog) -> JobView:
+    """ValueError, TypeError or KeyError for a record that cannot be read."""
     j = got.job
     result = j.result_dict()
     return JobView(
@@ -149,20 +176,25 @@ def waiting(rt: Runtime, v: JobView) -> str:
     return ""
 
 
-def listing(rt: Runtime, state: str | None, pool: str | None, limit: int = 200) -> list[JobView]:
+def listing(rt: Runtime, state: str | None, pool: str | None, limit: int = 200) -> tuple[list[JobView], int]:
+    """The newest jobs (of `state`, of `pool`), and how many records were skipped as unreadable (each one logged)."""
     ids = rt.jobs.newest(max(limit * 5, 1000))
     out: list[JobView] = []
+    skipped = 0
     for jid in ids:
         try:
             v = view(rt, jid)
         except NotFound:
+            continue
+        except Unreadable:
+            skipped += 1
             continue
         if (state and v.state != state) or (pool and v.pool != pool):
             continue
         out.append(v)
         if len(out) >= limit:
             break
-    return out
+    return out, skipped
 
 
 def is_done(state: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
 from fastapi import APIRouter, Request, Response
@@ -43,6 +44,7 @@ from piloop_server.runtime import Runtime
 from piloop_server.state.records.lease import KINDS, Lease, Report
 
 router = APIRouter(prefix="/v1/worker", tags=["worker"])
+logger = logging.getLogger("piloop.worker_api")
 EMPTY = b"{}"
 
 
@@ -275,7 +277,14 @@ def _assignments(rt: Runtime, leases: list[Lease]) -> list[Assignment]:
     for lease, job in zip(leases, rt.jobs.get_many([lease.job for lease in leases]), strict=True):
         if job is None:
             continue  # removed since the claim (it cannot be: a leased job is kept); nothing to run
-        spec = JobSpec.model_validate_json(job.spec)
+        try:
+            spec = JobSpec.model_validate_json(job.spec)
+        except ValueError as e:
+            # a record an older version let in: never the worker's to run, nor a 500 for its claim; it ends cancelled
+            logger.warning("event=record.skipped record=job job=%s error=%s", lease.job, str(e).splitlines()[0][:200])
+            rt.leases.cancel(lease.job, "service:server")
+            rt.leases.release(lease.job, lease.token, job.worker, "its record cannot be read", owner=job.owner)
+            continue
         secrets = rt.secrets.values(spec.secrets) if spec.secrets and getattr(rt, "secrets", None) else {}
         out.append(
             Assignment(
