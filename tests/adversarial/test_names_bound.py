@@ -13,7 +13,10 @@ import httpx
 import pytest
 import redis
 
+from piloop_common.errors import LeaseLost
 from piloop_server.state.keys import Keys
+from piloop_server.state.relay import Caller as RelayCaller
+from piloop_server.state.relay import RelayState
 from tests.adversarial.test_foreign_lease import CONFIG, snapshot
 from tests.helpers.workers import HandWorker, events, kill_tree_of, submit, tcp_server, token, view
 
@@ -61,7 +64,7 @@ def renamed(d, tok: str, name: str, pool: str = "gpu") -> HandWorker:
 
 def leased(world: World) -> tuple[str, str]:
     job = submit(world.d, "true", pool="gpu")
-    got = world.workers["gpua"].claim()
+    got = world.workers["gpua"].register().claim()  # registered again: a hand worker sends no heartbeat
     assert got["job"] == job, got
     return job, got["token"]
 
@@ -202,6 +205,25 @@ def test_no_role_reads_a_lease_token(world):
     granted = [e for e in events(world.d, "lease.granted") if e.get("job") == job]
     assert granted and granted[-1]["token"] == lease.partition(".")[0], granted
     assert json.loads(bodies[0])["token"] == lease.partition(".")[0]  # the view shows the order alone
+    holder = world.workers["gpua"]
+    assert holder.post("release", {"job": job, "token": lease, "reason": "done"}).status_code == 200
+    world.d.cli("job", "cancel", job, check=True)
+
+
+def test_a_relayed_call_is_bound_to_the_token_that_claimed(world):
+    """The relay scripts' own check (include/relay_guard.lua): the holder's name and its lease token are not
+    enough; the call must come by the token the name was bound to when it claimed."""
+    job, lease = leased(world)
+    relay = RelayState(world.r, world.k, 200)
+    seen = len(events(world.d, "lease.foreign_token"))
+    before = snapshot(world)  # type: ignore[arg-type]
+    with pytest.raises(LeaseLost, match="is not leased to worker gpua"):
+        relay.check(RelayCaller(job, lease, "gpua", "token:fleet"))
+    with pytest.raises(LeaseLost):
+        relay.progress(RelayCaller(job, lease, "gpua", "token:fleet"), "stolen")
+    assert snapshot(world) == before  # type: ignore[arg-type]
+    assert len(events(world.d, "lease.foreign_token")) == seen + 2
+    assert relay.check(RelayCaller(job, lease, "gpua", "token:gpua")).pool == "gpu"  # the holder's own token
     holder = world.workers["gpua"]
     assert holder.post("release", {"job": job, "token": lease, "reason": "done"}).status_code == 200
     world.d.cli("job", "cancel", job, check=True)
