@@ -11,7 +11,7 @@ from piloop_server import campaign_admin, campaign_repo
 from piloop_server.api import wakeup
 from piloop_server.api.deps import OperatorDep, RuntimeDep, ViewerDep, WorkerDep
 from piloop_server.api.relay import relay_state
-from piloop_server.api.worker import owner as worker_owner
+from piloop_server.api.worker_door import owner as worker_owner
 from piloop_server.auth import require_host_files
 from piloop_server.state.relay import Caller as RelayCaller
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 
@@ -11,9 +10,8 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from piloop_common.errors import NotFound, PiloopError, Refused, TooLarge
+from piloop_common.errors import NotFound, PiloopError, Refused
 from piloop_common.protocol import (
-    PROTOCOL,
     Assignment,
     ClaimRequest,
     ClaimResponse,
@@ -37,6 +35,7 @@ from piloop_common.report_protocol import (
 )
 from piloop_server import pools
 from piloop_server.api import wakeup
+from piloop_server.api import worker_door as door
 from piloop_server.api.deps import RuntimeDep, WorkerDep
 from piloop_server.auth import Caller
 from piloop_server.metrics import Metrics
@@ -54,68 +53,9 @@ def _json(answer: BaseModel | None = None) -> Response:
     return Response(answer.model_dump_json() if answer is not None else EMPTY, media_type="application/json")
 
 
-def _check(
-    rt: Runtime,
-    caller: Caller,
-    hello: WorkerHello | ClaimRequest | ReleaseRequest | ReportRequest | ReportsRequest | LogAppend,
-) -> None:
-    if hello.protocol != PROTOCOL:
-        raise Refused(
-            f"the server speaks piloop protocol {PROTOCOL}, this worker {hello.protocol}: "
-            "install the same piloop version on both"
-        )
-    if not isinstance(hello, WorkerHello):
-        return
-    if hello.pool not in rt.executor.pools:
-        raise Refused(f"unknown pool {hello.pool}; the server's pools: {', '.join(sorted(rt.executor.pools))}")
-    if caller.token is not None and caller.token.pool and caller.token.pool != hello.pool:
-        raise Refused(f"token {caller.name} is for pool {caller.token.pool}, not {hello.pool}")
-    if hello.cas_id != rt.cas_id:
-        raise Refused(
-            f"the worker's CAS ({hello.cas_id}) is not the server's ({rt.cas_id}): "
-            "give the worker the server's [plugins.cas]"
-        )
-
-
-def owner(caller: Caller) -> str:
-    """The identity a worker's name is bound to (register.lua) and its leases with it (include/lease_check.lua): the
-    token's name (a name is unique, and only an admin makes a token), else how the caller came."""
-    if caller.token is not None:
-        return f"token:{caller.token.name}"
-    return "socket" if caller.via_socket else "proxy"
-
-
-def _own_name(rt: Runtime, caller: Caller) -> None:
-    """Refused when a `--rename` token names its worker after another token: that name is the other token's."""
-    tok = caller.token
-    if tok is None or caller.name == tok.name:
-        return
-    other = rt.tokens.get(caller.name)
-    if other is not None:
-        raise Refused(f"worker name {caller.name} is token {other.name}'s: token {tok.name} chooses another name")
-
-
-def _check_sizes(rt: Runtime, body: RegisterRequest) -> None:
-    """TooLarge when the worker's `info` or `image` is over [plugins.state] worker_info_max_bytes."""
-    cap = rt.settings.plugins.state.worker_info_max_bytes
-    for what, size in (("info", len(json.dumps(body.info))), ("image", len(body.image.encode()))):
-        if size > cap:
-            raise TooLarge(
-                f"the worker's {what} is {size} bytes, over the cap of {cap} ([plugins.state] worker_info_max_bytes)"
-            )
-
-
-def _wanted(rt: Runtime, body: ClaimRequest) -> None:
-    """TooLarge when a claim asks for more jobs of a kind than [plugins.state] claim_want_max."""
-    cap = rt.settings.plugins.state.claim_want_max
-    for kind, n in body.want.items():
-        if n > cap:
-            raise TooLarge(f"want {kind}={n}: over the cap of {cap} ([plugins.state] claim_want_max)")
-
-
 def _timing(rt: Runtime, pool_name: str) -> Timing:
     ex = rt.executor
-    pool = ex.pools[pool_name]  # _check refused an unknown pool
+    pool = ex.pools[pool_name]  # door.check refused an unknown pool
     return Timing(
         renew_seconds=ex.renew_seconds,
         grace_seconds=ex.grace_seconds,
@@ -136,9 +76,9 @@ def _sample(hello: WorkerHello) -> dict:
 
 @router.post("/register", response_model=RegisterResponse)
 def register(body: RegisterRequest, rt: RuntimeDep, caller: WorkerDep) -> Response:
-    _check(rt, caller, body)
-    _own_name(rt, caller)
-    _check_sizes(rt, body)
+    door.check(rt, caller, body)
+    door.own_name(rt, caller)
+    door.check_sizes(rt, body)
     name = caller.name
     info = {
         **body.info,
@@ -155,12 +95,12 @@ def register(body: RegisterRequest, rt: RuntimeDep, caller: WorkerDep) -> Respon
         protocol=body.protocol,
         by=f"worker:{name}",
         info=info,
-        owner=owner(caller),
+        owner=door.owner(caller),
         names_of=tok.name if tok is not None and tok.rename else "",
         names_most=rt.settings.plugins.state.worker_names_max,
     )
     held = [Lease(j.job, j.token) for j in body.jobs]
-    _, statuses = rt.leases.heartbeat(name, _sample(body), held, owner(caller))
+    _, statuses = rt.leases.heartbeat(name, _sample(body), held, door.owner(caller))
     return _json(RegisterResponse(worker=name, timing=_timing(rt, body.pool), jobs=statuses))
 
 
@@ -175,17 +115,17 @@ def _metrics(request: Request) -> Metrics:
 
 
 def _beat(body: WorkerHello, rt: Runtime, caller: Caller) -> HeartbeatResponse:
-    _check(rt, caller, body)
+    door.check(rt, caller, body)
     held = [Lease(j.job, j.token) for j in body.jobs]
-    _, statuses = rt.leases.heartbeat(caller.name, _sample(body), held, owner(caller))
+    _, statuses = rt.leases.heartbeat(caller.name, _sample(body), held, door.owner(caller))
     return HeartbeatResponse(jobs=statuses, timing=_timing(rt, body.pool))
 
 
 @router.post("/claim", response_model=ClaimResponse)
 async def claim(body: ClaimRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> Response:
     """Lease jobs; with nothing queued and `wait_seconds`, wait for a submit (a long poll) and look again."""
-    _check(rt, caller, body)
-    _wanted(rt, body)
+    door.check(rt, caller, body)
+    door.check_want(rt, body)
     wake = wakeup.of(request.app)
     end = time.monotonic() + body.wait_seconds
     while True:
@@ -227,7 +167,7 @@ async def _claim_for(body: ClaimRequest, rt: Runtime, caller: Caller, request: R
 def _give_back(rt: Runtime, caller: Caller, leases: list[Assignment]) -> None:
     for a in leases:
         rt.leases.release(
-            a.job, a.token, caller.name, "the worker was gone before it heard of the lease", owner=owner(caller)
+            a.job, a.token, caller.name, "the worker was gone before it heard of the lease", owner=door.owner(caller)
         )
 
 
@@ -236,10 +176,7 @@ def _claim(body: ClaimRequest, rt: Runtime, caller: Caller) -> ClaimResponse:
     rec = rt.workers.get(name)
     if rec is None or not rec.pool:
         raise NotFound(f"worker {name} is not registered: register again")
-    if rec.owner and rec.owner != owner(caller):
-        raise Refused(f"worker name {name} is held by another token while its record lives")
-    if caller.token is not None and caller.token.pool and caller.token.pool != rec.pool:
-        raise Refused(f"token {caller.token.name} is for pool {caller.token.pool}, not {rec.pool}")
+    door.check_claimer(caller, rec)
     pool_name, image = rec.pool, rec.image
     pool = rt.executor.pools.get(pool_name)
     if pool is None:
@@ -304,15 +241,15 @@ def _assignments(rt: Runtime, leases: list[Lease]) -> list[Assignment]:
 
 @router.post("/release", response_model=dict)
 def release(body: ReleaseRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> Response:
-    _check(rt, caller, body)
-    rt.leases.release(body.job, body.token, caller.name, body.reason, owner=owner(caller))
+    door.check(rt, caller, body)
+    rt.leases.release(body.job, body.token, caller.name, body.reason, owner=door.owner(caller))
     wakeup.notify(request.app)
     return _json()
 
 
 @router.post("/report", response_model=ReportResponse)
 def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> Response:
-    _check(rt, caller, body)
+    door.check(rt, caller, body)
     m = _metrics(request)
     with m.timed("report"):
         resp = _report(body, rt, caller, _present(rt, [body]))
@@ -327,7 +264,7 @@ def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep, request: Requ
 async def reports(body: ReportsRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> Response:
     """Several reports in one call, each answered on its own: one refused (a bad report) leaves the others be; then
     the claim the call carries, if any, into the slots they freed (one round trip a round for a busy worker)."""
-    _check(rt, caller, body)
+    door.check(rt, caller, body)
     m = _metrics(request)
     with m.timed("report"):
         answers, wake = await run_in_threadpool(_reports, body, rt, caller)
@@ -339,8 +276,8 @@ async def reports(body: ReportsRequest, rt: RuntimeDep, caller: WorkerDep, reque
     got = None
     if body.claim is not None:
         try:
-            _check(rt, caller, body.claim)
-            _wanted(rt, body.claim)
+            door.check(rt, caller, body.claim)
+            door.check_want(rt, body.claim)
             got = await _claim_for(body.claim.model_copy(update={"wait_seconds": 0}), rt, caller, request)
         except Refused:
             raise  # the worker's, as for a claim alone
@@ -357,7 +294,7 @@ def _reports(body: ReportsRequest, rt: Runtime, caller: Caller) -> tuple[list[Re
     batch, at = [], []
     for i, one in enumerate(body.reports):
         try:
-            _check(rt, caller, one)
+            door.check(rt, caller, one)
         except Refused:
             raise  # the worker's, not one report's
         except PiloopError as e:
@@ -436,7 +373,7 @@ def _as_report(body: ReportRequest, caller: Caller, present: set[str]) -> Report
         reason,
         body.oom,
         tuple(body.error),
-        owner(caller),
+        door.owner(caller),
     )
 
 
@@ -460,6 +397,6 @@ def _report(body: ReportRequest, rt: Runtime, caller: Caller, present: set[str])
 
 @router.post("/log", response_model=LogAnswer)
 def log(body: LogAppend, rt: RuntimeDep, caller: WorkerDep) -> Response:
-    _check(rt, caller, body)
-    dropped = rt.leases.append_log(body.job, body.token, caller.name, body.chunks, rt.store.sizes, owner(caller))
+    door.check(rt, caller, body)
+    dropped = rt.leases.append_log(body.job, body.token, caller.name, body.chunks, rt.store.sizes, door.owner(caller))
     return _json(LogAnswer(dropped=dropped))

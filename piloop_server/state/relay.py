@@ -24,7 +24,7 @@ class Caller:
     job: str
     token: str
     worker: str
-    owner: str = ""  # the identity of the token that calls (api/worker.owner); '' leaves it unchecked
+    owner: str = ""  # the identity of the token that calls (api/worker_door.owner); '' leaves it unchecked
 
     @property
     def signed(self) -> str:
