@@ -7,6 +7,7 @@ first one missed), then the schedule resumes at its first tick after now: never 
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from itertools import pairwise
 
@@ -16,6 +17,8 @@ from piloop_common.errors import BadRequest, NotFound
 from piloop_common.schedule_protocol import ScheduleRequest, ScheduleView, check_cron
 from piloop_server.runtime import Runtime
 from piloop_server.state.schedules import ScheduleRecord
+
+log = logging.getLogger("piloop.schedules")
 
 
 def next_after(cron: str, after_ms: int) -> int:
@@ -81,8 +84,17 @@ def view(rec: ScheduleRecord) -> ScheduleView:
     )
 
 
-def listing(rt: Runtime) -> list[ScheduleView]:
-    return [view(r) for r in rt.schedules.all()]
+def listing(rt: Runtime) -> tuple[list[ScheduleView], int]:
+    """Every schedule's view, and how many records were skipped as unreadable (each logged)."""
+    recs, skipped = rt.schedules.all_counted()
+    out = []
+    for r in recs:
+        try:
+            out.append(view(r))
+        except (ValueError, TypeError, KeyError) as e:
+            skipped += 1
+            log.warning("event=record.skipped record=schedule name=%r error=%s", r.name, str(e).splitlines()[0][:200])
+    return out, skipped
 
 
 def remove(rt: Runtime, name: str, by: str) -> None:

@@ -109,6 +109,8 @@ def test_a_poison_record_is_skipped_and_named_by_every_listing(world):
     r.hset(k.worker("ghost"), mapping={"name": "ghost", "pool": "gpu", "sample": '{"cpus": "many"}', "seen": now_ms})
     r.set(k.worker_alive("ghost"), "1", px=60_000)
     r.sadd(k.workers(), "ghost")
+    r.hset(k.schedules(), "bad", '{"name": "bad", "cron": "* * * * * * *"')  # cut short, a 7-field cron
+    r.zadd(k.schedule_ticks(), {"bad": 0})  # due now: the pass meets it every time
     with httpx.Client(base_url=d.url, headers={"Authorization": f"Bearer {token(d, 'v', '--role', 'viewer')}"}) as c:
         jobs = c.get("/v1/jobs")
         assert jobs.status_code == 200, jobs.text
@@ -121,6 +123,8 @@ def test_a_poison_record_is_skipped_and_named_by_every_listing(world):
         st = c.get("/v1/status")
         assert st.status_code == 200 and st.json()["skipped"] == {"workers": 1}, st.text
         assert c.get(f"/v1/jobs/{good}").status_code == 200
+        sched = c.get("/v1/schedules")
+        assert sched.status_code == 200 and sched.headers[SKIPPED_HEADER] == "1", (sched.status_code, sched.text)
     # a worker's claim meets the poison jobs at the queue's head: it is answered, never a 500, and they end
     w = HandWorker(d, "gpua", token(d, "gpua", "--pool", "gpu"), "gpu").register()
     try:
@@ -130,5 +134,6 @@ def test_a_poison_record_is_skipped_and_named_by_every_listing(world):
     finally:
         w.close()
     log = (d.home / "logs" / "test-daemon.log").read_text()
-    assert "event=record.skipped record=worker" in log and "event=record.skipped record=job" in log
+    for record in ("worker", "job", "schedule"):
+        assert f"event=record.skipped record={record}" in log, record
     assert r.hget(k.job("jpoison1"), "state") == b"cancelled"  # claimed, unreadable: ended, not run
