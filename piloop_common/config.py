@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from piloop_common.bytecaps import LOG_MAX_BYTES, RESULT_MAX_BYTES
 from piloop_common.cas.config import CasConfig, LocalCasConfig
-from piloop_common.config_docker import DockerCompute
+from piloop_common.config_provisioner import ComputeConfig as ComputeConfig  # re-exported: config's models too
+from piloop_common.config_provisioner import LocalCompute as LocalCompute
+from piloop_common.config_provisioner import ModalCompute as ModalCompute
+from piloop_common.config_provisioner import ProvisionerConfig
+from piloop_common.config_provisioner import RegistryConfig as RegistryConfig
 
 CONFIG_FILE = "config.toml"
 
@@ -22,54 +26,6 @@ RUNNER_PROCESS: Literal["process"] = "process"
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-# --- provisioner -------------------------------------------------------------------------
-
-
-class LocalCompute(_Model):
-    provider: Literal["local"] = Field("local", description="Workers as processes on the server's machine.")
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for each started worker.")
-    hang: bool = Field(False, description="Start a process that never registers (for testing the register deadline).")
-    refuse: bool = Field(
-        False, description="Refuse every start as a platform would on quota (for testing the backoff)."
-    )
-
-
-class RegistryConfig(_Model):
-    kind: Literal["aws-ecr", "basic"] = Field(description="How the private registry is pulled from.")
-    secret: str = Field(description="The Modal Secret holding the pull credentials.")
-
-
-class ModalCompute(_Model):
-    provider: Literal["modal"] = Field("modal", description="Workers as Modal sandboxes of `image`.")
-    image: str = Field(description="The image with piloop in it, as a registry reference.")
-    registry: RegistryConfig | None = Field(None, description="The pull secret of a private registry.")
-    gpu: str | None = Field(None, description="The GPU of each sandbox, as Modal names it (`A100`, `H100:2`).")
-    cpu: float | None = Field(None, description="CPU cores requested per sandbox.")
-    memory_mb: int | None = Field(None, description="Memory requested per sandbox, in MiB.")
-    secrets: list[str] = Field(default_factory=list, description="Modal Secrets each sandbox gets as its environment.")
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for each sandbox.")
-    app: str = Field("piloop-workers", description="The Modal app the sandboxes belong to.")
-    timeout_seconds: int = Field(24 * 3600, description="The platform's own backstop on a sandbox's life.")
-    idle_timeout_seconds: int | None = Field(None, description="The platform's own idle backstop.")
-
-
-ComputeConfig = Annotated[LocalCompute | ModalCompute | DockerCompute, Field(discriminator="provider")]
-
-
-class ProvisionerConfig(_Model):
-    max: int = Field(ge=0, description="The most workers this pool runs at once; 0 drains the pool.")
-    idle_seconds: float = Field(300, gt=0, description="A worker that held no lease this long is drained and stopped.")
-    register_seconds: float = Field(
-        300, gt=0, description="A started worker that has not registered by then is stopped."
-    )
-    orphan_exit_seconds: float | None = Field(
-        None,
-        gt=0,
-        description="A worker that cannot reach its server this long exits once it holds no job; unset: never waits, exits at once when orphaned and idle.",
-    )
-    compute: ComputeConfig = Field(default_factory=LocalCompute, description="Where the workers run.")
 
 
 # --- executor ----------------------------------------------------------------------------
@@ -308,6 +264,31 @@ class StateConfig(_Model):
         "whose result is larger fails, naming this key and the size, and its result is not kept.",
     )
     progress_keep: int = Field(200, ge=1, description="The newest progress notes a job keeps.")
+    claim_want_max: int = Field(
+        256,
+        ge=1,
+        le=100_000,
+        description="The most jobs of one kind a claim may ask for (`want`); a claim is also cut to the worker's free "
+        "slots before anything is built.",
+    )
+    worker_info_max_bytes: int = Field(
+        16 * 1024, ge=256, description="The largest `info` (as JSON) and `image` a worker may register with."
+    )
+    worker_names_max: int = Field(
+        1000, ge=1, description="The most worker names one `--rename` token holds at once (its workers' records)."
+    )
+    job_argv_max: int = Field(4096, ge=1, description="The most arguments a job's argv may have.")
+    job_env_max: int = Field(1024, ge=0, description="The most variables a job's env may set.")
+    job_inputs_max: int = Field(4096, ge=0, description="The most inputs (files from the CAS) a job may name.")
+    job_spec_max_bytes: int = Field(
+        1024 * 1024,
+        ge=4096,
+        description="The largest total of a job's argv, env and inputs (their names and values, in bytes); a "
+        "schedule's job counts the same.",
+    )
+    schedule_min_period_seconds: float = Field(
+        1, ge=1, description="A schedule's cron may fire at most once in this many seconds (the closest two ticks)."
+    )
 
     @property
     def embedded(self) -> bool:

@@ -14,8 +14,8 @@ from piloop_common.protocol import HostSample, JobId, JobSpec, Kind, Message
 class SubmitRequest(Message):
     kind: Kind = "evaluation"
     pool: str = "serve"
-    campaign: str = ""
-    image: str = ""
+    campaign: str = Field("", max_length=200)
+    image: str = Field("", max_length=1024)
     spec: JobSpec
     id: JobId | None = Field(
         None, description="The job's id, chosen by the caller (Celery's task_id); none: a new one."
@@ -107,7 +107,9 @@ class JobView(Message):
     attempts: int = 0
     lost: int = 0
     worker: str = ""
-    token: str = ""
+    token: str = Field(
+        "", description="The lease's fencing order (its token's random part is its holder's alone, never shown)."
+    )
     created_ms: int = 0
     updated_ms: int = 0
     started_ms: int = Field(

@@ -20,6 +20,8 @@ API = "/v1"
 RELAY_JOB_HEADER = "x-piloop-job"
 RELAY_TOKEN_HEADER = "x-piloop-lease-token"
 RELAY_MARKER_HEADER = "x-piloop-relayed"  # set by a worker's relay on what it forwards: relay routes only
+# a listing's count of the records it skipped because they cannot be read (each one logged by the server)
+SKIPPED_HEADER = "x-piloop-skipped"
 
 Kind = Literal["agent", "evaluation"]
 Outcome = Literal["succeeded", "failed", "cancelled", "fenced", "lost"]
@@ -29,8 +31,41 @@ JobState = Literal[
 TERMINAL_STATES = ("succeeded", "failed", "cancelled", "lost", "worker_lost", "expired")
 
 
+def text_problem(data: Any, where: str = "") -> str:
+    """Why `data` (a request's JSON, walked whole) cannot reach Redis: a string with a NUL or a lone surrogate (not
+    UTF-8), a key or a value; '' when every string is clean."""
+    if isinstance(data, str):
+        if "\x00" in data:
+            return f"{where or 'a string'}: a NUL character is refused"
+        try:
+            data.encode()
+        except UnicodeEncodeError:
+            return f"{where or 'a string'}: not valid UTF-8 (a lone surrogate)"
+        return ""
+    if isinstance(data, dict):
+        for k, v in data.items():
+            got = text_problem(k, f"{where}.{k!r}" if where else "a key") or text_problem(v, f"{where}.{k}".lstrip("."))
+            if got:
+                return got
+    elif isinstance(data, (list, tuple)):
+        for i, v in enumerate(data):
+            if got := text_problem(v, f"{where}[{i}]"):
+                return got
+    return ""
+
+
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """What every message shares: no field it does not know, no infinite or NaN number, and no string Redis could not
+    hold as sent (`text_problem`)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _clean_text(cls, data: Any) -> Any:
+        if isinstance(data, dict) and (why := text_problem(data)):
+            raise ValueError(why)
+        return data
 
 
 # What a worker names reaches Redis keys: an id or token that could spell another key is refused at the door.
@@ -42,11 +77,15 @@ LEASE_TOKEN = r"^[0-9][0-9a-f.]{0,127}$"
 LeaseToken = Annotated[str, Field(pattern=LEASE_TOKEN, description="A lease's fencing token.")]
 Address = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$", description="A CAS address.")]
 COUNTDOWN_MOST = 366 * 86400  # the longest countdown or expiry: a year
+JOB_ENV_RESERVED = ("LD_", "DYLD_", "PILOOP_")  # a job's env may not set these (JobSpec._names)
+TIMEOUT_MOST = 366 * 86400  # the longest timeout a job may have: a year
+MEMORY_MOST_MB = 1024**3  # the largest grant a job may ask for: 1 PiB, in MiB
 # dependencies: the most parents one job waits on, and a chain's input before the parent's result fills it in
 AFTER_MOST = 64
 PIPE_PLACEHOLDER = "sha256:" + "0" * 64
 PIPE_INPUTS = ("parent.json", "parent.pickle")
 HELD_MOST = 1024  # the jobs one heartbeat may name
+WANT_MOST = 100_000  # the most a claim may name for a kind whatever the config ([plugins.state] claim_want_max)
 LOG_CHUNKS_PER_CALL = 256  # a log append's chunks (the worker sends a few every few seconds)
 
 
@@ -79,7 +118,7 @@ class WorkerHello(Message):
     cas_id: str
     sample: HostSample
     jobs: list[HeldJob] = Field(default_factory=list, max_length=HELD_MOST)
-    admission: str = Field("", description="Why the worker itself claims nothing now (e.g. `memory`).")
+    admission: str = Field("", max_length=64, description="Why the worker itself claims nothing now (e.g. `memory`).")
 
 
 class RegisterRequest(WorkerHello):
@@ -128,7 +167,9 @@ class HeartbeatResponse(Message):
 
 class ClaimRequest(Message):
     protocol: int
-    want: dict[Kind, int] = Field(description="How many jobs of each kind the worker has room for now.")
+    want: dict[Kind, Annotated[int, Field(ge=0, le=WANT_MOST)]] = Field(
+        description="How many jobs of each kind the worker has room for now ([plugins.state] claim_want_max caps it)."
+    )
     wait_seconds: float = Field(0, ge=0, le=60, description="With nothing to lease, wait up to this long for a job.")
     room_mb: int | None = Field(
         None,
@@ -149,7 +190,11 @@ class JobSpec(Message):
         ),
     )
     argv: list[str] = Field(min_length=1)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Variables the job gets: a name is letters, digits and _, not starting with a digit, and none "
+        "beginning LD_, DYLD_ or PILOOP_ (the loader's and piloop's own).",
+    )
     secrets: list[str] = Field(default_factory=list, description="Names of the secrets the job gets as env.")
     inputs: dict[str, str] = Field(default_factory=dict, description="File name -> CAS address, put in the job's dir.")
     code: str | None = Field(
@@ -160,10 +205,11 @@ class JobSpec(Message):
             "puts it first on the job's PYTHONPATH, so a task imports its module from it."
         ),
     )
-    timeout_seconds: float | None = Field(None, gt=0)
+    timeout_seconds: float | None = Field(None, gt=0, le=TIMEOUT_MOST)
     memory_mb: int | None = Field(
         None,
         gt=0,
+        le=MEMORY_MOST_MB,
         description=(
             "The job's memory grant (MiB): its cgroup limit, and what a worker must have room for to take it; "
             "unset: the pool's `memory_mb`, else no grant (limited to the worker's room)."
@@ -180,6 +226,7 @@ class JobSpec(Message):
     memory_max_mb: int | None = Field(
         None,
         gt=0,
+        le=MEMORY_MOST_MB,
         description=(
             "The most a raised grant may reach (MiB); unset: the pool's `memory_max_mb`, else the room of the worker "
             "where the attempt ran out."
@@ -263,6 +310,25 @@ class JobSpec(Message):
         return self
 
     @model_validator(mode="after")
+    def _names(self) -> JobSpec:
+        from piloop_common import envnames
+
+        for name in self.env:
+            if not envnames.NAME.fullmatch(name):
+                raise ValueError(
+                    f"env name {name[:80]!r}: letters, digits and _, not starting with a digit, at most 128"
+                )
+            if name.upper().startswith(JOB_ENV_RESERVED):
+                raise ValueError(
+                    f"env name {name!r}: names beginning {', '.join(JOB_ENV_RESERVED)} (in any case) are refused: the "
+                    "dynamic loader's and piloop's own (the worker sets PILOOP_* for the job's lease and relay)"
+                )
+        for name in self.inputs:
+            if why := input_problem(name):
+                raise ValueError(f"input name {name[:80]!r}: {why}")
+        return self
+
+    @model_validator(mode="after")
     def _memory_cap(self) -> JobSpec:
         if self.memory_mb and self.memory_max_mb and self.memory_max_mb < self.memory_mb:
             raise ValueError(
@@ -270,6 +336,16 @@ class JobSpec(Message):
                 "the cap on a raised grant cannot be under the first grant"
             )
         return self
+
+
+def input_problem(name: str) -> str:
+    """Why `name` cannot be an input's file name, one that stays inside the job's `inputs/` ('' when it can)."""
+    parts = name.split("/")
+    if not name or len(name) > 255 or name.startswith("/") or "\\" in name:
+        return "a relative path under inputs/, at most 255 characters, with / between its parts"
+    if any(p in ("", ".", "..") for p in parts):
+        return "no empty, `.` or `..` part: it must stay inside inputs/"
+    return ""
 
 
 class RepoSpec(Message):

@@ -17,11 +17,16 @@ def check_cron(cron: str) -> str:
     """`cron` when croniter reads it, else BadRequest saying what a cron is (the CLI checks it too, before a call)."""
     from datetime import UTC, datetime
 
-    from croniter import CroniterBadCronError, croniter
+    from croniter import CroniterBadCronError, CroniterBadDateError, croniter
 
+    if len(cron.split()) not in (5, 6):
+        raise BadRequest(
+            f"--cron {cron!r}: not a cron ({len(cron.split())} fields); give five, minute hour day month weekday (UTC), like "
+            "'*/5 * * * *', or six with seconds last"
+        )
     try:
-        croniter(cron, datetime.now(UTC))
-    except (CroniterBadCronError, ValueError, KeyError) as e:
+        croniter(cron, datetime.now(UTC)).get_next(float)  # a cron with no next date (Feb 30) is none either
+    except (CroniterBadCronError, CroniterBadDateError, ValueError, KeyError, OverflowError) as e:
         raise BadRequest(
             f"--cron {cron!r}: not a cron ({e}); give five fields, minute hour day month weekday (UTC), like "
             "'*/5 * * * *', or six with seconds last"

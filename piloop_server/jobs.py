@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import secrets as _secrets
+from typing import TYPE_CHECKING
 
 from piloop_common import envnames
-from piloop_common.errors import BadRequest, NotFound, bad_param
+from piloop_common.errors import BadRequest, Conflict, NotFound, TooLarge, bad_param
 from piloop_common.operator_protocol import JobView, SubmitRequest
-from piloop_common.protocol import JOB_ID, PIPE_PLACEHOLDER, TERMINAL_STATES
+from piloop_common.protocol import JOB_ID, PIPE_PLACEHOLDER, TERMINAL_STATES, JobSpec
 from piloop_server import pools, workers
 from piloop_server.runtime import Runtime
+
+if TYPE_CHECKING:
+    from piloop_server.state.jobs import JobWithLog
+
+log = logging.getLogger("piloop.jobs")
 
 
 def new_id() -> str:
@@ -39,6 +46,7 @@ def submit(rt: Runtime, req: SubmitRequest, by: str) -> str:
 
 def check_submit(rt: Runtime, req: SubmitRequest) -> None:
     """BadRequest naming what of `req` this server cannot queue: its pool, grant, secrets, inputs or code."""
+    check_caps(rt, req.spec)
     if req.pool not in rt.executor.pools:
         raise bad_param("pool", req.pool, f"no such pool (pools: {', '.join(sorted(rt.executor.pools))})")
     pool = rt.executor.pools[req.pool]
@@ -68,13 +76,51 @@ def check_submit(rt: Runtime, req: SubmitRequest) -> None:
         raise BadRequest(f"code {req.spec.code}: the CAS lacks it (push it again: `piloop task push DIR`)")
 
 
-def view(rt: Runtime, job_id: str) -> JobView:
-    got = rt.jobs.with_log(check_id(job_id))
-    if got is None:
-        raise NotFound(
-            f"no job {job_id}: it never was, or it ended longer ago than [plugins.retention] finished_seconds "
-            "(failed_seconds for a failed one) and was removed (see `piloop job list`)"
+def check_caps(rt: Runtime, spec: JobSpec) -> None:
+    """TooLarge naming the [plugins.state] key a job's argv, env, inputs or whole spec is over."""
+    st = rt.settings.plugins.state
+    for what, n, cap, key in (
+        ("argv", len(spec.argv), st.job_argv_max, "job_argv_max"),
+        ("env", len(spec.env), st.job_env_max, "job_env_max"),
+        ("inputs", len(spec.inputs), st.job_inputs_max, "job_inputs_max"),
+    ):
+        if n > cap:
+            raise TooLarge(f"the job's {what} has {n} entries, over the cap of {cap} ([plugins.state] {key})")
+    size = len(spec.model_dump_json().encode())
+    if size > st.job_spec_max_bytes:
+        raise TooLarge(
+            f"the job's spec is {size} bytes, over the cap of {st.job_spec_max_bytes} ([plugins.state] "
+            "job_spec_max_bytes): put large data in the CAS and name it as an input"
         )
+
+
+def view(rt: Runtime, job_id: str) -> JobView:
+    """The job's view; NotFound, or Unreadable for a record this version cannot read (logged)."""
+    check_id(job_id)
+    try:
+        got = rt.jobs.with_log(job_id)
+        if got is None:
+            raise NotFound(
+                f"no job {job_id}: it never was, or it ended longer ago than [plugins.retention] finished_seconds "
+                "(failed_seconds for a failed one) and was removed (see `piloop job list`)"
+            )
+        return _view(got)
+    except (ValueError, TypeError, KeyError) as e:  # pydantic's ValidationError and a bad UTF-8 are ValueErrors
+        why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        log.warning("event=record.skipped record=job job=%s error=%s", job_id, why)
+        raise Unreadable(
+            f"job {job_id}'s record cannot be read ({why}): listings skip it; `piloop job cancel {job_id}` ends it"
+        ) from None
+
+
+class Unreadable(Conflict):
+    """A job's record that an older version wrote and this one cannot read: listings skip it, saying so."""
+
+    code = "unreadable"
+
+
+def _view(got: JobWithLog) -> JobView:
+    """ValueError, TypeError or KeyError for a record that cannot be read."""
     j = got.job
     result = j.result_dict()
     return JobView(
@@ -87,7 +133,7 @@ def view(rt: Runtime, job_id: str) -> JobView:
         attempts=j.attempts,
         lost=j.lost,
         worker=j.worker,
-        token=j.token,
+        token=j.token.partition(".")[0],
         created_ms=j.created,
         updated_ms=j.updated,
         started_ms=j.started or j.leased,  # a job that ended before a heartbeat said `running`: its lease
@@ -123,20 +169,25 @@ def waiting(rt: Runtime, v: JobView) -> str:
     return why.text if why is not None else ""
 
 
-def listing(rt: Runtime, state: str | None, pool: str | None, limit: int = 200) -> list[JobView]:
+def listing(rt: Runtime, state: str | None, pool: str | None, limit: int = 200) -> tuple[list[JobView], int]:
+    """The newest jobs (of `state`, of `pool`), and how many records were skipped as unreadable (each one logged)."""
     ids = rt.jobs.newest(max(limit * 5, 1000))
     out: list[JobView] = []
+    skipped = 0
     for jid in ids:
         try:
             v = view(rt, jid)
         except NotFound:
+            continue
+        except Unreadable:
+            skipped += 1
             continue
         if (state and v.state != state) or (pool and v.pool != pool):
             continue
         out.append(v)
         if len(out) >= limit:
             break
-    return out
+    return out, skipped
 
 
 def is_done(state: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from piloop_common.errors import Conflict, NotFound
@@ -13,6 +14,9 @@ from piloop_server import pools
 from piloop_server.provisioner.manager import records as provisioned_records
 from piloop_server.runtime import Runtime
 from piloop_server.state.records.lease import KINDS
+from piloop_server.state.records.worker import Worker
+
+log = logging.getLogger("piloop.workers")
 
 # pools.host_reason's only: the view reads it from the worker's latest sample. ("memory" is also a claim's own
 # reason, a grant that does not fit the room, so a stored one stays.)
@@ -24,45 +28,63 @@ def now_ms(rt: Runtime) -> int:
 
 
 def views(rt: Runtime) -> list[WorkerView]:
+    return views_counted(rt)[0]
+
+
+def views_counted(rt: Runtime) -> tuple[list[WorkerView], int]:
+    """Every worker's view, and how many records were skipped because they cannot be read (each one logged): one
+    bad record never fails the listing."""
     recs = rt.workers.all()
     granted = _granted(rt, [[j for ids in w.leases.values() for j in ids] for w in recs])
     now = now_ms(rt)
     out = []
+    skipped = 0
     for w, mb in zip(recs, granted, strict=True):
-        raw = w.sample_dict()
-        sample = HostSample.model_validate({k: v for k, v in raw.items() if k != "admission"}) if raw else None
-        pool = rt.executor.pools.get(w.pool)
-        agents, evals = len(w.leases.get("agent", [])), len(w.leases.get("evaluation", []))
-        if not w.alive:
-            reason = "unreachable"
-        elif w.draining:
-            reason = "draining"
-        elif pool is None:
-            reason = "pool"
-        else:
-            reason = pools.host_reason(pool, sample, (raw or {}).get("admission", ""))
-            if not reason and agents >= pool.agents and evals >= pool.evaluations:
-                reason = "slots"
-            # the last claim's host reason is older than the sample read above: a host fit again says so at once
-            stored = "" if w.reason in HOST_REASONS else w.reason
-            reason = reason or stored or "nothing"
-        out.append(
-            WorkerView(
-                name=w.name,
-                pool=w.pool,
-                image=w.image,
-                host=_host(w.info),
-                seen_seconds=max(0.0, (now - w.seen) / 1000) if w.seen else None,
-                reachable=w.alive,
-                draining=w.draining,
-                sample=sample,
-                agents=agents,
-                evaluations=evals,
-                no_lease=reason,
-                room_mb=w.room_mb,
-                granted_mb=mb,
-            )
-        )
+        try:
+            out.append(_view(rt, w, mb, now))
+        except (ValueError, TypeError, KeyError) as e:
+            skipped += 1
+            log.warning("event=record.skipped record=worker name=%r error=%s", w.name, str(e).splitlines()[0][:200])
+    return _with_provisioned(rt, recs, out), skipped
+
+
+def _view(rt: Runtime, w: Worker, mb: int, now: int) -> WorkerView:
+    """One worker's view; ValueError (pydantic's too), TypeError or KeyError for a record that cannot be read."""
+    raw = w.sample_dict()
+    sample = HostSample.model_validate({k: v for k, v in raw.items() if k != "admission"}) if raw else None
+    pool = rt.executor.pools.get(w.pool)
+    agents, evals = len(w.leases.get("agent", [])), len(w.leases.get("evaluation", []))
+    if not w.alive:
+        reason = "unreachable"
+    elif w.draining:
+        reason = "draining"
+    elif pool is None:
+        reason = "pool"
+    else:
+        reason = pools.host_reason(pool, sample, (raw or {}).get("admission", ""))
+        if not reason and agents >= pool.agents and evals >= pool.evaluations:
+            reason = "slots"
+        # the last claim's host reason is older than the sample read above: a host fit again says so at once
+        stored = "" if w.reason in HOST_REASONS else w.reason
+        reason = reason or stored or "nothing"
+    return WorkerView(
+        name=w.name,
+        pool=w.pool,
+        image=w.image,
+        host=_host(w.info),
+        seen_seconds=max(0.0, (now - w.seen) / 1000) if w.seen else None,
+        reachable=w.alive,
+        draining=w.draining,
+        sample=sample,
+        agents=agents,
+        evaluations=evals,
+        no_lease=reason,
+        room_mb=w.room_mb,
+        granted_mb=mb,
+    )
+
+
+def _with_provisioned(rt: Runtime, recs: list[Worker], out: list[WorkerView]) -> list[WorkerView]:
     # a worker the server started shows from its start, before it registers
     names = {w.name for w in recs}
     for n, rec in provisioned_records(rt).items():

@@ -6,11 +6,12 @@ import os
 import re
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 
 from piloop_common import __version__
 from piloop_common.errors import BadRequest, NotFound, PiloopError, bad_param
 from piloop_common.operator_protocol import LimitRequest, LimitView, TokenCreate, TokenCreated, TokenView, WorkerView
+from piloop_common.protocol import SKIPPED_HEADER
 from piloop_server import campaign_admin, cas_gc, workers
 from piloop_server.api.deps import AdminDep, OperatorDep, RuntimeDep, ViewerDep
 from piloop_server.auth import Caller, Role, identify_async
@@ -39,8 +40,10 @@ def pass_leader(rt: Runtime) -> str:
 
 
 @router.get("/workers", response_model=list[WorkerView])
-def worker_list(rt: RuntimeDep, caller: ViewerDep) -> list[WorkerView]:
-    return workers.views(rt)
+def worker_list(rt: RuntimeDep, caller: ViewerDep, response: Response) -> list[WorkerView]:
+    views, skipped = workers.views_counted(rt)
+    response.headers[SKIPPED_HEADER] = str(skipped)  # records that cannot be read, skipped (and logged)
+    return views
 
 
 @router.delete("/workers/{name}")
@@ -52,9 +55,10 @@ def worker_forget(name: str, rt: RuntimeDep, caller: AdminDep) -> dict:
 
 @router.get("/status")
 def status(request: Request, rt: RuntimeDep, caller: ViewerDep) -> dict:
-    ws = workers.views(rt)
+    ws, skipped = workers.views_counted(rt)
     info = request.app.state.daemon_info
     return {
+        "skipped": {"workers": skipped},  # records that cannot be read, skipped (and logged)
         # `instance` is this server's name for the leader lease; `pass_leader` the instance that runs the pass now
         "daemon": {**info, "server_id": rt.server_id, "version": __version__, "pass_leader": pass_leader(rt)},
         "redis": {

@@ -11,6 +11,7 @@ from piloop_server import campaign_admin, campaign_repo
 from piloop_server.api import wakeup
 from piloop_server.api.deps import OperatorDep, RuntimeDep, ViewerDep, WorkerDep
 from piloop_server.api.relay import relay_state
+from piloop_server.api.worker_door import owner as worker_owner
 from piloop_server.auth import require_host_files
 from piloop_server.state.relay import Caller as RelayCaller
 
@@ -57,7 +58,7 @@ def bundle(body: BundleRequest, rt: RuntimeDep, caller: WorkerDep, request: Requ
     if body.protocol != PROTOCOL:
         raise Refused(f"the server speaks piloop protocol {PROTOCOL}, this worker {body.protocol}")
     live = relay_state(request).check(
-        RelayCaller(body.job, body.token, caller.name)
+        RelayCaller(body.job, body.token, caller.name, worker_owner(caller))
     )  # the lease must be live: else LeaseLost
     if not live.campaign:
         raise BadRequest(f"job {body.job} is not a campaign's")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 
 from piloop_common.operator_protocol import JobView, SubmitRequest, SubmitResponse
-from piloop_common.protocol import JobState
+from piloop_common.protocol import SKIPPED_HEADER, JobState
 from piloop_server import jobs
 from piloop_server.api import wakeup
 from piloop_server.api.deps import OperatorDep, RuntimeDep, ViewerDep
@@ -24,15 +24,18 @@ def submit(body: SubmitRequest, rt: RuntimeDep, caller: OperatorDep, request: Re
     return SubmitResponse(job=job)
 
 
-@router.get("", response_model=list[JobView])
+@router.get("", response_model=list[JobView], response_class=Response)
 def listing(
     rt: RuntimeDep,
     caller: ViewerDep,
     state: JobState | None = None,
     pool: str | None = None,
     limit: Annotated[int, Query(ge=1, le=MOST_LISTED)] = 200,
-) -> list[JobView]:
-    return jobs.listing(rt, state, pool, limit)
+) -> Response:
+    """The newest jobs; `x-piloop-skipped` counts the records skipped as unreadable (logged), the rest listed."""
+    views, skipped = jobs.listing(rt, state, pool, limit)
+    body = "[" + ",".join(v.model_dump_json() for v in views) + "]"
+    return Response(body, media_type="application/json", headers={SKIPPED_HEADER: str(skipped)})
 
 
 @router.get("/{job_id}", response_model=JobView)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
+from piloop_common.protocol import SKIPPED_HEADER
 from piloop_common.schedule_protocol import ScheduleRequest, ScheduleView
 from piloop_server import schedules
 from piloop_server.api.deps import OperatorDep, RuntimeDep, ViewerDep
@@ -17,8 +18,10 @@ def add(body: ScheduleRequest, rt: RuntimeDep, caller: OperatorDep) -> ScheduleV
 
 
 @router.get("", response_model=list[ScheduleView])
-def listing(rt: RuntimeDep, caller: ViewerDep) -> list[ScheduleView]:
-    return schedules.listing(rt)
+def listing(rt: RuntimeDep, caller: ViewerDep, response: Response) -> list[ScheduleView]:
+    views, skipped = schedules.listing(rt)
+    response.headers[SKIPPED_HEADER] = str(skipped)  # records that cannot be read, skipped (and logged)
+    return views
 
 
 @router.delete("/{name}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from fastapi import APIRouter, Request, Response
@@ -11,7 +12,6 @@ from starlette.concurrency import run_in_threadpool
 
 from piloop_common.errors import NotFound, PiloopError, Refused
 from piloop_common.protocol import (
-    PROTOCOL,
     Assignment,
     ClaimRequest,
     ClaimResponse,
@@ -35,6 +35,7 @@ from piloop_common.report_protocol import (
 )
 from piloop_server import pools
 from piloop_server.api import wakeup
+from piloop_server.api import worker_door as door
 from piloop_server.api.deps import RuntimeDep, WorkerDep
 from piloop_server.auth import Caller
 from piloop_server.metrics import Metrics
@@ -42,6 +43,7 @@ from piloop_server.runtime import Runtime
 from piloop_server.state.records.lease import KINDS, Lease, Report
 
 router = APIRouter(prefix="/v1/worker", tags=["worker"])
+logger = logging.getLogger("piloop.worker_api")
 EMPTY = b"{}"
 
 
@@ -51,32 +53,9 @@ def _json(answer: BaseModel | None = None) -> Response:
     return Response(answer.model_dump_json() if answer is not None else EMPTY, media_type="application/json")
 
 
-def _check(
-    rt: Runtime,
-    caller: Caller,
-    hello: WorkerHello | ClaimRequest | ReleaseRequest | ReportRequest | ReportsRequest | LogAppend,
-) -> None:
-    if hello.protocol != PROTOCOL:
-        raise Refused(
-            f"the server speaks piloop protocol {PROTOCOL}, this worker {hello.protocol}: "
-            "install the same piloop version on both"
-        )
-    if not isinstance(hello, WorkerHello):
-        return
-    if hello.pool not in rt.executor.pools:
-        raise Refused(f"unknown pool {hello.pool}; the server's pools: {', '.join(sorted(rt.executor.pools))}")
-    if caller.token is not None and caller.token.pool and caller.token.pool != hello.pool:
-        raise Refused(f"token {caller.name} is for pool {caller.token.pool}, not {hello.pool}")
-    if hello.cas_id != rt.cas_id:
-        raise Refused(
-            f"the worker's CAS ({hello.cas_id}) is not the server's ({rt.cas_id}): "
-            "give the worker the server's [plugins.cas]"
-        )
-
-
 def _timing(rt: Runtime, pool_name: str) -> Timing:
     ex = rt.executor
-    pool = ex.pools[pool_name]  # _check refused an unknown pool
+    pool = ex.pools[pool_name]  # door.check refused an unknown pool
     return Timing(
         renew_seconds=ex.renew_seconds,
         grace_seconds=ex.grace_seconds,
@@ -97,17 +76,31 @@ def _sample(hello: WorkerHello) -> dict:
 
 @router.post("/register", response_model=RegisterResponse)
 def register(body: RegisterRequest, rt: RuntimeDep, caller: WorkerDep) -> Response:
-    _check(rt, caller, body)
+    door.check(rt, caller, body)
+    door.own_name(rt, caller)
+    door.check_sizes(rt, body)
     name = caller.name
     info = {
         **body.info,
         "token": caller.token.name if caller.token else "",
         "via": "socket" if caller.via_socket else "tcp",
     }
+    tok = caller.token
     rt.leases.register(
-        name, body.pool, body.image, body.cas_id, _sample(body), protocol=body.protocol, by=f"worker:{name}", info=info
+        name,
+        body.pool,
+        body.image,
+        body.cas_id,
+        _sample(body),
+        protocol=body.protocol,
+        by=f"worker:{name}",
+        info=info,
+        owner=door.owner(caller),
+        names_of=tok.name if tok is not None and tok.rename else "",
+        names_most=rt.settings.plugins.state.worker_names_max,
     )
-    _, statuses = rt.leases.heartbeat(name, _sample(body), [Lease(j.job, j.token) for j in body.jobs])
+    held = [Lease(j.job, j.token) for j in body.jobs]
+    _, statuses = rt.leases.heartbeat(name, _sample(body), held, door.owner(caller))
     return _json(RegisterResponse(worker=name, timing=_timing(rt, body.pool), jobs=statuses))
 
 
@@ -122,15 +115,17 @@ def _metrics(request: Request) -> Metrics:
 
 
 def _beat(body: WorkerHello, rt: Runtime, caller: Caller) -> HeartbeatResponse:
-    _check(rt, caller, body)
-    _, statuses = rt.leases.heartbeat(caller.name, _sample(body), [Lease(j.job, j.token) for j in body.jobs])
+    door.check(rt, caller, body)
+    held = [Lease(j.job, j.token) for j in body.jobs]
+    _, statuses = rt.leases.heartbeat(caller.name, _sample(body), held, door.owner(caller))
     return HeartbeatResponse(jobs=statuses, timing=_timing(rt, body.pool))
 
 
 @router.post("/claim", response_model=ClaimResponse)
 async def claim(body: ClaimRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> Response:
     """Lease jobs; with nothing queued and `wait_seconds`, wait for a submit (a long poll) and look again."""
-    _check(rt, caller, body)
+    door.check(rt, caller, body)
+    door.check_want(rt, body)
     wake = wakeup.of(request.app)
     end = time.monotonic() + body.wait_seconds
     while True:
@@ -171,7 +166,9 @@ async def _claim_for(body: ClaimRequest, rt: Runtime, caller: Caller, request: R
 
 def _give_back(rt: Runtime, caller: Caller, leases: list[Assignment]) -> None:
     for a in leases:
-        rt.leases.release(a.job, a.token, caller.name, "the worker was gone before it heard of the lease")
+        rt.leases.release(
+            a.job, a.token, caller.name, "the worker was gone before it heard of the lease", owner=door.owner(caller)
+        )
 
 
 def _claim(body: ClaimRequest, rt: Runtime, caller: Caller) -> ClaimResponse:
@@ -179,6 +176,7 @@ def _claim(body: ClaimRequest, rt: Runtime, caller: Caller) -> ClaimResponse:
     rec = rt.workers.get(name)
     if rec is None or not rec.pool:
         raise NotFound(f"worker {name} is not registered: register again")
+    door.check_claimer(caller, rec)
     pool_name, image = rec.pool, rec.image
     pool = rt.executor.pools.get(pool_name)
     if pool is None:
@@ -191,7 +189,8 @@ def _claim(body: ClaimRequest, rt: Runtime, caller: Caller) -> ClaimResponse:
         per_kind: dict[str, str] = {}
         for kind in KINDS:
             n = pools.slots(pool, kind)
-            want = body.want.get(kind, 0)
+            # cut to the slots before the claim builds a token for each (claim.lua cuts to the free ones, atomically)
+            want = min(body.want.get(kind, 0), n)
             if n <= 0 or want <= 0:
                 per_kind[kind] = "slots"
                 continue
@@ -215,7 +214,14 @@ def _assignments(rt: Runtime, leases: list[Lease]) -> list[Assignment]:
     for lease, job in zip(leases, rt.jobs.get_many([lease.job for lease in leases]), strict=True):
         if job is None:
             continue  # removed since the claim (it cannot be: a leased job is kept); nothing to run
-        spec = JobSpec.model_validate_json(job.spec)
+        try:
+            spec = JobSpec.model_validate_json(job.spec)
+        except ValueError as e:
+            # a record an older version let in: never the worker's to run, nor a 500 for its claim; it ends cancelled
+            logger.warning("event=record.skipped record=job job=%s error=%s", lease.job, str(e).splitlines()[0][:200])
+            rt.leases.cancel(lease.job, "service:server")
+            rt.leases.release(lease.job, lease.token, job.worker, "its record cannot be read", owner=job.owner)
+            continue
         secrets = rt.secrets.values(spec.secrets) if spec.secrets and getattr(rt, "secrets", None) else {}
         out.append(
             Assignment(
@@ -235,18 +241,18 @@ def _assignments(rt: Runtime, leases: list[Lease]) -> list[Assignment]:
 
 @router.post("/release", response_model=dict)
 def release(body: ReleaseRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> Response:
-    _check(rt, caller, body)
-    rt.leases.release(body.job, body.token, caller.name, body.reason)
+    door.check(rt, caller, body)
+    rt.leases.release(body.job, body.token, caller.name, body.reason, owner=door.owner(caller))
     wakeup.notify(request.app)
     return _json()
 
 
 @router.post("/report", response_model=ReportResponse)
 def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> Response:
-    _check(rt, caller, body)
+    door.check(rt, caller, body)
     m = _metrics(request)
     with m.timed("report"):
-        resp = _report(body, rt, caller.name, _present(rt, [body]))
+        resp = _report(body, rt, caller, _present(rt, [body]))
     m.report(body.outcome, resp.answer)
     m.fetched_bytes.inc(body.fetched_bytes)
     if resp.state == "queued":
@@ -258,7 +264,7 @@ def report(body: ReportRequest, rt: RuntimeDep, caller: WorkerDep, request: Requ
 async def reports(body: ReportsRequest, rt: RuntimeDep, caller: WorkerDep, request: Request) -> Response:
     """Several reports in one call, each answered on its own: one refused (a bad report) leaves the others be; then
     the claim the call carries, if any, into the slots they freed (one round trip a round for a busy worker)."""
-    _check(rt, caller, body)
+    door.check(rt, caller, body)
     m = _metrics(request)
     with m.timed("report"):
         answers, wake = await run_in_threadpool(_reports, body, rt, caller)
@@ -270,7 +276,8 @@ async def reports(body: ReportsRequest, rt: RuntimeDep, caller: WorkerDep, reque
     got = None
     if body.claim is not None:
         try:
-            _check(rt, caller, body.claim)
+            door.check(rt, caller, body.claim)
+            door.check_want(rt, body.claim)
             got = await _claim_for(body.claim.model_copy(update={"wait_seconds": 0}), rt, caller, request)
         except Refused:
             raise  # the worker's, as for a claim alone
@@ -287,13 +294,13 @@ def _reports(body: ReportsRequest, rt: Runtime, caller: Caller) -> tuple[list[Re
     batch, at = [], []
     for i, one in enumerate(body.reports):
         try:
-            _check(rt, caller, one)
+            door.check(rt, caller, one)
         except Refused:
             raise  # the worker's, not one report's
         except PiloopError as e:
             answers[i] = ReportAnswer(error=e.code, message=e.message)
             continue
-        batch.append(_as_report(one, caller.name, present))
+        batch.append(_as_report(one, caller, present))
         at.append(i)
     wake = False
     for i, got in zip(at, rt.leases.report_many(batch, _memory_caps(rt), rt.store.sizes) if batch else [], strict=True):
@@ -323,7 +330,7 @@ def _memory_caps(rt: Runtime) -> dict[str, int | None]:
     return {p: c.memory_max_mb for p, c in rt.executor.pools.items()}
 
 
-def _as_report(body: ReportRequest, name: str, present: set[str]) -> Report:
+def _as_report(body: ReportRequest, caller: Caller, present: set[str]) -> Report:
     """What `report.lua` is told of a report: its outcome, and the result the job keeps."""
     named = _named(body)
     outcome, reason = body.outcome, body.reason
@@ -356,11 +363,22 @@ def _as_report(body: ReportRequest, name: str, present: set[str]) -> Report:
         result["score"] = body.score
     if body.error:
         result["error"] = body.error
-    return Report(body.report_id, body.job, body.token, name, outcome, result, reason, body.oom, tuple(body.error))
+    return Report(
+        body.report_id,
+        body.job,
+        body.token,
+        caller.name,
+        outcome,
+        result,
+        reason,
+        body.oom,
+        tuple(body.error),
+        door.owner(caller),
+    )
 
 
-def _report(body: ReportRequest, rt: Runtime, name: str, present: set[str]) -> ReportResponse:
-    r = _as_report(body, name, present)
+def _report(body: ReportRequest, rt: Runtime, caller: Caller, present: set[str]) -> ReportResponse:
+    r = _as_report(body, caller, present)
     answer = rt.leases.report(
         r.report_id,
         r.job,
@@ -372,12 +390,13 @@ def _report(body: ReportRequest, rt: Runtime, name: str, present: set[str]) -> R
         oom=r.oom,
         memory_caps=_memory_caps(rt),
         sizes=rt.store.sizes,
+        owner=r.owner,
     )
     return ReportResponse.model_validate(answer)
 
 
 @router.post("/log", response_model=LogAnswer)
 def log(body: LogAppend, rt: RuntimeDep, caller: WorkerDep) -> Response:
-    _check(rt, caller, body)
-    dropped = rt.leases.append_log(body.job, body.token, caller.name, body.chunks, rt.store.sizes)
+    door.check(rt, caller, body)
+    dropped = rt.leases.append_log(body.job, body.token, caller.name, body.chunks, rt.store.sizes, door.owner(caller))
     return _json(LogAnswer(dropped=dropped))

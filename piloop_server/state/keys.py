@@ -119,6 +119,14 @@ class Keys:
     def worker(self, name: str) -> str:
         return self._k("worker", name)
 
+    def worker_hash_prefix(self) -> str:
+        """What `worker(name)` puts before the name (register.lua finds a token's names' hashes by it)."""
+        return self._k("worker", "")
+
+    def token_workers(self, token: str) -> str:
+        """Set of the worker names a token holds (register.lua caps them: [plugins.state] worker_names_max)."""
+        return self._k("tokens", token, "workers")
+
     def worker_alive(self, name: str) -> str:
         """String with TTL `grace_seconds`: present while the worker is reachable."""
         return self._k("worker", name, "alive")

@@ -9,7 +9,7 @@ from typing import Any
 import redis
 
 from piloop_common.bytecaps import LOG_MARKER_ROOM
-from piloop_common.errors import NotFound, PiloopError, TooLarge, Unavailable
+from piloop_common.errors import NotFound, PiloopError, Refused, TooLarge, Unavailable
 from piloop_server.state import logcap
 from piloop_server.state.errors import UNREACHABLE
 from piloop_server.state.failover import Watch
@@ -38,18 +38,21 @@ EXPIRE_BATCH = 500
 TOKEN_RANDOM_BYTES = 16  # 128 bits a token beside its fencing order
 
 
-def _heartbeat_answers(beats: list[Beat], reply: list[Any]) -> list[tuple[int, dict[str, str]] | NotFound]:
+def _heartbeat_answers(beats: list[Beat], reply: list[Any]) -> list[tuple[int, dict[str, str]] | NotFound | Refused]:
     now = int(reply[0])
-    return [
-        (now, {lease.job: _s(st) for lease, st in zip(b.held, answer[1:], strict=True)})
-        if int(answer[0])
-        else NotFound(f"worker {b.worker} is not registered: register again")
-        for b, answer in zip(beats, reply[1:], strict=True)
-    ]
+    out: list[tuple[int, dict[str, str]] | NotFound | Refused] = []
+    for b, answer in zip(beats, reply[1:], strict=True):
+        if int(answer[0]) == 1:
+            out.append((now, {lease.job: _s(st) for lease, st in zip(b.held, answer[1:], strict=True)}))
+        elif int(answer[0]) == 2:
+            out.append(Refused(f"worker name {b.worker} is held by another token while its record lives"))
+        else:
+            out.append(NotFound(f"worker {b.worker} is not registered: register again"))
+    return out
 
 
-def _answered(answer: tuple[int, dict[str, str]] | NotFound) -> tuple[int, dict[str, str]]:
-    if isinstance(answer, NotFound):
+def _answered(answer: tuple[int, dict[str, str]] | NotFound | Refused) -> tuple[int, dict[str, str]]:
+    if isinstance(answer, (NotFound, Refused)):
         raise answer
     return answer
 
@@ -77,20 +80,43 @@ class Leases(Producers):
         protocol: int,
         by: str,
         info: dict[str, Any] | None = None,
+        owner: str = "",
+        names_of: str = "",
+        names_most: int = 0,
     ) -> None:
+        """Register (or re-register) worker `name` for `owner`, the identity of the token that calls: Refused when
+        another token holds the name while its record lives; with `names_most`, TooLarge when token `names_of`
+        already holds that many names (register.lua)."""
         k = self.k
         self.scripts.run(
             "register",
-            [k.worker(name), k.worker_alive(name), k.workers(), k.events()],
-            [name, pool, image, cas_id, json.dumps(sample), self.t.grace_ms, protocol, by, json.dumps(info or {})],
+            [k.worker(name), k.worker_alive(name), k.workers(), k.events(), k.token_workers(names_of)],
+            [
+                name,
+                pool,
+                image,
+                cas_id,
+                json.dumps(sample),
+                self.t.grace_ms,
+                protocol,
+                by,
+                json.dumps(info or {}),
+                owner,
+                names_most if names_of else 0,
+                k.worker_hash_prefix(),
+            ],
         )
 
-    def heartbeat(self, name: str, sample: dict[str, Any], held: list[Lease]) -> tuple[int, dict[str, str]]:
-        """Renew the worker and each lease it names; the status of each job: ok, cancel or lost."""
-        return _answered(self.heartbeats([Beat(name, sample, held)])[0])
+    def heartbeat(
+        self, name: str, sample: dict[str, Any], held: list[Lease], owner: str = ""
+    ) -> tuple[int, dict[str, str]]:
+        """Renew the worker and each lease it names; the status of each job: ok, cancel or lost. NotFound when the
+        worker is not registered, Refused when its name is bound to another token than `owner`'s."""
+        return _answered(self.heartbeats([Beat(name, sample, held, owner)])[0])
 
-    def heartbeats(self, beats: list[Beat]) -> list[tuple[int, dict[str, str]] | NotFound]:
-        """`heartbeat` for many workers in one script: each one's answer, or NotFound for one not registered."""
+    def heartbeats(self, beats: list[Beat]) -> list[tuple[int, dict[str, str]] | NotFound | Refused]:
+        """`heartbeat` for many workers in one script: each one's answer, or NotFound for one not registered (Refused
+        for one whose name another token holds)."""
         return _heartbeat_answers(beats, self.scripts.run("heartbeat", *self._heartbeat_call(beats)))
 
     def _heartbeat_call(self, beats: list[Beat]) -> tuple[list[str], list[Any]]:
@@ -106,6 +132,7 @@ class Leases(Producers):
                 len(b.held),
                 *(lease.token for lease in b.held),
                 *(lease.job for lease in b.held),
+                b.owner,
             ]
         return keys, args
 
@@ -128,7 +155,8 @@ class Leases(Producers):
         if isinstance(watch, Watch) and watch.suspect and not watch.claims_may_go(self.r, k):
             return Claim(reason="recovering")  # a new primary, not yet checked for lost writes (state.failover)
         other = KINDS[1 - KINDS.index(kind)]
-        randoms = [secrets.token_hex(TOKEN_RANDOM_BYTES) for _ in range(max(0, most))]
+        # never more tokens than the worker's slots, whatever `most` says (claim.lua takes at most its free slots)
+        randoms = [secrets.token_hex(TOKEN_RANDOM_BYTES) for _ in range(max(0, min(most, slots)))]
         try:
             reply = self.scripts.run(
                 "claim",
@@ -155,7 +183,7 @@ class Leases(Producers):
                     slots,
                     image,
                     self.t.toleration_ms,
-                    most,
+                    len(randoms),
                     CLAIM_SCAN_DEPTH,
                     -1 if room_mb is None else room_mb,
                     default_mb or 0,
@@ -192,7 +220,7 @@ class Leases(Producers):
             raise NotFound(f"job {job_id} does not exist")
         return _s(f[0]), _s(f[1])
 
-    def release(self, job_id: str, token: str, worker: str, reason: str = "") -> None:
+    def release(self, job_id: str, token: str, worker: str, reason: str = "", owner: str = "") -> None:
         k = self.k
         kind, pool = self._job_keys(job_id)
         self.scripts.run(
@@ -208,7 +236,7 @@ class Leases(Producers):
                 k.events(),
                 k.ended(),
             ],
-            [job_id, token, worker, reason],
+            [job_id, token, worker, reason, owner],
         )
 
     def report(
@@ -224,10 +252,11 @@ class Leases(Producers):
         oom: bool = False,
         memory_caps: dict[str, int | None] | None = None,
         sizes: Sizes | None = None,
+        owner: str = "",
     ) -> dict[str, Any]:
         """Finish a lease; a failed attempt may be retried (report.lua). `memory_caps`: pool -> its cap on a
         grant raised after an out-of-memory attempt; `sizes`: the CAS's sizes of blobs (none: each counts 0)."""
-        rep = Report(report_id, job_id, token, worker, outcome, result, reason, oom)
+        rep = Report(report_id, job_id, token, worker, outcome, result, reason, oom, owner=owner)
         got = self.report_many([rep], memory_caps, sizes)[0]
         if isinstance(got, PiloopError):
             raise got
@@ -313,6 +342,7 @@ class Leases(Producers):
                         stale_summary(rep.result),
                         " ".join(policy.retry_on),
                         " ".join(rep.error),
+                        rep.owner,
                     ],
                 )
             )
@@ -353,7 +383,9 @@ class Leases(Producers):
 
     # -- logs and cancels --------------------------------------------------------------
 
-    def append_log(self, job_id: str, token: str, worker: str, chunks: list[str], sizes: Sizes | None = None) -> int:
+    def append_log(
+        self, job_id: str, token: str, worker: str, chunks: list[str], sizes: Sizes | None = None, owner: str = ""
+    ) -> int:
         """Add chunks to the holder's job's log; how many were dropped past a cap. LeaseLost when `worker` does not
         hold the job's lease under `token`; BadRequest when `sizes` (the CAS's) lacks a chunk (none: each counts 0)."""
         k = self.k
@@ -372,6 +404,7 @@ class Leases(Producers):
                     len(chunks),
                     *chunks,
                     *(known.get(c, -1) for c in chunks),
+                    owner,
                 ],
             )
         )

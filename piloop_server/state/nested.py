@@ -37,7 +37,19 @@ class Nested:
             self.scripts.run(
                 "relay_child",
                 [k.lease(c.job), k.job(c.job), k.events(), k.job(job_id), k.queue(pool, kind), k.jobs(), k.ended()],
-                [c.job, c.token, c.worker, job_id, kind, pool, json.dumps(spec), c.signed, k.prefix(), *LIMITS],
+                [
+                    c.job,
+                    c.token,
+                    c.worker,
+                    job_id,
+                    kind,
+                    pool,
+                    json.dumps(spec),
+                    c.signed,
+                    k.prefix(),
+                    *LIMITS,
+                    c.owner,
+                ],
             )
         )
 
@@ -48,7 +60,7 @@ class Nested:
             self.scripts.run(
                 "relay_cancel",
                 [k.lease(c.job), k.job(c.job), k.events(), k.job(child), k.queue(pool, kind), k.delayed(), k.ended()],
-                [c.job, c.token, c.worker, child, c.signed],
+                [c.job, c.token, c.worker, child, c.signed, c.owner],
             )
         )
 

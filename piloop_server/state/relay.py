@@ -24,6 +24,7 @@ class Caller:
     job: str
     token: str
     worker: str
+    owner: str = ""  # the identity of the token that calls (api/worker_door.owner); '' leaves it unchecked
 
     @property
     def signed(self) -> str:
@@ -52,7 +53,7 @@ class RelayState:
 
     def check(self, c: Caller) -> LiveJob:
         """The caller's job, while its lease is live under its token (else `LeaseLost`)."""
-        reply = self.scripts.run("relay_check", self._keys(c), self._args(c))
+        reply = self.scripts.run("relay_check", self._keys(c), [*self._args(c), c.owner])
         kind, campaign, pool, spec = (_s(x) for x in reply)
         return LiveJob(kind, campaign, pool, json.loads(spec))
 
@@ -61,7 +62,7 @@ class RelayState:
             self.scripts.run(
                 "relay_progress",
                 [*self._keys(c), self.k.job_progress(c.job)],
-                [*self._args(c), json.dumps({"note": note, "by": c.signed}), self.progress_keep],
+                [*self._args(c), json.dumps({"note": note, "by": c.signed}), self.progress_keep, c.owner],
             )
         )
 
@@ -73,7 +74,7 @@ class RelayState:
             reply = self.scripts.run(
                 "relay_submit",
                 [*self._keys(c), k.job(job_id), k.queue(pool, "evaluation"), k.jobs(), k.delayed(), k.expiring()],
-                [*self._args(c), job_id, pool, campaign, json.dumps(spec), c.signed, RELAYED_EVALUATIONS],
+                [*self._args(c), job_id, pool, campaign, json.dumps(spec), c.signed, RELAYED_EVALUATIONS, c.owner],
             )
         except redis.exceptions.ResponseError as e:
             if str(e).startswith(_FORBIDDEN):

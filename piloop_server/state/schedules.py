@@ -9,6 +9,7 @@ daemons (or a pass retried) queue one job a tick, whose id (name and tick) is th
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,8 @@ from piloop_server.state.records.codec import text as _s
 from piloop_server.state.scripts import EventCap, Fence, Scripts
 
 TICK_BATCH = 200  # due schedules one pass queues (the rest, the next pass)
+UNREADABLE = (ValueError, KeyError, TypeError, OverflowError)  # a record, or its cron, this version cannot read
+log = logging.getLogger("piloop.schedules")
 
 
 @dataclass(frozen=True)
@@ -77,14 +80,24 @@ class Schedules:
         return bool(pipe.execute()[0])
 
     def all(self) -> list[ScheduleRecord]:
+        """Every schedule that can be read, by name."""
+        return self.all_counted()[0]
+
+    def all_counted(self) -> tuple[list[ScheduleRecord], int]:
+        """Every schedule by name, and how many records were skipped as unreadable (each logged)."""
         pipe = self.r.pipeline(transaction=False)
         pipe.hgetall(self.k.schedules())
         pipe.zrange(self.k.schedule_ticks(), 0, -1, withscores=True)
         recs, ticks = pipe.execute()
         at = {_s(n): int(s) for n, s in ticks}
-        return sorted(
-            (ScheduleRecord.from_json(_s(raw), at.get(_s(name))) for name, raw in recs.items()), key=lambda r: r.name
-        )
+        out, skipped = [], 0
+        for name, raw in recs.items():
+            try:
+                out.append(ScheduleRecord.from_json(_s(raw), at.get(_s(name))))
+            except UNREADABLE as e:
+                skipped += 1
+                log.warning("event=record.skipped record=schedule name=%r error=%s", _s(name), e)
+        return sorted(out, key=lambda r: r.name), skipped
 
     def tick(self, next_after: Callable[[str, int], int], fence: Fence | None = None) -> int:
         """Queue the job of each schedule whose tick has come (Redis's clock), once; how many were queued.
@@ -102,9 +115,12 @@ class Schedules:
         for (_, score), raw in zip(due, raws, strict=True):
             if raw is None:
                 continue
-            rec = ScheduleRecord.from_json(_s(raw), int(score))
             tick_ms = int(score)
-            args += [rec.name, tick_ms, next_after(rec.cron, max(now, tick_ms)), rec.job_id(tick_ms)]
+            try:
+                rec = ScheduleRecord.from_json(_s(raw), tick_ms)
+                args += [rec.name, tick_ms, next_after(rec.cron, max(now, tick_ms)), rec.job_id(tick_ms)]
+            except UNREADABLE as e:  # one bad record never stops the others' ticks, nor the pass
+                log.warning("event=record.skipped record=schedule error=%s", e)
         if len(args) == 1:
             return 0
         keys = [k.schedules(), k.schedule_ticks(), k.jobs(), k.events(), k.delayed(), k.expiring()]

@@ -10,7 +10,17 @@ from typing import Any
 
 import redis
 
-from piloop_common.errors import BadRequest, Conflict, Forbidden, LeaseLost, NotFound, PiloopError, Unavailable
+from piloop_common.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    LeaseLost,
+    NotFound,
+    PiloopError,
+    Refused,
+    TooLarge,
+    Unavailable,
+)
 from piloop_server.state import retry
 from piloop_server.state.records.job import lua_include as job_fields_include
 
@@ -20,6 +30,8 @@ _ERRORS: dict[str, type[PiloopError]] = {
     "PILOOP_CONFLICT": Conflict,
     "PILOOP_FORBIDDEN": Forbidden,
     "PILOOP_LEASE_LOST": LeaseLost,
+    "PILOOP_REFUSED": Refused,
+    "PILOOP_TOO_LARGE": TooLarge,
     "PILOOP_UNKNOWN_WORKER": NotFound,
 }
 

@@ -24,7 +24,17 @@ from piloop_common.protocol import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER, JobSpec
 from piloop_server.state.keys import Keys
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import Daemon
-from tests.helpers.workers import RemoteWorker, events, kill_tree_of, state, submit, tcp_server, token, view
+from tests.helpers.workers import (
+    RemoteWorker,
+    events,
+    kill_tree_of,
+    lease_token,
+    state,
+    submit,
+    tcp_server,
+    token,
+    view,
+)
 
 # toleration 10 > grace 2 + 2 × renew 0.5 + request timeout 1 + kill grace 1
 CONFIG = """
@@ -112,7 +122,7 @@ class World:
 
 def wait_running(d: Daemon, job: str) -> Lease:
     v = state(d, job, "running", timeout=60)
-    return Lease(job, v["token"], v["worker"])
+    return Lease(job, lease_token(d, job), v["worker"])
 
 
 def campaign_agent(d: Daemon, name: str) -> Lease:

@@ -11,7 +11,7 @@ import pytest
 from piloop_common.client import ApiClient
 from piloop_common.errors import LeaseLost
 from piloop_common.protocol import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
-from tests.helpers.workers import events, state, submit, token, view
+from tests.helpers.workers import events, lease_token, state, submit, token, view
 
 
 def test_a_piloop_call_after_the_lease_ended_is_refused(server, workers):
@@ -28,7 +28,7 @@ def test_a_piloop_call_after_the_lease_ended_is_refused(server, workers):
     )
     v = state(d, job)
     assert v["state"] == "succeeded" and [n["note"] for n in v["progress"]] == ["while leased"], v
-    lease = v["token"] or next(e for e in events(d, "lease.granted") if e["job"] == job)["token"]
+    lease = lease_token(d, job)
     # the same relayed calls under the ended lease (what the worker's relay forwards): 409 lease_lost, nothing written
     with ApiClient(url=d.url, token=tok) as api:
         api.headers.update({RELAY_JOB_HEADER: job, RELAY_TOKEN_HEADER: lease})

@@ -149,6 +149,26 @@ def submit(d: Daemon, *argv: str, pool: str = "gpu", kind: str = "evaluation", o
     return d.cli("job", "submit", "--pool", pool, "--kind", kind, *opts, "--", *argv, check=True).stdout.strip()
 
 
+def lease_token(d: Daemon, job: str) -> str:
+    """A job's whole lease token (its last one once it ended), read from Redis: what only its holder is told (a job
+    view and the events show its fencing order alone). For a daemon on a test's own Redis (`redis_url`)."""
+    import re
+
+    import redis
+
+    url = re.search(r'^url = "(.+)"$', (d.home / "config.toml").read_text(), re.M)
+    assert url, "lease_token reads the Redis of a daemon started with redis_url"
+    from piloop_server.state.keys import Keys
+
+    r = redis.Redis.from_url(url.group(1))
+    try:
+        got = r.hmget(Keys(d.env["PILOOP_NAMESPACE"]).job(job), "token", "history")
+    finally:
+        r.close()
+    tok = (got[0] or b"").decode()
+    return tok or (got[1] or b"").decode().split()[-1].partition("/")[2]
+
+
 def view(d: Daemon, job: str) -> dict:
     with d.api() as api:
         return api.call("GET", f"/v1/jobs/{job}")

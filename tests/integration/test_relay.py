@@ -17,7 +17,7 @@ from piloop_common.errors import LeaseLost
 from piloop_common.protocol import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import Daemon, short_home
-from tests.helpers.workers import state, token, view
+from tests.helpers.workers import lease_token, state, token, view
 
 # A kill grace long enough for a SIGTERMed job to run one more `piloop` (an interpreter start on a busy box):
 # toleration 10 > grace 2 + 2 × renew 0.5 + timeout 1 + kill grace 5; the shim fences 10 − 5.2 = 4.8 s after a renewal.
@@ -164,7 +164,7 @@ def test_after_the_worker_is_killed_and_the_lease_expires_the_call_is_refused(se
         interval=0.1,
         what="a note through the relay",
     )
-    lease = view(d, job)["token"]
+    lease = lease_token(d, job)
     w.kill()
     # the relay died with its worker: the job's next call fails at once, saying why
     wait_for(lambda: "rc=1" in Path(out).read_text(), 15, interval=0.1, what="a call refused after the kill")

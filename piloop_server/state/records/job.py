@@ -34,6 +34,7 @@ FIELDS: dict[str, str] = {
     "parent": "parent",
     "worker": "worker",  # the lease's holder ('' while queued)
     "token": "token",  # the lease's fencing token ('' while queued)
+    "owner": "owner",  # the identity of the token its holder's name is bound to (include/lease_check.lua)
     "history": "history",  # the last leases, `worker/token` separated by spaces: a late call is stale, not foreign
     "cancel": "cancel",  # '1' once a cancel was asked for: cancel wins over every later outcome
     "grant_mb": "grant_mb",  # the grant of its next attempt (its spec's, or raised after an out-of-memory one)
@@ -84,6 +85,7 @@ class Job:
     parent: str = ""
     worker: str = ""
     token: str = ""
+    owner: str = ""
     history: str = ""
     cancel: bool = False
     grant_mb: int = 0

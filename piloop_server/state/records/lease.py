@@ -122,6 +122,7 @@ class Beat:
     worker: str
     sample: dict[str, Any]
     held: list[Lease]
+    owner: str = ""  # the identity of the token that calls for it (register.lua)
 
 
 @dataclass
@@ -143,6 +144,7 @@ class Report:
     reason: str = ""
     oom: bool = False
     error: tuple[str, ...] = ()  # a task's exception classes, qualified, its own first (its MRO)
+    owner: str = ""  # the identity of the token that calls (include/lease_check.lua)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ FIELDS: dict[str, str] = {
     "reason": "reason",  # why its last claim got no lease
     "draining": "draining",  # '1': it takes no more jobs
     "room_mb": "room_mb",  # the memory it said it has room for, at its last claim
+    "owner": "owner",  # the identity of the token its name is bound to (register.lua): `token:<name>`, socket, proxy
 }
 
 
@@ -45,6 +46,7 @@ class Worker:
     reason: str = ""
     draining: bool = False
     room_mb: int | None = None
+    owner: str = ""
     # beside the hash: whether its alive key is there, and the jobs it holds leases on, by kind
     alive: bool = False
     leases: dict[str, list[str]] = field(default_factory=dict)

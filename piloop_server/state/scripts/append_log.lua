@@ -3,13 +3,14 @@
 -- ARGV[1] job id  ARGV[2] token  ARGV[3] worker  ARGV[4] the most chunks a job keeps  ARGV[5] the most bytes it
 -- keeps ([plugins.state] log_max_bytes)  ARGV[6] the room past them for the worker's marker  ARGV[7] n
 -- ARGV[8..7+n] chunks  ARGV[8+n..7+2n] their sizes as the CAS holds them (-1: the CAS lacks it)
+-- ARGV[8+2n] the calling token's identity (lease_check's owner)
 -- A log is cut once: the first chunk past either cap and every later one are dropped, so the kept log is always
 -- a prefix of what the job wrote. `log_truncated` is set to the byte cap once the kept bytes pass it (the worker's
 -- marker) or a chunk was dropped for its bytes.
 -- Reply: the number of chunks of this call that were dropped. Errors: PILOOP_LEASE_LOST when this worker does not
 -- hold the lease under this token, PILOOP_BAD_REQUEST when the CAS lacks a chunk (nothing changed either way).
 -- @include lease_check
-if lease_check(KEYS[1], KEYS[2], KEYS[4], ARGV[1], ARGV[2], ARGV[3], 0) ~= 'ok' then
+if lease_check(KEYS[1], KEYS[2], KEYS[4], ARGV[1], ARGV[2], ARGV[3], ARGV[8 + 2 * tonumber(ARGV[7])], 0) ~= 'ok' then
   return redis.error_reply('PILOOP_LEASE_LOST job ' .. ARGV[1] .. ' is not leased to worker ' .. ARGV[3] ..
     ' under this token')
 end

@@ -14,7 +14,8 @@
 -- Order: the queue's scores (include/timing.lua: priority, then FIFO). A candidate whose expiry has come ends
 -- `expired` here (include/expiry.lua), never leased late; a job's first lease removes its expiry.
 -- A token is `<generation><counter, 12 digits>.<random>`: the first part is the fencing order (one INCR, so it
--- only grows), the random part makes it unguessable; it is compared whole.
+-- only grows), the random part makes it unguessable; it is compared whole. The job records the worker's owner (the
+-- token its name is bound to, register.lua): a lease call under that name by another token is foreign.
 -- Reply: {'ok', id1, token1, id2, token2, ...} or {'none', reason}; reasons: recovering,
 -- unreachable, draining, slots, nothing, image, memory (no candidate's grant fits).
 -- Error PILOOP_NO_GENERATION when the generation marker is missing (Redis lost its data).
@@ -34,6 +35,7 @@ if not gen then return redis.error_reply('PILOOP_NO_GENERATION the generation ma
 local want = math.min(free, tonumber(ARGV[7]))
 if want <= 0 then return {'none', 'slots'} end  -- nothing asked for (and a page of 0 would read the whole queue)
 local prefix, worker, kind, image = ARGV[1], ARGV[2], ARGV[3], ARGV[5]
+local owner = redis.call('HGET', KEYS[1], 'owner') or ''  -- the lease is bound to it (include/lease_check.lua)
 local tol = tonumber(ARGV[6])
 local room, default_mb = tonumber(ARGV[9] or '-1'), tonumber(ARGV[10] or '0')
 if room >= 0 then redis.call('HSET', KEYS[1], 'room_mb', room) end
@@ -101,7 +103,7 @@ local function lease(c)
   redis.call('SADD', KEYS[3], c.id)
   redis.call('SADD', KEYS[6], c.id)
   redis.call('HSET', job, JF.state, 'leased', JF.worker, worker, JF.token, token, JF.leased, now, JF.updated, now,
-    JF.cancel, '0', JF.granted_mb, c.grant, JF.history, remember(job, worker .. '/' .. token))
+    JF.cancel, '0', JF.granted_mb, c.grant, JF.history, remember(job, worker .. '/' .. token), JF.owner, owner)
   if c.expires then
     redis.call('HDEL', job, JF.expires)  -- it started: never expired now, whatever becomes of this lease
     redis.call('ZREM', KEYS[14], c.id)

@@ -3,6 +3,7 @@
 -- KEYS[1] lease  KEYS[2] job hash (the caller)  KEYS[3] events  KEYS[4] the child's hash  KEYS[5] its queue
 -- KEYS[6] delayed  KEYS[7] ended
 -- ARGV[1] job id  ARGV[2] token  ARGV[3] worker  ARGV[4] the child's id  ARGV[5] by
+-- ARGV[6] the calling token's identity (include/relay_guard.lua)
 -- Reply: the child's state after (cancelled, cancelling, or the end it had reached). Errors: PILOOP_LEASE_LOST,
 -- PILOOP_FORBIDDEN when the child is not the caller's.
 -- @include relay_guard

@@ -7,6 +7,7 @@
 -- KEYS[6] jobs index  KEYS[7] ended
 -- ARGV[1] job id  ARGV[2] token  ARGV[3] worker  ARGV[4] new job id  ARGV[5] kind  ARGV[6] pool  ARGV[7] spec
 -- ARGV[8] by  ARGV[9] key prefix  ARGV[10] the most jobs one job may queue  ARGV[11] the deepest a child may be
+-- ARGV[12] the calling token's identity (include/relay_guard.lua)
 -- Reply: the child's state (queued, waiting, cancelled). Errors: PILOOP_LEASE_LOST when the lease does not allow
 -- it, PILOOP_FORBIDDEN when the job may not queue this, PILOOP_CONFLICT when the id exists (nothing changed).
 -- @include relay_guard

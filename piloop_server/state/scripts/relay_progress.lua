@@ -2,6 +2,7 @@
 -- (held by this worker, not cancelled); the list keeps the newest ARGV[5] notes.
 -- KEYS[1] lease  KEYS[2] job hash  KEYS[3] events  KEYS[4] job progress (list)
 -- ARGV[1] job id  ARGV[2] token  ARGV[3] worker  ARGV[4] note (JSON, without its time)  ARGV[5] keep
+-- ARGV[6] the calling token's identity (include/relay_guard.lua)
 -- Reply: the number of notes kept. Error PILOOP_LEASE_LOST when refused (nothing changed).
 -- @include relay_guard
 -- @include clock

@@ -7,6 +7,7 @@
 -- evaluation)  KEYS[6] jobs index  KEYS[7] delayed  KEYS[8] expiring
 -- ARGV[1] job id  ARGV[2] token  ARGV[3] worker  ARGV[4] new job id  ARGV[5] pool  ARGV[6] campaign
 -- ARGV[7] spec (JSON)  ARGV[8] by  ARGV[9] the most evaluations one agent may queue
+-- ARGV[10] the calling token's identity (include/relay_guard.lua)
 -- Reply: {new job id, 1 if queued now or 0 if this agent had queued it already}. Errors: PILOOP_LEASE_LOST
 -- when the lease does not allow it, PILOOP_FORBIDDEN when the job may not submit this, PILOOP_CONFLICT when
 -- the id is another's (nothing changed on any error).

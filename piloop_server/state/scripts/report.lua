@@ -13,6 +13,7 @@
 -- ARGV[18] what a stale report is kept as (JSON: its size and the CAS addresses it names, never its body)
 -- ARGV[19] the spec's retry_on (qualified exception class names, space-separated; empty: any failure retries)
 -- ARGV[20] the classes of the exception the task raised (its MRO, qualified, space-separated; empty: none)
+-- ARGV[21] the calling token's identity (lease_check's owner)
 -- A failed run is an attempt. Out of memory with a grant below its cap: queued again at once with grant × growth
 -- (capped), not counted against max_attempts. Otherwise, with attempts left, it waits backoff × factor^(n-1) (at
 -- most the longest) in `delayed`, still `queued`; the pass's due.lua puts it back in its queue. With a retry_on,
@@ -32,7 +33,7 @@ local id, token, worker, outcome = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local last = tonumber(redis.call('HGET', KEYS[10], 'last_pass') or '0')
 local rearm = 0
 if last > 0 and now - last > tonumber(ARGV[9]) then rearm = tonumber(ARGV[10]) end
-local held = lease_check(KEYS[2], KEYS[3], KEYS[8], id, token, worker, rearm)
+local held = lease_check(KEYS[2], KEYS[3], KEYS[8], id, token, worker, ARGV[21], rearm)
 if held == 'foreign' then return cjson.encode({answer = 'stale'}) end
 local answer
 if held == 'stale' then

@@ -1,0 +1,69 @@
+"""What every message refuses at the door (protocol.Message, JobSpec): strings Redis could not hold as sent, numbers
+that are not finite or past their bounds, env names the loader or piloop reads, input names leaving inputs/."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from piloop_common.errors import BadRequest
+from piloop_common.protocol import JobSpec, input_problem, text_problem
+from piloop_common.schedule_protocol import check_cron
+
+ADDR = "sha256:" + "ab" * 32
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        ("a\ud800", "lone surrogate"),
+        ("a\x00b", "NUL"),
+        ({"k\ud800": "v"}, "lone surrogate"),
+        ({"argv": ["ok", "x\x00"]}, "argv[1]: a NUL"),
+        ({"env": {"A": ["\udfff"]}}, "env.A[0]"),
+    ],
+)
+def test_text_problem_names_where(data, says):
+    assert says in text_problem(data)
+
+
+def test_clean_text_passes():
+    assert text_problem({"argv": ["é", "日本", "🙂"], "n": 1.5, "none": None}) == ""
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"argv": ["a\ud800"]},
+        {"argv": ["a"], "memory_mb": 10**18},
+        {"argv": ["a"], "expires_seconds": 1e308},
+        {"argv": ["a"], "timeout_seconds": float("inf")},
+        {"argv": ["a"], "timeout_seconds": float("nan")},
+        {"argv": ["a"], "env": {"A=B": "1"}},
+        {"argv": ["a"], "env": {"ld_preload": "/x.so"}},
+        {"argv": ["a"], "env": {"PILOOP_RELAY": "x"}},
+        {"argv": ["a"], "inputs": {"../../x": ADDR}},
+        {"argv": ["a"], "inputs": {"/etc/passwd": ADDR}},
+    ],
+)
+def test_a_spec_past_the_rules_is_refused(spec):
+    with pytest.raises(ValidationError):
+        JobSpec.model_validate(spec)
+
+
+def test_a_spec_within_the_rules_is_taken():
+    got = JobSpec.model_validate(
+        {"argv": ["a"], "env": {"PATH": "/bin", "_X1": "y"}, "inputs": {"data/a.txt": ADDR}, "memory_mb": 4096}
+    )
+    assert got.env == {"PATH": "/bin", "_X1": "y"} and list(got.inputs) == ["data/a.txt"]
+
+
+@pytest.mark.parametrize("name", ["", ".", "a/../b", "a//b", "a\\b", "x" * 256])
+def test_input_names_that_leave_inputs(name):
+    assert input_problem(name)
+
+
+@pytest.mark.parametrize("cron", ["0 0 30 2 *", "* * * * * * *", "* * *", "61 * * * *"])
+def test_a_cron_with_no_next_date_or_the_wrong_fields_is_refused(cron):
+    with pytest.raises(BadRequest, match="not a cron"):
+        check_cron(cron)
