@@ -23,7 +23,7 @@ from piloop_common.errors import BadRequest, Conflict, Forbidden, NotFound
 from piloop_common.operator_protocol import JobView, ProgressNote, RelaySubmit, SubmitResponse
 from piloop_common.protocol import LEASE_TOKEN, RELAY_JOB_HEADER, RELAY_MARKER_HEADER, RELAY_TOKEN_HEADER
 from piloop_server import campaign_repo, campaigns, jobs
-from piloop_server.api import wakeup
+from piloop_server.api import wakeup, worker_door
 from piloop_server.api.answers import error_answer
 from piloop_server.api.deps import RuntimeDep, WorkerDep
 from piloop_server.runtime import Runtime
@@ -68,7 +68,7 @@ def _caller(request: Request, worker: WorkerDep) -> Caller:
         raise BadRequest(f"a relayed call names its job and lease: {RELAY_JOB_HEADER}, {RELAY_TOKEN_HEADER}")
     if not re.fullmatch(LEASE_TOKEN, token):
         raise BadRequest(f"{RELAY_TOKEN_HEADER}: {token[:80]!r} is not a lease token")
-    return Caller(jobs.check_id(job), token, worker.name)
+    return Caller(jobs.check_id(job), token, worker.name, owner=worker_door.owner(worker))
 
 
 StateDep = Annotated[RelayState, Depends(relay_state)]
