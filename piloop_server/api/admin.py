@@ -13,8 +13,9 @@ from piloop_common.errors import BadRequest, NotFound, PiloopError, bad_param
 from piloop_common.operator_protocol import LimitRequest, LimitView, TokenCreate, TokenCreated, TokenView, WorkerView
 from piloop_common.protocol import SKIPPED_HEADER
 from piloop_server import campaign_admin, cas_gc, workers
+from piloop_server.api import shown
 from piloop_server.api.deps import AdminDep, OperatorDep, RuntimeDep, ViewerDep
-from piloop_server.auth import Caller, Role, identify_async
+from piloop_server.auth import identify_async
 from piloop_server.provisioner.manager import summary as provisioned_pools
 from piloop_server.runtime import Runtime
 from piloop_server.state.connection import UNREACHABLE, read_policy
@@ -77,7 +78,7 @@ def status(request: Request, rt: RuntimeDep, caller: ViewerDep) -> dict:
         "limits": [v.model_dump() for v in rt.limits.views()],
         "provisioners": provisioned_pools(rt),
         "campaigns": campaign_admin.summary(rt),
-        "escalations": shown_to(caller, rt.events.inbox()[-10:]),
+        "escalations": shown.events(caller, rt.events.inbox()[-10:]),
     }
 
 
@@ -162,30 +163,6 @@ def _cursor(after: str) -> str:
     return after
 
 
-HIDDEN = "(hidden)"
-# the fields of events that name tokens and secrets: only an admin lists those (`GET /v1/tokens`, `/v1/secrets`)
-NAMING = {"token.": ("name", "names", "pool", "role"), "secret.": ("name",)}
-
-
-def shown_to(caller: Caller, events: list[dict]) -> list[dict]:
-    """`events` as `caller` may see them: a token's name, role and pool, a secret's name, and another token that
-    signed a write (`by: token:<name>`; the caller's own it sees) hidden from all but an admin."""
-    if caller.role is not None and caller.role.reaches(Role.ADMIN):
-        return events
-    mine = caller.signed if caller.token is not None else None
-    out = []
-    for e in events:
-        fields = next((f for prefix, f in NAMING.items() if str(e.get("type", "")).startswith(prefix)), ())
-        by = e.get("by")
-        other = isinstance(by, str) and by.startswith("token:") and by != mine
-        if fields or other:
-            e = {**e, **{f: HIDDEN for f in fields if f in e}}
-            if other:
-                e["by"] = f"token:{HIDDEN}"
-        out.append(e)
-    return out
-
-
 @router.get("/events")
 def events(
     rt: RuntimeDep,
@@ -196,13 +173,13 @@ def events(
     last: Annotated[int, Query(ge=0, le=MOST_EVENTS)] = 0,
 ) -> list[dict]:
     if last:
-        return shown_to(caller, rt.events.tail(last))
-    return shown_to(caller, rt.events.read(_cursor(after), count, block_ms or None))
+        return shown.events(caller, rt.events.tail(last))
+    return shown.events(caller, rt.events.read(_cursor(after), count, block_ms or None))
 
 
 @router.get("/inbox")
 def inbox(rt: RuntimeDep, caller: ViewerDep, all: bool = False) -> list[dict]:
-    return shown_to(caller, rt.events.inbox(include_acked=all))
+    return shown.events(caller, rt.events.inbox(include_acked=all))
 
 
 @router.post("/inbox/{eid}/ack")

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from piloop_common.operator_protocol import JobView, SubmitRequest, SubmitResponse
 from piloop_common.protocol import SKIPPED_HEADER, JobState
 from piloop_server import jobs
-from piloop_server.api import wakeup
+from piloop_server.api import shown, wakeup
 from piloop_server.api.deps import OperatorDep, RuntimeDep, ViewerDep
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -34,7 +34,7 @@ def listing(
 ) -> Response:
     """The newest jobs; `x-piloop-skipped` counts the records skipped as unreadable (logged), the rest listed."""
     views, skipped = jobs.listing(rt, state, pool, limit)
-    body = "[" + ",".join(v.model_dump_json() for v in views) + "]"
+    body = "[" + ",".join(shown.job(caller, v).model_dump_json() for v in views) + "]"
     return Response(body, media_type="application/json", headers={SKIPPED_HEADER: str(skipped)})
 
 
@@ -42,7 +42,7 @@ def listing(
 def show(job_id: str, rt: RuntimeDep, caller: ViewerDep) -> JobView:
     v = jobs.view(rt, job_id)
     v.waiting = jobs.waiting(rt, v)  # here only: it reads every worker, which a listing of jobs would do per job
-    return v
+    return shown.job(caller, v)
 
 
 @router.post("/{job_id}/cancel")

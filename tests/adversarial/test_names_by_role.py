@@ -96,3 +96,23 @@ def test_an_admin_sees_every_name(world):
     assert {e["by"] for e in got if e["type"] == "job.queued"} >= {f"token:{OPERATOR}"}
     # the socket's user is an admin: the CLI shows them too
     assert OPERATOR in d.cli("events", check=True).stdout
+
+
+def test_a_jobs_secret_names_are_shown_to_an_admin_only(world):
+    d, tokens, _ = world
+    kept = "KEPT_" + uuid.uuid4().hex[:8].upper()
+    d.cli("secret", "set", kept, input="value", check=True)
+    resp = httpx.post(
+        f"{d.url}/v1/jobs",
+        headers={"authorization": f"Bearer {tokens['admin']}"},
+        json={"pool": "gpu", "spec": {"argv": ["true"], "secrets": [kept]}},
+        timeout=10,
+    )
+    assert resp.status_code == 200, resp.text
+    job = resp.json()["job"]
+    for role in ("viewer", "operator"):
+        shown = _get(d, tokens[role], f"/v1/jobs/{job}").json()
+        assert shown["spec"]["secrets"] == [HIDDEN], (role, shown["spec"])
+        listed = _get(d, tokens[role], "/v1/jobs", limit=50)
+        assert kept not in listed.text and job in listed.text, role
+    assert _get(d, tokens["admin"], f"/v1/jobs/{job}").json()["spec"]["secrets"] == [kept]
