@@ -12,6 +12,9 @@ PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_CHILD_SUBREAPER = 1, 15, 36
 # the pid a child must die with, passed by its parent (`piloop serve` to its own worker): a child whose parent is
 # already another process by the time it sets its parent-death signal was orphaned before it could
 PARENT_ENV = "PILOOP_PARENT_PID"
+# set by the local provisioner alone, which finds the workers it started by their /proc/<pid>/environ: such a worker
+# stays dumpable (its jobs run as the server's user, who reads its files anyway); every other worker is not
+LOCAL_PROVISIONED_ENV = "PILOOP_PROVISIONED_LOCAL"
 _libc: ctypes.CDLL | None = None
 
 

@@ -28,8 +28,6 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_IN_USE, EXIT_UNTRUSTED = 0,
 # how long `piloop serve`'s own worker waits for the directory: the worker of a daemon that died detaches meanwhile
 SERVE_DIR_WAIT = 60.0
 CREDENTIAL_ENV = "PILOOP_WORKER_CREDENTIAL"
-# set by the local provisioner, which finds the workers it started by reading their /proc/<pid>/environ
-LOCAL_PROVISIONED_ENV = "PILOOP_PROVISIONED_POOL"
 log = logging.getLogger("piloop.worker")
 
 
@@ -163,7 +161,7 @@ def _keep_from_jobs() -> None:
     so a job can read neither its `/proc/<pid>/environ` nor its memory (a worker the local provisioner started stays
     readable: that provisioner lists its workers by their environment, and their jobs run as the server's user, who
     reads its files anyway); and its credentials, read by now, gone from its environment block."""
-    from piloop_common.prctl import forget_env, set_dumpable
+    from piloop_common.prctl import LOCAL_PROVISIONED_ENV, forget_env, set_dumpable
     from piloop_worker.jobuser import CREDENTIAL_PREFIXES, CREDENTIALS
 
     if not os.environ.get(LOCAL_PROVISIONED_ENV):

@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 
 from piloop_common.config import LocalCompute
+from piloop_common.prctl import LOCAL_PROVISIONED_ENV
 from piloop_server.provisioner.base import NAME_ENV, TAG_ENV, Handle, StartRefused
 
 POOL_ENV = "PILOOP_PROVISIONED_POOL"
@@ -56,7 +57,7 @@ class LocalProvider:
         penv.pop("PILOOP_HTTPS_TOKEN", None)  # the compute's env names no token: the server gives one, or none
         if token:
             penv["PILOOP_HTTPS_TOKEN"] = token
-        penv.update({TAG_ENV: self.tag, NAME_ENV: name, POOL_ENV: self.pool})
+        penv.update({TAG_ENV: self.tag, NAME_ENV: name, POOL_ENV: self.pool, LOCAL_PROVISIONED_ENV: "1"})
         if self.compute.hang:
             # the home in argv lets an operator (and the tests' cleanup) find it like a real worker
             argv = [sys.executable, "-c", HANG, str(home)]
