@@ -27,11 +27,13 @@ PASSWORD = "redis-pw-do-not-show"
 
 
 def _rows(stdout: str) -> dict[str, tuple[str, str]]:
-    """The table under the header: key -> (value, source)."""
+    """The table under the header, up to the blank line before the note on limits: key -> (value, source)."""
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.split()[:3] == ["KEY", "VALUE", "SOURCE"])
     out = {}
     for line in lines[start + 1 :]:
+        if not line.strip():
+            break
         key, rest = line.split(None, 1)
         value, source = rest.rsplit("  ", 1)
         out[key] = (value.strip(), source.strip())
