@@ -46,6 +46,7 @@ from piloop_server import jobs  # noqa: E402
 
 # the API's own conversion of a worker's report, so the result a job keeps is the one the server would store
 from piloop_server.api.worker import _as_report  # noqa: E402
+from piloop_server.auth import Caller  # noqa: E402
 from piloop_server.daemon import Pass  # noqa: E402
 from piloop_server.runtime import Runtime  # noqa: E402
 from piloop_server.state.generation import GenerationRecord, ensure_generation  # noqa: E402
@@ -53,6 +54,7 @@ from tests.helpers.redis import RedisProcess  # noqa: E402
 
 POOL = "soak"
 WORKER = "soak-w"
+CALLER = Caller(kind="worker", name=WORKER, via_socket=True)  # as the daemon's own worker calls
 BATCH = 64  # jobs a round: submitted, claimed in one claim, reported in one report_many (REPORTS_PER_CALL)
 MiB = 1 << 20
 
@@ -132,7 +134,7 @@ def one_round(rt: Runtime, n: int, spec: JobSpec) -> int:
                 exit_code=0,
                 duration_seconds=0.01,
             ),
-            WORKER,
+            CALLER,
             set(),
         )
         for lease in leases
