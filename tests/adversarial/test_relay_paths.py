@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import shutil
-import subprocess
 import tempfile
 import textwrap
 import uuid
@@ -28,6 +26,7 @@ import redis
 from piloop_common.protocol import PROTOCOL, RELAY_JOB_HEADER, RELAY_MARKER_HEADER, RELAY_TOKEN_HEADER
 from piloop_server.state.keys import Keys
 from tests.helpers.redis import wait_for
+from tests.helpers.users import system_user
 from tests.helpers.workers import RemoteWorker, kill_tree_of, state, submit, tcp_server, token, view
 
 PYTHON = "/usr/bin/python3"  # a job run as another user cannot run this venv's interpreter under root's home
@@ -113,17 +112,7 @@ ATTACK = textwrap.dedent("""
 
 
 def _job_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(JOB_USER)
-    except KeyError:
-        pass
-    if shutil.which("useradd"):
-        subprocess.run(["useradd", "--system", "--no-create-home", JOB_USER], check=False, capture_output=True)
-        try:
-            return pwd.getpwnam(JOB_USER)
-        except KeyError:
-            pass
-    return pwd.getpwnam("nobody")
+    return system_user(JOB_USER)
 
 
 @pytest.fixture(scope="module")

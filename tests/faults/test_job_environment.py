@@ -8,8 +8,6 @@ import json
 import os
 import pwd
 import secrets as pysecrets
-import shutil
-import subprocess
 import tempfile
 import textwrap
 from pathlib import Path
@@ -18,6 +16,7 @@ import pytest
 
 from piloop_common.cas.local import LocalStore
 from piloop_worker import jobuser
+from tests.helpers.users import system_user
 from tests.helpers.workers import RemoteWorker, state, submit, token
 
 JOB_USER = "piloop-job-test"
@@ -106,17 +105,7 @@ def _output(server, v: dict, name: str) -> dict:
 
 
 def _job_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(JOB_USER)
-    except KeyError:
-        pass
-    if shutil.which("useradd"):
-        subprocess.run(["useradd", "--system", "--no-create-home", JOB_USER], check=False, capture_output=True)
-        try:
-            return pwd.getpwnam(JOB_USER)
-        except KeyError:
-            pass
-    return pwd.getpwnam("nobody")
+    return system_user(JOB_USER)
 
 
 def _run_as_worker(server, workers, tok: str, user: str) -> tuple[RemoteWorker, Path]:

@@ -14,7 +14,6 @@ import json
 import os
 import pwd
 import shutil
-import subprocess
 import sysconfig
 import textwrap
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 
 from piloop_common.cas.local import LocalStore
 from tests.faults.test_worker_startup import CasServe, cached_over, registered
+from tests.helpers.users import system_user
 from tests.helpers.workers import RemoteWorker, state, submit, token
 
 PYTHON = "/usr/bin/python3"
@@ -84,17 +84,7 @@ def cas_http(server, redis_server, namespace):
 
 
 def _worker_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(WORKER_USER)
-    except KeyError:
-        pass
-    if shutil.which("useradd"):
-        subprocess.run(["useradd", "--system", "--no-create-home", WORKER_USER], check=False, capture_output=True)
-        try:
-            return pwd.getpwnam(WORKER_USER)
-        except KeyError:
-            pass
-    return pwd.getpwnam("nobody")
+    return system_user(WORKER_USER)
 
 
 def _as_user(user: pwd.struct_passwd) -> tuple[str, ...]:
