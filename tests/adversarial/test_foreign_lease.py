@@ -20,14 +20,16 @@ import redis
 from piloop_common.cas.local import LocalStore
 from piloop_common.protocol import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
 from piloop_server.state.keys import Keys
+from tests.helpers.slowdown import scaled
 from tests.helpers.workers import HandWorker, events, kill_tree_of, submit, tcp_server, token, view
 
-# long timings: nothing of the daemon's own clock fences A's lease while a test runs
-CONFIG = """
+# long timings: nothing of the daemon's own clock fences A's lease while a test runs, nor makes the hand workers
+# (which beat only when a test says so) unreachable while the module's tests run, however slow the machine
+CONFIG = f"""
 [plugins.executor]
 renew_seconds = 0.5
-grace_seconds = 20
-toleration_seconds = 60
+grace_seconds = {scaled(20):g}
+toleration_seconds = {scaled(60):g}
 request_timeout_seconds = 1
 kill_grace_seconds = 1
 pass_seconds = 0.2

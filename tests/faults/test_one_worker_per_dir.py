@@ -24,6 +24,7 @@ from piloop_worker.dirlock import LOCK_NAME
 from piloop_worker.main import EXIT_IN_USE
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
+from tests.helpers.slowdown import scaled
 from tests.helpers.workers import (
     events,
     job_dirs,
@@ -109,7 +110,8 @@ def test_a_second_worker_on_a_dir_is_refused_naming_the_first_which_keeps_workin
     given = tmp_path / "work" / "wa"  # the marker job names its worker from the `/work/<name>/` in its dir
     first = workers(d, tok, args=("--dir", str(given)) if where == "--dir" else ()).start()
     workdir = given if where == "--dir" else first.home / "work" / "wa"
-    job = marker_job(d, marker, seconds=3)
+    # long enough to outlast the second worker's start on a loaded machine: the first must still be running it after
+    job = marker_job(d, marker, seconds=scaled(15))
     run = _running(marker, job)
     # the second worker: the same token (so the same name), the same dir, a new process
     second_home = first.home if where != "--dir" else short_home("w")
@@ -132,7 +134,7 @@ def test_a_second_worker_on_a_dir_is_refused_naming_the_first_which_keeps_workin
     assert (workdir / LOCK_NAME).read_text().strip() == str(first.proc.pid)  # the first still holds it
     # the first worker keeps working: its job ends once, on it, and its next job runs there too
     assert first.alive and pgid_alive(run["pgid"])
-    v = state(d, job, timeout=30)
+    v = state(d, job, timeout=60)
     assert v["state"] == "succeeded" and v["worker"] == "wa", v
     nxt = marker_job(d, marker, seconds=0.2)
     assert state(d, nxt, timeout=30)["state"] == "succeeded"
