@@ -106,7 +106,7 @@ def test_every_route_refuses_workers_unless_it_is_theirs_and_everyone_without_a_
 
 
 def test_every_route_takes_a_role_token_whose_role_reaches_its_own_and_no_worker_route(server, tmp_path):
-    from piloop_common.roleref import PUBLIC, table
+    from piloop_server.api.roleref import PUBLIC, table
 
     d = server
     roles = ["viewer", "operator", "admin"]

@@ -10,8 +10,9 @@ from pathlib import Path
 import click
 import pytest
 
-from piloop_common import configref, stateref
+from piloop_common import configref
 from piloop_common.cli import root
+from piloop_server.state import stateref
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
@@ -24,7 +25,7 @@ def test_configuration_md_is_render() -> None:
     got = (DOCS / "configuration.md").read_text()
     assert got == want, (
         "docs/configuration.md differs from the models: run "
-        "`python -m piloop_common.configref > docs/configuration.md` and commit it"
+        "`python -m piloop_server.docgen > docs/configuration.md` and commit it"
     )
 
 
@@ -158,7 +159,7 @@ def test_architecture_state_block_is_generated() -> None:
     assert stateref.STATE_BEGIN in text and stateref.STATE_END in text
     assert stateref.splice_state(text) == text, (
         "docs/architecture.md's Redis keys or Lua scripts differ from piloop_server/state/: run "
-        "`python -m piloop_common.configref --write` and commit it"
+        "`python -m piloop_server.docgen --write` and commit it"
     )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from piloop_common.errors import Forbidden, Refused
-from piloop_common.roleref import PUBLIC, render_roles, splice_roles, table
+from piloop_server.api.roleref import PUBLIC, render_roles, splice_roles, table
 from piloop_server.auth import ROLE_ORDER, Caller, Role, require_role, require_worker
 from piloop_server.state.records.token import Token
 
@@ -90,6 +90,6 @@ def test_the_route_table_gives_each_route_the_role_its_decision_says():
 def test_security_md_holds_the_table():
     text = (DOCS / "security.md").read_text()
     assert splice_roles(text) == text, (
-        "docs/security.md's route table differs from the app: run `python -m piloop_common.configref --write`"
+        "docs/security.md's route table differs from the app: run `python -m piloop_server.docgen --write`"
     )
     assert render_roles() in text
