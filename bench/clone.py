@@ -20,7 +20,7 @@ from typing import Any
 from bench.measure import say
 from piloop_common import gitrepo
 from piloop_common.cas.local import LocalStore
-from piloop_common.protocol import CampaignJob, RepoSpec
+from piloop_common.protocol.worker import CampaignJob, RepoSpec
 from piloop_worker.repos import Repos
 
 

@@ -17,7 +17,7 @@ import redis
 
 from bench import depth, peers_memory, soak
 from bench.measure import say
-from piloop_common.protocol import JobSpec
+from piloop_common.protocol.worker import JobSpec
 from tests.helpers.redis import RedisProcess
 
 RETAINED = 7 * 86400  # past the run: every finished job is kept while measured

@@ -39,9 +39,9 @@ from bench.measure import say  # noqa: E402
 from bench.peers_memory import PeerCost, celery_cost, rq_cost  # noqa: E402
 from piloop_common.cas import open_store  # noqa: E402
 from piloop_common.configload import load_settings  # noqa: E402
-from piloop_common.operator_protocol import SubmitRequest  # noqa: E402
-from piloop_common.protocol import PROTOCOL, JobSpec  # noqa: E402
-from piloop_common.report_protocol import ReportRequest  # noqa: E402
+from piloop_common.protocol.operator import SubmitRequest  # noqa: E402
+from piloop_common.protocol.report import ReportRequest  # noqa: E402
+from piloop_common.protocol.worker import PROTOCOL, JobSpec  # noqa: E402
 from piloop_server import jobs  # noqa: E402
 
 # the API's own conversion of a worker's report, so the result a job keeps is the one the server would store

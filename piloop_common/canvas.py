@@ -190,7 +190,7 @@ def periodic(cron: str, **options: Any) -> Callable[[Callable[..., Any]], Task[A
 def schedule(client: Client, what: Any, *, name: str | None, cron: str | None, pool: str | None) -> Any:
     """`Client.schedule`: register `what` (a task, or a signature) to be queued at each tick of `cron` (else the
     task's own `@periodic` cron) under `name` (else the function's name, dashed)."""
-    from piloop_common.schedule_protocol import ScheduleView
+    from piloop_common.protocol.schedule import ScheduleView
 
     sig = what if isinstance(what, Signature) else Signature(what)
     t = sig.task

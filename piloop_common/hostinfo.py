@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 
 from piloop_common import cgroupmem
-from piloop_common.protocol import HostSample
+from piloop_common.protocol.worker import HostSample
 
 PSI_MEMORY = Path("/proc/pressure/memory")
 

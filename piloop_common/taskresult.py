@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from piloop_common.client import part
 from piloop_common.errors import TaskFailed, TaskRevoked
-from piloop_common.operator_protocol import JobView
-from piloop_common.protocol import TERMINAL_STATES
+from piloop_common.protocol.operator import JobView
+from piloop_common.protocol.worker import TERMINAL_STATES
 
 if TYPE_CHECKING:
     from piloop_common.tasks import Client

@@ -31,8 +31,8 @@ from typing import Any, Generic, TypeVar
 from piloop_common.cas.address import hash_bytes
 from piloop_common.client import SERVER_ENV, ApiClient, part
 from piloop_common.errors import BadRequest, Corrupt, WaitTimeout
-from piloop_common.operator_protocol import JobView
-from piloop_common.protocol import PIPE_PLACEHOLDER, TERMINAL_STATES
+from piloop_common.protocol.operator import JobView
+from piloop_common.protocol.worker import PIPE_PLACEHOLDER, TERMINAL_STATES
 from piloop_common.taskoptions import TaskOptions
 from piloop_common.taskresult import AsyncResult
 

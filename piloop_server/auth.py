@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from piloop_common.errors import BadRequest, Forbidden, Refused, Unauthorized
 from piloop_common.names import check_name
-from piloop_common.protocol import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
+from piloop_common.protocol.worker import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
 from piloop_server.network.proxy import WORKER_HEADER, identify_proxy
 from piloop_server.state.records.token import Token
 from piloop_server.ui import sessions as ui_sessions

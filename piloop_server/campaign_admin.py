@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from piloop_common import gitrepo, workspace
-from piloop_common.campaign_protocol import CampaignCreate, CampaignView, RunView
 from piloop_common.errors import BadRequest, Conflict
-from piloop_common.protocol import TERMINAL_STATES, JobSpec
+from piloop_common.protocol.campaign import CampaignCreate, CampaignView, RunView
+from piloop_common.protocol.worker import TERMINAL_STATES, JobSpec
 from piloop_server.campaign_repo import repo_dir
 from piloop_server.campaigns import eval_id, record
 from piloop_server.runtime import Runtime

@@ -8,8 +8,8 @@ import tempfile
 from pathlib import Path
 
 from piloop_common import gitrepo
-from piloop_common.campaign_protocol import BundleResponse
 from piloop_common.errors import NotFound
+from piloop_common.protocol.campaign import BundleResponse
 from piloop_server.runtime import Runtime
 
 BUNDLE_CACHE_SECONDS = 3600

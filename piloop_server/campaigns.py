@@ -18,7 +18,7 @@ from typing import Any
 
 from piloop_common import gitrepo, workspace
 from piloop_common.errors import BadAddress, BlobMissing, Conflict, Corrupt, NotFound
-from piloop_common.protocol import CampaignJob, JobSpec, RepoSpec
+from piloop_common.protocol.worker import CampaignJob, JobSpec, RepoSpec
 from piloop_server.campaign_repo import repo_dir
 from piloop_server.jobs import new_id
 from piloop_server.runtime import Runtime

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 from piloop_common import envnames
 from piloop_common.errors import BadRequest, Conflict, NotFound, TooLarge, bad_param
-from piloop_common.operator_protocol import JobView, SubmitRequest
-from piloop_common.protocol import JOB_ID, PIPE_PLACEHOLDER, TERMINAL_STATES, JobSpec
+from piloop_common.protocol.operator import JobView, SubmitRequest
+from piloop_common.protocol.worker import JOB_ID, PIPE_PLACEHOLDER, TERMINAL_STATES, JobSpec
 from piloop_server import pools, workers
 from piloop_server.runtime import Runtime
 

@@ -19,7 +19,7 @@ from pydantic.fields import FieldInfo
 
 from piloop_common.config import ExecutorConfig
 from piloop_common.errors import BadRequest, NotFound
-from piloop_common.operator_protocol import LimitView
+from piloop_common.protocol.operator import LimitView
 from piloop_server.state import limits as state
 from piloop_server.state.connection import Client
 from piloop_server.state.keys import Keys

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from piloop_common.config import PoolConfig
-from piloop_common.operator_protocol import WorkerView
-from piloop_common.protocol import HostSample
+from piloop_common.protocol.operator import WorkerView
+from piloop_common.protocol.worker import HostSample
 from piloop_common.sizes import format_memory
 
 # the reasons `waiting` gives, as the metrics label them (`piloop_queue_waiting{reason=…}`)

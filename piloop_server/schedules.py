@@ -14,7 +14,7 @@ from itertools import pairwise
 from croniter import croniter
 
 from piloop_common.errors import BadRequest, NotFound
-from piloop_common.schedule_protocol import ScheduleRequest, ScheduleView, check_cron
+from piloop_common.protocol.schedule import ScheduleRequest, ScheduleView, check_cron
 from piloop_server.runtime import Runtime
 from piloop_server.state.schedules import ScheduleRecord
 

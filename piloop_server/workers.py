@@ -8,8 +8,8 @@ from typing import Any
 
 from piloop_common.errors import Conflict, NotFound
 from piloop_common.names import check_name
-from piloop_common.operator_protocol import WorkerView
-from piloop_common.protocol import HostSample
+from piloop_common.protocol.operator import WorkerView
+from piloop_common.protocol.worker import HostSample
 from piloop_server import pools
 from piloop_server.provisioner.manager import records as provisioned_records
 from piloop_server.runtime import Runtime

@@ -5,7 +5,7 @@ what it does with the answer. A claim rides the reports of the jobs that ended (
 from __future__ import annotations
 
 from piloop_common.errors import NotFound, PiloopError, Refused
-from piloop_common.protocol import PROTOCOL, ClaimRequest, ClaimResponse
+from piloop_common.protocol.worker import PROTOCOL, ClaimRequest, ClaimResponse
 from piloop_worker import clock, pressure
 from piloop_worker.parts import Part
 from piloop_worker.room import available_mb

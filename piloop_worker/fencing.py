@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from piloop_common.protocol import Timing
+from piloop_common.protocol.worker import Timing
 from piloop_worker.cgroups import Cgroups, JobCgroup
 from piloop_worker.held import Held
 from piloop_worker.jobdir import JobDir

@@ -23,7 +23,7 @@ from piloop_common import workerhealth
 from piloop_common.client import ApiClient
 from piloop_common.config import ExecutorConfig
 from piloop_common.errors import NotFound, PiloopError, Refused
-from piloop_common.protocol import HeartbeatResponse
+from piloop_common.protocol.worker import HeartbeatResponse
 from piloop_common.workerhealth import WorkerHealth
 from piloop_worker import clock
 

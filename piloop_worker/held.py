@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from piloop_common.report_protocol import ReportRequest
+from piloop_common.protocol.report import ReportRequest
 from piloop_worker.cgroups import JobCgroup
 from piloop_worker.jobdir import JobDir
 from piloop_worker.logs import LogShipper

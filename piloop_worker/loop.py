@@ -22,8 +22,16 @@ from piloop_common.cas import Store
 from piloop_common.client import ApiClient
 from piloop_common.errors import BadRequest, LeaseLost, PiloopError, Refused, Unavailable
 from piloop_common.hostinfo import Sampler, memory_pressure
-from piloop_common.protocol import PROTOCOL, HeldJob, HostSample, RegisterRequest, RegisterResponse, Timing, WorkerHello
-from piloop_common.report_protocol import LogAppend
+from piloop_common.protocol.report import LogAppend
+from piloop_common.protocol.worker import (
+    PROTOCOL,
+    HeldJob,
+    HostSample,
+    RegisterRequest,
+    RegisterResponse,
+    Timing,
+    WorkerHello,
+)
 from piloop_worker import clock, pressure
 from piloop_worker.cgroups import Cgroups
 from piloop_worker.claiming import Claiming

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from piloop_common.hostinfo import PSI_MEMORY
-from piloop_common.protocol import HostSample
+from piloop_common.protocol.worker import HostSample
 
 PSI_ENV = "PILOOP_PSI_MEMORY"
 

@@ -11,8 +11,7 @@ from typing import Any
 
 from piloop_common.errors import BadRequest, PiloopError, Refused, StoreError, from_payload
 from piloop_common.gitrepo import GitError
-from piloop_common.protocol import PROTOCOL, CampaignJob, ClaimRequest, ClaimResponse
-from piloop_common.report_protocol import (
+from piloop_common.protocol.report import (
     REPORTS_PER_CALL,
     ReportRequest,
     ReportResponse,
@@ -20,6 +19,7 @@ from piloop_common.report_protocol import (
     ReportsResponse,
     Usage,
 )
+from piloop_common.protocol.worker import PROTOCOL, CampaignJob, ClaimRequest, ClaimResponse
 from piloop_worker import clock
 from piloop_worker.claiming import EVALUATIONS_PER_CLAIM
 from piloop_worker.held import Held, report_id_for

@@ -19,9 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from piloop_common import gitrepo, workspace
-from piloop_common.campaign_protocol import BundleResponse
 from piloop_common.cas import Store
-from piloop_common.protocol import CampaignJob
+from piloop_common.protocol.campaign import BundleResponse
+from piloop_common.protocol.worker import CampaignJob
 
 # asks the server for what is newer than these commits (the job's lease must be live)
 FetchNewer = Callable[[list[str]], BundleResponse]

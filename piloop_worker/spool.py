@@ -21,7 +21,7 @@ import contextlib
 import logging
 from pathlib import Path
 
-from piloop_common.report_protocol import ReportRequest
+from piloop_common.protocol.report import ReportRequest
 from piloop_worker.jobdir import DURABLE_AFTER_SECONDS, atomic_write
 
 log = logging.getLogger("piloop.worker")

@@ -371,7 +371,7 @@ def wait(obj, job_ids, timeout, as_json) -> None:
       124  --timeout passed first
       other  as every piloop command: 2 a usage or config error, 1 an error such as an unknown job id
     """
-    from piloop_common.protocol import TERMINAL_STATES
+    from piloop_common.protocol.worker import TERMINAL_STATES
 
     limit = parse_duration(timeout, "--timeout") if timeout else None
     started = time.monotonic()

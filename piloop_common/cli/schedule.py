@@ -71,7 +71,7 @@ def add(obj, name, cron, pool, target, timeout, as_json, argv) -> None:
     if not cron:
         raise click.UsageError("--cron: when the job runs, like '*/5 * * * *' (or a task made with @periodic)")
     try:
-        from piloop_common.schedule_protocol import check_cron
+        from piloop_common.protocol.schedule import check_cron
 
         check_cron(cron)
     except BadRequest as e:

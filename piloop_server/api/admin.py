@@ -10,8 +10,8 @@ from fastapi import APIRouter, Query, Request, Response
 
 from piloop_common import __version__
 from piloop_common.errors import BadRequest, NotFound, PiloopError, bad_param
-from piloop_common.operator_protocol import LimitRequest, LimitView, TokenCreate, TokenCreated, TokenView, WorkerView
-from piloop_common.protocol import SKIPPED_HEADER
+from piloop_common.protocol.operator import LimitRequest, LimitView, TokenCreate, TokenCreated, TokenView, WorkerView
+from piloop_common.protocol.worker import SKIPPED_HEADER
 from piloop_server import campaign_admin, cas_gc, workers
 from piloop_server.api import shown
 from piloop_server.api.deps import AdminDep, OperatorDep, RuntimeDep, ViewerDep

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from piloop_common.campaign_protocol import BundleRequest, BundleResponse, CampaignCreate, CampaignView
 from piloop_common.errors import BadRequest, Refused
-from piloop_common.protocol import PROTOCOL
+from piloop_common.protocol.campaign import BundleRequest, BundleResponse, CampaignCreate, CampaignView
+from piloop_common.protocol.worker import PROTOCOL
 from piloop_server import campaign_admin, campaign_repo
 from piloop_server.api import wakeup
 from piloop_server.api.deps import OperatorDep, RuntimeDep, ViewerDep, WorkerDep

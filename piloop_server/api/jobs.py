@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from piloop_common.operator_protocol import JobView, SubmitRequest, SubmitResponse
-from piloop_common.protocol import SKIPPED_HEADER, JobState
+from piloop_common.protocol.operator import JobView, SubmitRequest, SubmitResponse
+from piloop_common.protocol.worker import SKIPPED_HEADER, JobState
 from piloop_server import jobs
 from piloop_server.api import shown, wakeup
 from piloop_server.api.deps import OperatorDep, RuntimeDep, ViewerDep

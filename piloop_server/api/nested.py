@@ -14,7 +14,7 @@ from fastapi.responses import Response
 
 from piloop_common.cas.address import hash_bytes, parse_address
 from piloop_common.errors import BadRequest, Forbidden, NotFound
-from piloop_common.operator_protocol import JobView, SubmitRequest, SubmitResponse
+from piloop_common.protocol.operator import JobView, SubmitRequest, SubmitResponse
 from piloop_server import jobs
 from piloop_server.api import wakeup
 from piloop_server.api.deps import RuntimeDep

@@ -20,8 +20,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 
 from piloop_common.errors import BadRequest, Conflict, Forbidden, NotFound
-from piloop_common.operator_protocol import JobView, ProgressNote, RelaySubmit, SubmitResponse
-from piloop_common.protocol import LEASE_TOKEN, RELAY_JOB_HEADER, RELAY_MARKER_HEADER, RELAY_TOKEN_HEADER
+from piloop_common.protocol.operator import JobView, ProgressNote, RelaySubmit, SubmitResponse
+from piloop_common.protocol.worker import LEASE_TOKEN, RELAY_JOB_HEADER, RELAY_MARKER_HEADER, RELAY_TOKEN_HEADER
 from piloop_server import campaign_repo, campaigns, jobs
 from piloop_server.api import wakeup, worker_door
 from piloop_server.api.answers import error_answer

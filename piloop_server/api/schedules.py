@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from piloop_common.protocol import SKIPPED_HEADER
-from piloop_common.schedule_protocol import ScheduleRequest, ScheduleView
+from piloop_common.protocol.schedule import ScheduleRequest, ScheduleView
+from piloop_common.protocol.worker import SKIPPED_HEADER
 from piloop_server import schedules
 from piloop_server.api.deps import OperatorDep, RuntimeDep, ViewerDep
 

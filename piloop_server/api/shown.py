@@ -4,7 +4,7 @@ inbox, `status`'s escalations, and the secrets a job's spec names. A token still
 
 from __future__ import annotations
 
-from piloop_common.operator_protocol import JobView
+from piloop_common.protocol.operator import JobView
 from piloop_server.auth import Caller, Role
 
 HIDDEN = "(hidden)"

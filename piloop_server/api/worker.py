@@ -11,7 +11,16 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from piloop_common.errors import NotFound, PiloopError, Refused
-from piloop_common.protocol import (
+from piloop_common.protocol.report import (
+    LogAnswer,
+    LogAppend,
+    ReportAnswer,
+    ReportRequest,
+    ReportResponse,
+    ReportsRequest,
+    ReportsResponse,
+)
+from piloop_common.protocol.worker import (
     Assignment,
     ClaimRequest,
     ClaimResponse,
@@ -23,15 +32,6 @@ from piloop_common.protocol import (
     ReleaseRequest,
     Timing,
     WorkerHello,
-)
-from piloop_common.report_protocol import (
-    LogAnswer,
-    LogAppend,
-    ReportAnswer,
-    ReportRequest,
-    ReportResponse,
-    ReportsRequest,
-    ReportsResponse,
 )
 from piloop_server import pools
 from piloop_server.api import wakeup

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 from piloop_common.errors import Refused, TooLarge
-from piloop_common.protocol import PROTOCOL, ClaimRequest, RegisterRequest, ReleaseRequest, WorkerHello
-from piloop_common.report_protocol import LogAppend, ReportRequest, ReportsRequest
+from piloop_common.protocol.report import LogAppend, ReportRequest, ReportsRequest
+from piloop_common.protocol.worker import PROTOCOL, ClaimRequest, RegisterRequest, ReleaseRequest, WorkerHello
 from piloop_server.auth import Caller
 from piloop_server.runtime import Runtime
 from piloop_server.state.records.worker import Worker

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from piloop_common.operator_protocol import WorkerView
+from piloop_common.protocol.operator import WorkerView
 from piloop_server import workers
 from piloop_server.pools import WAITING_CODES
 from piloop_server.provisioner.manager import LIVE

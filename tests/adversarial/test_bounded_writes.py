@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from piloop_common.cas.local import LocalStore
-from piloop_common.protocol import HELD_MOST, LOG_CHUNKS_PER_CALL, RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
+from piloop_common.protocol.worker import HELD_MOST, LOG_CHUNKS_PER_CALL, RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
 from piloop_server.state.keys import Keys
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import Daemon, short_home

@@ -25,7 +25,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from piloop_common.cas.local import LocalStore
-from piloop_common.protocol import JOB_ID, RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
+from piloop_common.protocol.worker import JOB_ID, RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
 from piloop_server.state.keys import Keys
 from piloop_server.state.records.secret import SecretRecord
 from tests.helpers.keyspace import DAEMON_CHURN, keyspace, settled

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from piloop_common.cas.local import LocalStore
-from piloop_common.protocol import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
+from piloop_common.protocol.worker import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
 from piloop_server.state.keys import Keys
 from tests.helpers.slowdown import scaled
 from tests.helpers.workers import HandWorker, events, kill_tree_of, submit, tcp_server, token, view

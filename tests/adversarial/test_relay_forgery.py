@@ -20,7 +20,7 @@ import httpx
 import pytest
 import redis
 
-from piloop_common.protocol import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER, JobSpec
+from piloop_common.protocol.worker import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER, JobSpec
 from piloop_server.state.keys import Keys
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import Daemon

@@ -23,7 +23,7 @@ import psutil
 import pytest
 import redis
 
-from piloop_common.protocol import PROTOCOL, RELAY_JOB_HEADER, RELAY_MARKER_HEADER, RELAY_TOKEN_HEADER
+from piloop_common.protocol.worker import PROTOCOL, RELAY_JOB_HEADER, RELAY_MARKER_HEADER, RELAY_TOKEN_HEADER
 from piloop_server.state.keys import Keys
 from tests.helpers.redis import wait_for
 from tests.helpers.users import system_user

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import redis
 
-from piloop_common.protocol import SKIPPED_HEADER
+from piloop_common.protocol.worker import SKIPPED_HEADER
 from piloop_server.state.keys import Keys
 from tests.adversarial.test_foreign_lease import CONFIG
 from tests.helpers.keyspace import DAEMON_CHURN, settled

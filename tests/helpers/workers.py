@@ -331,7 +331,7 @@ class HandWorker:
     def __init__(self, d: Daemon, name: str, tok: str, pool: str) -> None:
         import httpx
 
-        from piloop_common.protocol import PROTOCOL
+        from piloop_common.protocol.worker import PROTOCOL
 
         self.d, self.name, self.token, self.pool, self.protocol = d, name, tok, pool, PROTOCOL
         self.http = httpx.Client(

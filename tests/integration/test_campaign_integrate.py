@@ -11,10 +11,10 @@ import pytest
 import redis
 
 from piloop_common import gitrepo
-from piloop_common.campaign_protocol import CampaignCreate
 from piloop_common.cas import open_store
 from piloop_common.configload import load_settings
-from piloop_common.protocol import CampaignJob, JobSpec, RepoSpec
+from piloop_common.protocol.campaign import CampaignCreate
+from piloop_common.protocol.worker import CampaignJob, JobSpec, RepoSpec
 from piloop_server import campaign_admin, campaign_repo, campaigns
 from piloop_server.runtime import Runtime
 from tests.integration.test_campaigns import GIT_ENV, make_repo

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from piloop_common.errors import TaskFailed
-from piloop_common.protocol import TERMINAL_STATES
+from piloop_common.protocol.worker import TERMINAL_STATES
 from piloop_common.tasks import Client, chain, group
 from tests.helpers import canvas_tasks as ct
 from tests.helpers.redis import wait_for

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from piloop_common.errors import BadRequest
-from piloop_common.operator_protocol import JobResult
+from piloop_common.protocol.operator import JobResult
 from piloop_common.tasks import Client
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import piloop

@@ -7,7 +7,7 @@ import pytest
 
 from piloop_common.cli.jobs import _policy
 from piloop_common.errors import BadRequest
-from piloop_common.protocol import JobSpec
+from piloop_common.protocol.worker import JobSpec
 from piloop_common.sizes import format_memory, parse_memory
 from piloop_worker.cgroups import HeldWatch
 from piloop_worker.room import Room

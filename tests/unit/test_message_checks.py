@@ -7,8 +7,8 @@ import pytest
 from pydantic import ValidationError
 
 from piloop_common.errors import BadRequest
-from piloop_common.protocol import JobSpec, input_problem, text_problem
-from piloop_common.schedule_protocol import check_cron
+from piloop_common.protocol.schedule import check_cron
+from piloop_common.protocol.worker import JobSpec, input_problem, text_problem
 
 ADDR = "sha256:" + "ab" * 32
 

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import pytest
 
-from piloop_common.protocol import RELAY_JOB_HEADER
+from piloop_common.protocol.worker import RELAY_JOB_HEADER
 from piloop_worker import relay as relay_mod
 from piloop_worker.relay import CALL_THREADS, FORWARDS_PER_JOB, MAX_CALLS_PER_JOB, Relay
 from tests.helpers.redis import wait_for

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import pytest
 
-from piloop_common.protocol import RELAY_JOB_HEADER
+from piloop_common.protocol.worker import RELAY_JOB_HEADER
 from piloop_worker.relay import Relay
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from piloop_common.protocol import JobSpec
+from piloop_common.protocol.worker import JobSpec
 from piloop_common.taskoptions import TaskOptions
 from piloop_common.tasks import Client, task
 from tests.helpers import tasks_mod

@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
-from piloop_common.protocol import Timing
+from piloop_common.protocol.worker import Timing
 from piloop_worker.held import Held
 from piloop_worker.jobdir import JobDir
 from piloop_worker.logs import LogShipper

@@ -29,7 +29,7 @@ def test_the_cli_starts_without_the_protocol_models_and_lists_every_job_state():
     from typing import get_args
 
     from piloop_common.cli.jobs import JOB_STATES
-    from piloop_common.protocol import JobState
+    from piloop_common.protocol.worker import JobState
 
     assert get_args(JobState) == JOB_STATES
     code = "import sys, piloop_common.cli; print(sorted(m for m in sys.modules if m.startswith('pydantic')))"

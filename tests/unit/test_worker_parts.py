@@ -16,8 +16,8 @@ import pytest
 
 from piloop_common.cas.local import LocalStore
 from piloop_common.hostinfo import Sampler, memory_pressure, parse_psi, sample
-from piloop_common.protocol import PROTOCOL, ClaimResponse, HostSample, Timing
-from piloop_common.report_protocol import ReportAnswer, ReportRequest, ReportsResponse
+from piloop_common.protocol.report import ReportAnswer, ReportRequest, ReportsResponse
+from piloop_common.protocol.worker import PROTOCOL, ClaimResponse, HostSample, Timing
 from piloop_worker import spool as spool_module
 from piloop_worker.claiming import EVALUATIONS_PER_CLAIM
 from piloop_worker.heartbeat import Reachability
@@ -330,7 +330,7 @@ def test_user_mistakes_are_one_line_and_exit_2(tmp_path: Path, capsys, monkeypat
 
 
 def test_fence_deadline_is_two_heartbeats_before_expiry_and_leaves_room_for_the_kill() -> None:
-    from piloop_common.protocol import Timing
+    from piloop_common.protocol.worker import Timing
     from piloop_worker.fencing import fence_deadline
 
     t = Timing(

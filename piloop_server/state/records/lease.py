@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from piloop_common.bytecaps import LOG_MAX_BYTES, RESULT_MAX_BYTES
-from piloop_common.protocol import JobSpec
+from piloop_common.protocol.worker import JobSpec
 from piloop_server.state.scripts import EventCap
 
 KINDS = ("agent", "evaluation")

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from piloop_common.exceptionnames import CLASSES_MOST, EXCEPTION_NAME
-from piloop_common.protocol import (
+from piloop_common.protocol.worker import (
     LOG_CHUNKS_PER_CALL,
     Address,
     ClaimRequest,

@@ -7,8 +7,8 @@ from typing import Any
 from pydantic import Field
 
 from piloop_common.errors import BadRequest
-from piloop_common.operator_protocol import SubmitRequest
-from piloop_common.protocol import Message
+from piloop_common.protocol.operator import SubmitRequest
+from piloop_common.protocol.worker import Message
 
 SCHEDULE_NAME = r"^[a-z0-9][a-z0-9_-]{0,39}$"
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
-from piloop_common.protocol import HostSample, JobId, JobSpec, Kind, Message
+from piloop_common.protocol.worker import HostSample, JobId, JobSpec, Kind, Message
 
 
 class SubmitRequest(Message):

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from piloop_common.protocol import Message
+from piloop_common.protocol.worker import Message
 
 CAMPAIGN_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 

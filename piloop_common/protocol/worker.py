@@ -1,6 +1,6 @@
 """The messages of a worker's calls, as pydantic models used on both sides, and what every message shares
-(`Message`, the id patterns); reports and log appends are in `report_protocol`, the operator's in
-`operator_protocol`, the campaigns' in `campaign_protocol`.
+(`Message`, the id patterns); reports and log appends are in `report`, the operator's in
+`operator`, the campaigns' in `campaign`, the schedules' in `schedule`.
 
 `PROTOCOL` is checked at every worker call: a worker speaking another one is refused.
 """
