@@ -12,7 +12,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from piloop_common import gitrepo, workspace
+from piloop_common import gitrepo
+from piloop_common.cas import workspace
 from piloop_common.errors import BadRequest, Conflict
 from piloop_common.protocol.campaign import CampaignCreate, CampaignView, RunView
 from piloop_common.protocol.worker import TERMINAL_STATES, JobSpec

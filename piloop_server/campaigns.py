@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from piloop_common import gitrepo, workspace
+from piloop_common import gitrepo
+from piloop_common.cas import workspace
 from piloop_common.errors import BadAddress, BlobMissing, Conflict, Corrupt, NotFound
 from piloop_common.protocol.worker import CampaignJob, JobSpec, RepoSpec
 from piloop_server.campaign_repo import repo_dir

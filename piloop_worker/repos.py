@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from piloop_common import gitrepo, workspace
-from piloop_common.cas import Store
+from piloop_common import gitrepo
+from piloop_common.cas import Store, workspace
 from piloop_common.protocol.campaign import BundleResponse
 from piloop_common.protocol.worker import CampaignJob
 

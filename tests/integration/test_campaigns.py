@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 from piloop_common.cas import open_store
+from piloop_common.cas.workspace import load
 from piloop_common.configload import load_settings
-from piloop_common.workspace import load
 from tests.helpers.redis import wait_for
 from tests.helpers.workers import token
 

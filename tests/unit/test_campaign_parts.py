@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from piloop_common import gitrepo, workspace
+from piloop_common import gitrepo
+from piloop_common.cas import workspace
 from piloop_common.cas.local import LocalStore
 from piloop_worker.repos import parse_score
 
