@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
-from piloop_common.cgroupmem import CGROUP_ROOT, own_path
 from piloop_common.files import read_file, write_file
+from piloop_common.host.cgroupmem import CGROUP_ROOT, own_path
 
 OOM_KILL = re.compile(r"^oom_kill (\d+)$", re.M)  # compiled here, in the shim host: each shim would compile it again
 

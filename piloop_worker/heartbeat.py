@@ -19,12 +19,12 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from piloop_common import workerhealth
 from piloop_common.client import ApiClient
 from piloop_common.config import ExecutorConfig
 from piloop_common.errors import NotFound, PiloopError, Refused
+from piloop_common.host import health
+from piloop_common.host.health import WorkerHealth
 from piloop_common.protocol.worker import HeartbeatResponse
-from piloop_common.workerhealth import WorkerHealth
 from piloop_worker import clock
 
 if TYPE_CHECKING:
@@ -174,6 +174,6 @@ class Heartbeat(threading.Thread):
             return
         record = WorkerHealth(worker=w.name, pid=os.getpid(), acked_at=sent_wall, grace_seconds=w.timing.grace_seconds)
         try:
-            workerhealth.write(w.workdir, record)
+            health.write(w.workdir, record)
         except OSError as e:  # a full disk: the check then says the record is old, which it is
             log.warning("event=worker.health_unwritten worker=%s error=%s", w.name, e.strerror)

@@ -21,7 +21,7 @@ from piloop_common import __version__
 from piloop_common.cas import Store
 from piloop_common.client import ApiClient
 from piloop_common.errors import BadRequest, LeaseLost, PiloopError, Refused, Unavailable
-from piloop_common.hostinfo import Sampler, memory_pressure
+from piloop_common.host.sample import Sampler, memory_pressure
 from piloop_common.protocol.report import LogAppend
 from piloop_common.protocol.worker import (
     PROTOCOL,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from piloop_common.hostinfo import PSI_MEMORY
+from piloop_common.host.sample import PSI_MEMORY
 from piloop_common.protocol.worker import HostSample
 
 PSI_ENV = "PILOOP_PSI_MEMORY"

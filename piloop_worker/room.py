@@ -6,14 +6,14 @@ import os
 
 import psutil
 
-from piloop_common import cgroupmem
+from piloop_common.host import cgroupmem
 
 AVAILABLE_ENV = "PILOOP_MEMORY_AVAILABLE_MB"
 
 
 def available_mb() -> int:
     """The host's available memory (MiB), or what this worker's cgroup limit leaves it where that is less (a
-    container's, `piloop_common.cgroupmem`); `PILOOP_MEMORY_AVAILABLE_MB` where set (a test that gives the worker a
+    container's, `piloop_common.host.cgroupmem`); `PILOOP_MEMORY_AVAILABLE_MB` where set (a test that gives the worker a
     room of its choosing, or a limit the worker cannot read)."""
     raw = os.environ.get(AVAILABLE_ENV, "").strip()
     if raw:

@@ -140,15 +140,13 @@ def _not_a_flag(flag: str, value: object) -> None:
 def worker_check(obj, workdir: Path | None) -> None:
     """Exit 0 if the worker here is healthy: running, its last heartbeat acknowledged within the server's
     grace_seconds (a container's health check: it asks the worker's own record, not the server)."""
-    from piloop_common import workerhealth
+    from piloop_common.host import health
 
-    dirs = [workdir] if workdir else sorted(p.parent for p in (obj.home / "work").glob(f"*/{workerhealth.FILE}"))
+    dirs = [workdir] if workdir else sorted(p.parent for p in (obj.home / "work").glob(f"*/{health.FILE}"))
     if not dirs:
-        click.echo(
-            f"piloop: no worker has heartbeated here yet (no {obj.home / 'work'}/*/{workerhealth.FILE})", err=True
-        )
+        click.echo(f"piloop: no worker has heartbeated here yet (no {obj.home / 'work'}/*/{health.FILE})", err=True)
         sys.exit(1)
-    verdicts = [workerhealth.verdict(d) for d in dirs]
+    verdicts = [health.verdict(d) for d in dirs]
     for ok, line in verdicts:
         click.echo(f"piloop: {line}", err=not ok)
     sys.exit(0 if all(ok for ok, _ in verdicts) else 1)

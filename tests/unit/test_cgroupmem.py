@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from piloop_common import cgroupmem
-from piloop_common.cgroupmem import CgroupMemory
+from piloop_common.host import cgroupmem
+from piloop_common.host.cgroupmem import CgroupMemory
 
 MiB = 1 << 20
 
@@ -84,7 +84,7 @@ def test_v1_memory_controller(tmp_path: Path) -> None:
 
 
 def test_the_workers_room_and_sample_take_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from piloop_common import hostinfo
+    from piloop_common.host.sample import sample
     from piloop_worker import room
 
     root = tmp_path / "cg"
@@ -93,6 +93,6 @@ def test_the_workers_room_and_sample_take_the_limit(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(cgroupmem, "PROC_CGROUP", pc)
     monkeypatch.delenv(room.AVAILABLE_ENV, raising=False)
     assert room.available_mb() == 1024
-    assert hostinfo.sample(tmp_path).memory_available_gb == round(1024 * MiB / 1e9, 3)
+    assert sample(tmp_path).memory_available_gb == round(1024 * MiB / 1e9, 3)
     monkeypatch.setenv(room.AVAILABLE_ENV, "300")
     assert room.available_mb() == 300, "the variable still wins"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from piloop_common.cas.local import LocalStore
-from piloop_common.hostinfo import Sampler, memory_pressure, parse_psi, sample
+from piloop_common.host.sample import Sampler, memory_pressure, parse_psi, sample
 from piloop_common.protocol.report import ReportAnswer, ReportRequest, ReportsResponse
 from piloop_common.protocol.worker import PROTOCOL, ClaimResponse, HostSample, Timing
 from piloop_worker import spool as spool_module
