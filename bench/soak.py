@@ -38,7 +38,7 @@ import redis  # noqa: E402
 from bench.measure import say  # noqa: E402
 from bench.peers_memory import PeerCost, celery_cost, rq_cost  # noqa: E402
 from piloop_common.cas import open_store  # noqa: E402
-from piloop_common.configload import load_settings  # noqa: E402
+from piloop_common.config.load import load_settings  # noqa: E402
 from piloop_common.protocol.operator import SubmitRequest  # noqa: E402
 from piloop_common.protocol.report import ReportRequest  # noqa: E402
 from piloop_common.protocol.worker import PROTOCOL, JobSpec  # noqa: E402

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from piloop_common.config import ExecutorConfig
+from piloop_common.config.settings import ExecutorConfig
 from piloop_common.errors import PiloopError
 from piloop_server import campaigns, cas_gc, logfiles, schedules
 from piloop_server.leader import Leadership

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from piloop_common.configref import render
+from piloop_common.config.reference import render
 from piloop_server.api.roleref import splice_roles
 from piloop_server.state.stateref import render_state, splice_state
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
-from piloop_common.config import ExecutorConfig
+from piloop_common.config.settings import ExecutorConfig
 from piloop_common.errors import BadRequest, NotFound
 from piloop_common.protocol.operator import LimitView
 from piloop_server.state import limits as state

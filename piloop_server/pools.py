@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from piloop_common.config import PoolConfig
+from piloop_common.config.settings import PoolConfig
 from piloop_common.protocol.operator import WorkerView
 from piloop_common.protocol.worker import HostSample
 from piloop_common.sizes import format_memory

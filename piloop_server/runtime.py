@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from piloop_common.cas import Store
-from piloop_common.config import ExecutorConfig, Settings
+from piloop_common.config.settings import ExecutorConfig, Settings
 from piloop_server.limits import Limits
 from piloop_server.secrets import Secrets
 from piloop_server.state.campaigns import CampaignsState

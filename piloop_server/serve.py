@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover
 from piloop_common import logformat, pidfile
 from piloop_common.cas import open_store
 from piloop_common.client import SERVER_KEEPALIVE_SECONDS, SOCKET_NAME
-from piloop_common.config import Settings
+from piloop_common.config.settings import Settings
 from piloop_common.errors import Unavailable
 from piloop_common.listen import check_listen, is_loopback, parse_listen, uvicorn_tls
 from piloop_common.logformat import LogFormat

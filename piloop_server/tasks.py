@@ -167,7 +167,7 @@ def _die_with(parent: int) -> None:
 
 def _runtime(home: Path) -> Runtime:
     from piloop_common.cas import open_store
-    from piloop_common.configload import load_settings
+    from piloop_common.config.load import load_settings
     from piloop_server.runtime import Runtime
     from piloop_server.state.connection import connect
     from piloop_server.state.generation import stored_server_id

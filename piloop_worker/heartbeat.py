@@ -20,7 +20,7 @@ import time
 from typing import TYPE_CHECKING
 
 from piloop_common.client import ApiClient
-from piloop_common.config import ExecutorConfig
+from piloop_common.config.settings import ExecutorConfig
 from piloop_common.errors import NotFound, PiloopError, Refused
 from piloop_common.host import health
 from piloop_common.host.health import WorkerHealth

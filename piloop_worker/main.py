@@ -21,7 +21,7 @@ from piloop_common.logformat import LogFormat
 
 if TYPE_CHECKING:
     from piloop_common.client import ApiClient
-    from piloop_common.config import Settings
+    from piloop_common.config.settings import Settings
     from piloop_worker.shimhost import ShimHost
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_IN_USE, EXIT_UNTRUSTED = 0, 1, 2, 3, 4, 5
@@ -68,7 +68,7 @@ def run_worker(
         except ConfigError as e:
             return _fail(e.message)
     try:
-        from piloop_common.configload import load_settings
+        from piloop_common.config.load import load_settings
 
         settings = load_settings(home)
     except ConfigError as e:

@@ -26,8 +26,8 @@ def config_check(obj, as_json: bool) -> None:
     where it came from: `default`, `config.toml`, its variable (`env PILOOP_…`), or a limit the running daemon holds
     (`limit: REASON`, with the value it holds over); secrets masked. An invalid config exits 2 with the line
     `piloop serve` would give, naming the key."""
-    from piloop_common.configcheck import check, with_limits
-    from piloop_common.configload import read_sources, settings_from
+    from piloop_common.config.check import check, with_limits
+    from piloop_common.config.load import read_sources, settings_from
     from piloop_common.listen import serve_listen
 
     try:
@@ -81,6 +81,6 @@ def config_schema() -> None:
 
     `piloop config schema > ~/.piloop/config.schema.json`, then `#:schema ./config.schema.json` as the first line of
     config.toml: taplo and Even Better TOML check and complete the file against it (docs/configuration.md)."""
-    from piloop_common.configschema import schema
+    from piloop_common.config.schema import schema
 
     click.echo(json.dumps(schema(), indent=2))

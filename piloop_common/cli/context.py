@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from piloop_common.client import ApiClient
-    from piloop_common.config import Settings
+    from piloop_common.config.settings import Settings
 
 
 class Cli:
@@ -34,7 +34,7 @@ class Cli:
 
     @cached_property
     def settings(self) -> Settings:
-        from piloop_common.configload import load_settings
+        from piloop_common.config.load import load_settings
 
         return load_settings(self.home)
 

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from piloop_common.configload import load_settings
+from piloop_common.config.load import load_settings
 from piloop_server.api.deps import route_roles, routes_of
 from piloop_server.app import create_app
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from piloop_common.config import NetworkConfig, ProxyRule
+from piloop_common.config.network import NetworkConfig, ProxyRule
 from piloop_common.errors import Forbidden, Refused
 
 WORKER_HEADER = "x-piloop-worker"

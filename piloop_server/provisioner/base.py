@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from piloop_common.config import LocalCompute, ModalCompute
-from piloop_common.config_docker import DockerCompute
+from piloop_common.config.docker import DockerCompute
+from piloop_common.config.provisioner import LocalCompute, ModalCompute
 from piloop_common.errors import PiloopError
 
 # The environment a started worker gets beside its token: the server's id (so that two servers never stop each

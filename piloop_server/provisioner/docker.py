@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from piloop_common.config_docker import DockerCompute
+from piloop_common.config.docker import DockerCompute
 from piloop_server.provisioner.base import Handle, PlatformAuthError, StartRefused
 from piloop_server.provisioner.local import _plugins
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from piloop_common.config import LocalCompute
+from piloop_common.config.provisioner import LocalCompute
 from piloop_common.prctl import LOCAL_PROVISIONED_ENV
 from piloop_server.provisioner.base import NAME_ENV, TAG_ENV, Handle, StartRefused
 

@@ -12,7 +12,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from piloop_common.config import ModalCompute
+from piloop_common.config.provisioner import ModalCompute
 from piloop_server.provisioner.base import Handle, PlatformAuthError, StartRefused
 
 TAG_SERVER, TAG_WORKER, TAG_POOL = "piloop-server", "piloop-worker", "piloop-pool"

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from piloop_common.config import ProvisionerConfig
+from piloop_common.config.provisioner import ProvisionerConfig
 from piloop_server.provisioner.base import (
     NAME_ENV,
     ORPHAN_ENV,

@@ -12,7 +12,7 @@ from redis.connection import ConnectionPool, parse_url
 from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
 
-from piloop_common.config import Settings
+from piloop_common.config.settings import Settings
 from piloop_common.errors import ConfigError, Unavailable
 from piloop_server.state import embedded, retry, target
 from piloop_server.state.failover import Watch

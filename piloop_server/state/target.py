@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from piloop_common.config import StateConfig
+from piloop_common.config.settings import StateConfig
 from piloop_common.errors import ConfigError
 
 SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}  # the scheme -> TLS

@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from piloop_common.config import Settings
+from piloop_common.config.settings import Settings
 from piloop_server.state.connection import Client, open_client
 from piloop_server.state.records.codec import text as _s
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from piloop_common.config import Settings
+from piloop_common.config.settings import Settings
 from piloop_common.errors import Conflict
 from piloop_common.listen import parse_listen
 

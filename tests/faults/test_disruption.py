@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from piloop_common.client import ApiClient
-from piloop_common.config import ExecutorConfig
+from piloop_common.config.settings import ExecutorConfig
 from piloop_server.daemon import disruption_policy
 from piloop_server.state.disruption import Disruption
 from piloop_server.state.keys import Keys

@@ -12,7 +12,7 @@ import redis
 
 from piloop_common import gitrepo
 from piloop_common.cas import open_store
-from piloop_common.configload import load_settings
+from piloop_common.config.load import load_settings
 from piloop_common.protocol.campaign import CampaignCreate
 from piloop_common.protocol.worker import CampaignJob, JobSpec, RepoSpec
 from piloop_server import campaign_admin, campaign_repo, campaigns

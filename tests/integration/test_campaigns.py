@@ -10,7 +10,7 @@ from pathlib import Path
 
 from piloop_common.cas import open_store
 from piloop_common.cas.workspace import load
-from piloop_common.configload import load_settings
+from piloop_common.config.load import load_settings
 from tests.helpers.redis import wait_for
 from tests.helpers.workers import token
 

@@ -8,7 +8,7 @@ import uuid
 
 import redis
 
-from piloop_common.configload import load_settings
+from piloop_common.config.load import load_settings
 from piloop_server.state.keys import Keys
 from piloop_server.tokens import TokenStore, open_namer
 

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from piloop_common.configload import load_settings
+from piloop_common.config.load import load_settings
 from piloop_server import tasks
 from piloop_server.state.connection import open_client
 from piloop_server.state.taskqueue import rq_connection

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from piloop_common.config import ExecutorConfig
+from piloop_common.config.settings import ExecutorConfig
 from piloop_server.daemon import disruption_policy
 from piloop_server.leader import RENEWALS_PER_TTL, Leadership
 from piloop_server.state.disruption import Disruption

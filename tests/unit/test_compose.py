@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from piloop_common.config import Settings
-from piloop_common.configload import load_settings
+from piloop_common.config.load import load_settings
+from piloop_common.config.settings import Settings
 from piloop_common.errors import ConfigError
 from tests.unit.test_configref import resolve
 from tests.unit.test_dockerfile import HOME, dockerfile_stages

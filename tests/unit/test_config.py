@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from piloop_common.configload import load_settings
+from piloop_common.config.load import load_settings
 from piloop_common.errors import ConfigError
 
 

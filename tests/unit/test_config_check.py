@@ -10,9 +10,9 @@ import jsonschema
 import pytest
 
 from piloop_common.cli.daemon import CONFIG_TEMPLATE
-from piloop_common.configcheck import MASK, check, mask_url, masked
-from piloop_common.configload import read_sources, settings_from
-from piloop_common.configschema import schema
+from piloop_common.config.check import MASK, check, mask_url, masked
+from piloop_common.config.load import read_sources, settings_from
+from piloop_common.config.schema import schema
 
 
 def _checked(tmp_path, text: str | None = None, env: dict[str, str] | None = None) -> dict[str, tuple[object, str]]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from piloop_common.config_docker import DockerCompute
-from piloop_common.configload import load_settings
+from piloop_common.config.docker import DockerCompute
+from piloop_common.config.load import load_settings
 from piloop_common.errors import ConfigError
 
 POOL = """

@@ -1,4 +1,4 @@
-"""docs/ cannot drift: the configuration reference is `configref.render()`, every config field has a
+"""docs/ cannot drift: the configuration reference is `reference.render()`, every config field has a
 description, and every `piloop …` command the operator docs show resolves against the real CLI."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 import pytest
 
-from piloop_common import configref
 from piloop_common.cli import root
+from piloop_common.config import reference
 from piloop_server.state import stateref
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +21,7 @@ COMMAND_DOCS = ["quickstart.md", "operations.md", "architecture.md"]
 
 
 def test_configuration_md_is_render() -> None:
-    want = configref.render()
+    want = reference.render()
     got = (DOCS / "configuration.md").read_text()
     assert got == want, (
         "docs/configuration.md differs from the models: run "
@@ -30,25 +30,16 @@ def test_configuration_md_is_render() -> None:
 
 
 def test_every_config_field_has_a_description() -> None:
-    assert configref.missing_descriptions() == []
+    assert reference.missing_descriptions() == []
 
 
 def test_every_key_of_the_models_is_in_the_reference() -> None:
     from piloop_common.cas.config import CachedCasConfig, HttpCasConfig, LocalCasConfig, S3CasConfig
-    from piloop_common.config import (
-        ExecutorConfig,
-        LocalCompute,
-        ModalCompute,
-        NetworkConfig,
-        PoolConfig,
-        ProvisionerConfig,
-        ProxyRule,
-        RegistryConfig,
-        StateConfig,
-        TlsFiles,
-    )
+    from piloop_common.config.network import NetworkConfig, ProxyRule, TlsFiles
+    from piloop_common.config.provisioner import LocalCompute, ModalCompute, ProvisionerConfig, RegistryConfig
+    from piloop_common.config.settings import ExecutorConfig, PoolConfig, StateConfig
 
-    text = configref.render()
+    text = reference.render()
     for model in (
         ExecutorConfig,
         PoolConfig,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from piloop_common.config import ExecutorConfig, PoolConfig, ProvisionerConfig
+from piloop_common.config.provisioner import ProvisionerConfig
+from piloop_common.config.settings import ExecutorConfig, PoolConfig
 from piloop_common.errors import BadRequest
 from piloop_server.limits import TIMING_KEYS, Limits, leaf, typed
 from piloop_server.state.records.limit import Limit

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from piloop_common.config import ExecutorConfig, PoolConfig
+from piloop_common.config.settings import ExecutorConfig, PoolConfig
 from piloop_common.protocol.operator import WorkerView
 from piloop_common.protocol.worker import HostSample
 from piloop_server import pools

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from piloop_common.configload import load_settings
+from piloop_common.config.load import load_settings
 from piloop_common.errors import ConfigError
 
 FAKE = Path(__file__).resolve().parents[1] / "helpers" / "fake_modal"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from piloop_common.config import ModalCompute
+from piloop_common.config.provisioner import ModalCompute
 from piloop_server.provisioner import PlatformAuthError, StartRefused, open_provider
 
 FAKE = Path(__file__).resolve().parents[1] / "helpers" / "fake_modal"

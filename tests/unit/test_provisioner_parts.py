@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from piloop_common.config import ProvisionerConfig
+from piloop_common.config.provisioner import ProvisionerConfig
 from piloop_server.provisioner import StartRefused, platform
 from piloop_server.provisioner.local import _plugins
 

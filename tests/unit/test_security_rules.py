@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from piloop_common.config import NetworkConfig
+from piloop_common.config.network import NetworkConfig
 from piloop_common.errors import BadRequest, ConfigError, Forbidden, NotFound, Refused
 from piloop_server.network.proxy import identify_proxy, match_rule
 from piloop_server.secrets import KEY_FILE, Secrets, key_id

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 
-from piloop_common.config import StateConfig
+from piloop_common.config.settings import StateConfig
 from piloop_common.errors import ConfigError
 from piloop_server.state import retry
 from piloop_server.state.target import read

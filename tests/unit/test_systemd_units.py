@@ -11,7 +11,7 @@ import click
 import pytest
 
 from piloop_common.cli import root
-from piloop_common.config import ExecutorConfig
+from piloop_common.config.settings import ExecutorConfig
 from piloop_worker.main import EXIT_REFUSED, EXIT_UNTRUSTED, EXIT_USAGE
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from piloop_common import __version__
-from piloop_common.config import Settings
+from piloop_common.config.settings import Settings
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 

@@ -1,5 +1,5 @@
 """The provisioner's part of the settings: where a pool's workers are started (`[executor.pools.<name>.provisioner]`),
-each key typed and described once (`configref` writes docs/configuration.md from it)."""
+each key typed and described once (`reference` writes docs/configuration.md from it)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from piloop_common.config_docker import DockerCompute
+from piloop_common.config.docker import DockerCompute
 
 
 class _Model(BaseModel):

@@ -1,7 +1,7 @@
 """`piloop config check`: the effective settings, each with the source that gave it, and no secret shown.
 
 Where a value came from is read off the models and the loader's own sources, not re-parsed: a field not in its
-model's `model_fields_set` is its default; one that is was given by the last source (`configload.Sources`) that
+model's `model_fields_set` is its default; one that is was given by the last source (`load.Sources`) that
 holds its path. What is masked: every `SecretStr` (the password of a URL in one, or the whole value), the password
 of any URL, a URL's query values named like a secret, and the values of a table's keys named like one (a pool's
 `env`)."""
@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, SecretStr
 
-from piloop_common.config import CONFIG_FILE, Settings
-from piloop_common.configload import Sources
+from piloop_common.config.load import Sources
+from piloop_common.config.settings import CONFIG_FILE, Settings
 
 DEFAULT = "default"
 MASK = "**********"  # as pydantic shows a SecretStr

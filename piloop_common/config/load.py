@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from piloop_common.config import CONFIG_FILE, Settings
+from piloop_common.config.settings import CONFIG_FILE, Settings
 from piloop_common.errors import ConfigError
 from piloop_common.extras import requirement
 
