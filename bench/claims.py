@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import psutil
 import redis
 
-from piloop_common.client import ApiClient
 from piloop_common.errors import Unavailable
+from piloop_common.sdk.client import ApiClient
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
 from piloop_server.state.leases import Leases

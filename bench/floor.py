@@ -16,7 +16,7 @@ import uvicorn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from piloop_common.client import SERVER_KEEPALIVE_SECONDS
+from piloop_common.sdk.client import SERVER_KEEPALIVE_SECONDS
 
 ANSWER = b'{"jobs":{}}'
 

@@ -30,8 +30,8 @@ import redis
 from bench.claims import SERVER_CONFIG
 from piloop_common.cas.local import LocalStore
 from piloop_common.cli.output import table
-from piloop_common.client import ApiClient
 from piloop_common.protocol.worker import PROTOCOL
+from piloop_common.sdk.client import ApiClient
 from piloop_server.state.keys import Keys
 from piloop_server.tokens import TokenStore
 from tests.helpers.redis import RedisProcess, free_port

@@ -30,12 +30,12 @@ except ImportError:  # pragma: no cover
 
 from piloop_common import logformat, pidfile
 from piloop_common.cas import open_store
-from piloop_common.client import SERVER_KEEPALIVE_SECONDS, SOCKET_NAME
 from piloop_common.config.settings import Settings
 from piloop_common.errors import Unavailable
 from piloop_common.listen import check_listen, is_loopback, parse_listen, uvicorn_tls
 from piloop_common.logformat import LogFormat
 from piloop_common.prctl import PARENT_ENV, set_name
+from piloop_common.sdk.client import SERVER_KEEPALIVE_SECONDS, SOCKET_NAME
 from piloop_server.api import wakeup
 from piloop_server.app import create_app, via_socket
 from piloop_server.daemon import Pass, leader_ttl_seconds

@@ -19,12 +19,12 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from piloop_common.client import ApiClient
 from piloop_common.config.settings import ExecutorConfig
 from piloop_common.errors import NotFound, PiloopError, Refused
 from piloop_common.host import health
 from piloop_common.host.health import WorkerHealth
 from piloop_common.protocol.worker import HeartbeatResponse
+from piloop_common.sdk.client import ApiClient
 from piloop_worker import clock
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from piloop_common import envnames
 from piloop_common.errors import PiloopError
 from piloop_common.protocol.campaign import BundleRequest, BundleResponse
 from piloop_common.protocol.worker import PROTOCOL, Assignment, ReleaseRequest
-from piloop_common.taskcode import CodeCache
+from piloop_common.sdk.taskcode import CodeCache
 from piloop_worker import clock
 from piloop_worker.fencing import fence_deadline
 from piloop_worker.held import Held

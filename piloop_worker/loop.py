@@ -19,7 +19,6 @@ from typing import Any
 
 from piloop_common import __version__
 from piloop_common.cas import Store
-from piloop_common.client import ApiClient
 from piloop_common.errors import BadRequest, LeaseLost, PiloopError, Refused, Unavailable
 from piloop_common.host.sample import Sampler, memory_pressure
 from piloop_common.protocol.report import LogAppend
@@ -32,6 +31,7 @@ from piloop_common.protocol.worker import (
     Timing,
     WorkerHello,
 )
+from piloop_common.sdk.client import ApiClient
 from piloop_worker import clock, pressure
 from piloop_worker.cgroups import Cgroups
 from piloop_worker.claiming import Claiming

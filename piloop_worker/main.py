@@ -20,8 +20,8 @@ from piloop_common.errors import ConfigError, PiloopError
 from piloop_common.logformat import LogFormat
 
 if TYPE_CHECKING:
-    from piloop_common.client import ApiClient
     from piloop_common.config.settings import Settings
+    from piloop_common.sdk.client import ApiClient
     from piloop_worker.shimhost import ShimHost
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_IN_USE, EXIT_UNTRUSTED = 0, 1, 2, 3, 4, 5
@@ -61,7 +61,7 @@ def run_worker(
     if not pool:
         return _fail("--pool: name the pool this worker serves")
     if server:
-        from piloop_common.client import Servers
+        from piloop_common.sdk.remote import Servers
 
         try:
             Servers.parse(server)
@@ -205,8 +205,9 @@ def _run(
     proxy: bool = False,
 ) -> int:
     from piloop_common.cas import open_store
-    from piloop_common.client import ApiClient, Servers
     from piloop_common.errors import DirInUse, Forbidden, Unauthorized, Unavailable
+    from piloop_common.sdk.client import ApiClient
+    from piloop_common.sdk.remote import Servers
     from piloop_worker.loop import ServerUntrusted, ShutdownRequested, Worker, WorkerRefused
     from piloop_worker.shimproto import StopReason
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from piloop_common.cas import Store
-from piloop_common.client import ApiClient
 from piloop_common.protocol.worker import Assignment, ClaimRequest, ClaimResponse, HostSample, RegisterResponse, Timing
+from piloop_common.sdk.client import ApiClient
 from piloop_worker.cgroups import Cgroups
 from piloop_worker.heartbeat import Reachability
 from piloop_worker.held import Held

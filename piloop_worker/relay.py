@@ -35,8 +35,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from piloop_common.client import ApiClient
 from piloop_common.protocol.worker import RELAY_JOB_HEADER, RELAY_MARKER_HEADER, RELAY_TOKEN_HEADER
+from piloop_common.sdk.client import ApiClient
 from piloop_worker.jobuser import JobUser
 from piloop_worker.relaypath import SHOWN, NotARoute, route
 

@@ -9,9 +9,9 @@ from typing import Any
 import click
 
 from piloop_common.cli.output import emit_json, table, value_text, when
-from piloop_common.client import part
 from piloop_common.duration import parse_duration
 from piloop_common.names import ROLES, check_name
+from piloop_common.sdk.client import part
 
 
 @click.group()

@@ -26,8 +26,8 @@ def exit_status(job: dict[str, Any]) -> int:
 def follow(api, job_id: str, out, poll: float = POLL_SECONDS) -> dict[str, Any]:
     """Write the job's log to `out` (a binary file) as it grows; the job's view once it has ended and all of
     its log is written."""
-    from piloop_common.client import part
     from piloop_common.protocol.worker import TERMINAL_STATES
+    from piloop_common.sdk.client import part
 
     done: list[str] = []
     while True:

@@ -10,8 +10,8 @@ from typing import Any
 import click
 
 from piloop_common.cli.output import WaitNote, emit_json, parse_env, progress_done, table, when
-from piloop_common.client import part
 from piloop_common.duration import parse_duration
+from piloop_common.sdk.client import part
 
 
 @click.group()

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from piloop_common.client import ApiClient
     from piloop_common.config.settings import Settings
+    from piloop_common.sdk.client import ApiClient
 
 
 class Cli:
@@ -49,7 +49,7 @@ class Cli:
         """A client of `--server` (`PILOOP_SERVER`), else of the local daemon over its socket; inside a job, of the
         job's relay unless `--server` is given (a `PILOOP_SERVER` the job inherited does not bypass its relay)."""
         from piloop_common.cli.relay import relay_client, relay_path
-        from piloop_common.client import ApiClient
+        from piloop_common.sdk.client import ApiClient
 
         if self.remote:
             assert self.server is not None
@@ -60,6 +60,6 @@ class Cli:
 
     def local_api(self, timeout: float = 30.0) -> ApiClient:
         """The local daemon over its socket, whatever `--server` says (the daemon's own start and stop)."""
-        from piloop_common.client import ApiClient
+        from piloop_common.sdk.client import ApiClient
 
         return ApiClient.local(self.home, timeout=timeout)

@@ -71,7 +71,7 @@ def _unlocked_daemon(home: Path) -> int | None:
         return None  # no such process
     if "serve" not in [a.decode(errors="replace") for a in args] or not any(b"piloop" in a for a in args[:3]):
         return None  # a reused pid belongs to something else
-    from piloop_common.client import ApiClient
+    from piloop_common.sdk.client import ApiClient
 
     try:
         with ApiClient.local(home, timeout=2) as api:

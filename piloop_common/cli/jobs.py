@@ -9,8 +9,8 @@ from typing import Any
 import click
 
 from piloop_common.cli.output import WaitNote, emit_json, parse_env, progress_done, table, when
-from piloop_common.client import part
 from piloop_common.duration import parse_duration
+from piloop_common.sdk.client import part
 
 KIND = click.Choice(["evaluation", "agent"])
 # protocol.JobState's (a unit test holds them equal): the CLI does not import the protocol's models to start
@@ -176,7 +176,7 @@ def _put_inputs(obj, inputs: tuple[str, ...]) -> dict[str, str]:
 def _timing(priority, countdown, expires) -> dict[str, Any]:
     """The spec's priority, countdown and expiry from the flags (taskoptions checks them as the Python API does)."""
     from piloop_common.errors import BadRequest
-    from piloop_common.taskoptions import TaskOptions
+    from piloop_common.sdk.taskoptions import TaskOptions
 
     try:
         return TaskOptions(

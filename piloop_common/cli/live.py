@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from piloop_common.client import part
 from piloop_common.errors import PiloopError
+from piloop_common.sdk.client import part
 
 MOST_AGENTS = 5  # status is a summary: `piloop job list --state running` lists them all
 TAIL_LINES = 3

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 if TYPE_CHECKING:
-    from piloop_common.client import ApiClient
+    from piloop_common.sdk.client import ApiClient
 
 RELAY_ENV = "PILOOP_RELAY"
 SUBMIT_USAGE = (
@@ -83,8 +83,8 @@ def relay_path() -> Path | None:
 
 def relay_client(path: Path, timeout: float = 30.0) -> ApiClient:
     """An API client whose operator calls become the job's relayed ones."""
-    from piloop_common.client import ApiClient
     from piloop_common.errors import Forbidden, Unavailable
+    from piloop_common.sdk.client import ApiClient
 
     class RelayClient(ApiClient):
         def call(

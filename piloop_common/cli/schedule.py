@@ -22,7 +22,7 @@ def _task_spec(obj, target: str) -> tuple[dict[str, Any], Any]:
     import importlib
 
     from piloop_common.cas.address import hash_bytes
-    from piloop_common.tasks import Task
+    from piloop_common.sdk.tasks import Task
 
     module, _, name = target.partition(":")
     if not module or not name:

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from piloop_common.cli.output import ago, emit_json, table
-from piloop_common.client import part
+from piloop_common.sdk.client import part
 
 
 @click.group(invoke_without_command=True)

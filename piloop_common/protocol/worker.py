@@ -201,7 +201,7 @@ class JobSpec(Message):
         None,
         pattern=r"^sha256:[0-9a-f]{64}$",
         description=(
-            "The CAS address of a code snapshot (`piloop_common.taskcode`): the worker unpacks it once per address and "
+            "The CAS address of a code snapshot (`piloop_common.sdk.taskcode`): the worker unpacks it once per address and "
             "puts it first on the job's PYTHONPATH, so a task imports its module from it."
         ),
     )

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from piloop_common.client import ApiClient
 from piloop_common.protocol.worker import PROTOCOL
+from piloop_common.sdk.client import ApiClient
 from piloop_server.state.keys import Keys
 from piloop_server.state.records.token import Token
 from tests.helpers.keyspace import settled

@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 import redis
 
-from piloop_common.client import ApiClient
 from piloop_common.config.settings import ExecutorConfig
+from piloop_common.sdk.client import ApiClient
 from piloop_server.daemon import disruption_policy
 from piloop_server.state.disruption import Disruption
 from piloop_server.state.keys import Keys

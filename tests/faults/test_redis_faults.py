@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from piloop_common.client import ApiClient
 from piloop_common.errors import NotFound, Unavailable
+from piloop_common.sdk.client import ApiClient
 from tests.helpers.redis import RedisProcess, wait_for
 from tests.helpers.simworker import SimWorker
 from tests.helpers.workers import GRACE, events, marker_job, marker_runs, overlapping, state, tcp_server, token

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from piloop_common.client import ApiClient
 from piloop_common.errors import LeaseLost
 from piloop_common.protocol.worker import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
+from piloop_common.sdk.client import ApiClient
 from tests.helpers.workers import events, lease_token, state, submit, token, view
 
 

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 import psutil
 import pytest
 
-from piloop_common.client import ApiClient
 from piloop_common.errors import PiloopError
+from piloop_common.sdk.client import ApiClient
 from piloop_server.provisioner.base import NAME_ENV, TAG_ENV
 from tests.helpers.freezer import Freezer, group, tree
 from tests.helpers.redis import free_port, redis_process, wait_for

@@ -11,8 +11,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from piloop_common.client import ApiClient
 from piloop_common.errors import Unavailable
+from piloop_common.sdk.client import ApiClient
 from tests.helpers.slowdown import scaled
 
 # Short timings for tests; the config validates toleration > grace + 2·renew + request timeout + kill grace.

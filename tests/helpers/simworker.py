@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import uuid
 
-from piloop_common.client import ApiClient
 from piloop_common.protocol.worker import PROTOCOL, HostSample
+from piloop_common.sdk.client import ApiClient
 
 
 def sample(load1: float = 0.5, cpus: int = 4, mem: float = 16.0, disk: float = 100.0) -> dict:

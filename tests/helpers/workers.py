@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from piloop_common.client import ApiClient
+from piloop_common.sdk.client import ApiClient
 from piloop_common.tasks import Client
 from piloop_worker.jobdir import JobDir
 from tests.helpers.redis import free_port, wait_for

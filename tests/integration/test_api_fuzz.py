@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.generation import GenerationMode
 
-from piloop_common.client import ApiClient
+from piloop_common.sdk.client import ApiClient
 from tests.helpers.redis import free_port
 from tests.helpers.serve import Daemon, short_home
 from tests.helpers.simworker import SimWorker

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from piloop_common.client import SOCKET_NAME, ApiClient
+from piloop_common.sdk.client import SOCKET_NAME, ApiClient
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
 from tests.helpers.simworker import SimWorker

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from piloop_common.client import ApiClient
 from piloop_common.errors import LeaseLost
 from piloop_common.protocol.worker import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
+from piloop_common.sdk.client import ApiClient
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import Daemon, short_home
 from tests.helpers.workers import lease_token, state, token, view

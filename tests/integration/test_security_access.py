@@ -13,8 +13,8 @@ import httpx
 import pytest
 from fastapi.routing import APIRoute
 
-from piloop_common.client import SOCKET_NAME
 from piloop_common.config.load import load_settings
+from piloop_common.sdk.client import SOCKET_NAME
 from piloop_server.app import create_app
 from tests.helpers.redis import free_port
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home

@@ -14,8 +14,8 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from piloop_common.client import ApiClient
 from piloop_common.protocol.worker import PROTOCOL
+from piloop_common.sdk.client import ApiClient
 from piloop_server.state.keys import Keys
 from tests.helpers.redis import free_port
 from tests.helpers.serve import Daemon, short_home

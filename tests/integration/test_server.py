@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from piloop_common.client import ApiClient
 from piloop_common.errors import Refused
+from piloop_common.sdk.client import ApiClient
 from piloop_server.state.records.lease import fence
 from tests.helpers.redis import RedisProcess, free_port, wait_for
 from tests.helpers.serve import Daemon, piloop, short_home

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from piloop_common.client import ApiClient
+from piloop_common.sdk.client import ApiClient
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
 from tests.helpers.simworker import SimWorker

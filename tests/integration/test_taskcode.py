@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from piloop_common.errors import BadRequest, TaskFailed
-from piloop_common.taskcode import pack
+from piloop_common.sdk.taskcode import pack
 from piloop_common.tasks import AsyncResult, Client
 from tests.helpers.redis import free_port
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, piloop, short_home

@@ -8,8 +8,8 @@ import time
 import pytest
 import redis
 
-from piloop_common.client import ApiClient
 from piloop_common.errors import Refused
+from piloop_common.sdk.client import ApiClient
 from piloop_server.state.keys import Keys
 from piloop_server.tokens import CACHE_SECONDS, TokenStore
 from tests.helpers.redis import wait_for

@@ -1,4 +1,4 @@
-"""The API client (piloop_common.client) against real HTTP servers on loopback, on a unix socket and behind a
+"""The API client (piloop_common.sdk.client) against real HTTP servers on loopback, on a unix socket and behind a
 forwarding proxy: kept-alive connections, a connection the server closed while idle, query strings, the proxy
 environment, errors (a refused connection, a missing daemon, an untrusted certificate, a url that is not http)."""
 
@@ -22,9 +22,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from piloop_common import client as client_mod
-from piloop_common.client import ApiClient
 from piloop_common.errors import ConfigError, NotFound, Unavailable
+from piloop_common.sdk import client as client_mod
+from piloop_common.sdk.client import ApiClient
+from piloop_common.sdk.remote import Servers
 from tests.helpers.certs import make_pki
 from tests.helpers.slowdown import scaled
 
@@ -360,7 +361,7 @@ def _dead_port() -> int:
 def test_a_server_list_moves_every_client_to_the_next_on_a_refused_connection_and_stays_there():
     dead = f"http://127.0.0.1:{_dead_port()}"
     with serving(_TCP(("127.0.0.1", 0), _Echo)) as one:
-        servers = client_mod.Servers.parse(f"{dead}, {url(one)},{url(one)}/")
+        servers = Servers.parse(f"{dead}, {url(one)},{url(one)}/")
         assert servers.urls == [dead, url(one)]  # blanks, duplicates and a trailing slash dropped
         a, b = ApiClient(url=servers), ApiClient(url=servers)
         with pytest.raises(Unavailable, match=f"{dead} cannot be reached"):
@@ -379,4 +380,4 @@ def test_a_server_list_moves_every_client_to_the_next_on_a_refused_connection_an
 @pytest.mark.parametrize("bad", ["", " , ", "ftp://h", "http://", "https://ok:1,nohost"])
 def test_a_server_list_names_the_url_that_is_not_one(bad):
     with pytest.raises(ConfigError, match="--server"):
-        client_mod.Servers.parse(bad)
+        Servers.parse(bad)

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from piloop_common.protocol.worker import JobSpec
-from piloop_common.taskoptions import TaskOptions
+from piloop_common.sdk.taskoptions import TaskOptions
 from piloop_common.tasks import Client, task
 from tests.helpers import tasks_mod
 

@@ -1,4 +1,4 @@
-"""Code snapshots (`piloop_common.taskcode`): the same files give the same bytes, a package keeps its name, what is
+"""Code snapshots (`piloop_common.sdk.taskcode`): the same files give the same bytes, a package keeps its name, what is
 not code stays out, a member outside the dir is refused, and the worker's cache keeps its bound."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from piloop_common.errors import BadRequest
-from piloop_common.taskcode import KEEP, KEEP_SECONDS, CodeCache, pack, signature, unpack
+from piloop_common.sdk.taskcode import KEEP, KEEP_SECONDS, CodeCache, pack, signature, unpack
 
 
 def _names(blob: bytes) -> list[str]:

@@ -29,12 +29,13 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from piloop_common.cas.address import hash_bytes
-from piloop_common.client import SERVER_ENV, ApiClient, part
 from piloop_common.errors import BadRequest, Corrupt, WaitTimeout
 from piloop_common.protocol.operator import JobView
 from piloop_common.protocol.worker import PIPE_PLACEHOLDER, TERMINAL_STATES
-from piloop_common.taskoptions import TaskOptions
-from piloop_common.taskresult import AsyncResult
+from piloop_common.sdk.client import ApiClient, part
+from piloop_common.sdk.remote import SERVER_ENV
+from piloop_common.sdk.taskoptions import TaskOptions
+from piloop_common.sdk.taskresult import AsyncResult
 
 R = TypeVar("R")
 SERIALIZERS = ("json", "pickle")
@@ -66,8 +67,8 @@ class Client:
         `token_file`'s first line, else `PILOOP_TOKEN`, else `PILOOP_HTTPS_TOKEN`; the server's CA `ca`, else
         `PILOOP_CA`), else the local daemon's socket under `home`, `PILOOP_HOME` or ~/.piloop. Inside a job
         (`PILOOP_RELAY` set), with no server or home given: the job's relay, so what it submits are its own children,
-        in its own pool (`piloop_common.nested`)."""
-        from piloop_common.nested import NestedClient, relay_path
+        in its own pool (`piloop_common.sdk.nested`)."""
+        from piloop_common.sdk.nested import NestedClient, relay_path
 
         if not server and home is None and (relay := relay_path()) is not None:
             return cls(NestedClient(relay, timeout=timeout), code=code)
@@ -102,8 +103,8 @@ class Client:
         return data
 
     def push_code(self, root: str | Path) -> str:
-        """Put a snapshot of the code dir `root` in the server's CAS (`piloop_common.taskcode`); its address."""
-        from piloop_common.taskcode import pack, signature
+        """Put a snapshot of the code dir `root` in the server's CAS (`piloop_common.sdk.taskcode`); its address."""
+        from piloop_common.sdk.taskcode import pack, signature
 
         where, stats = str(Path(root).expanduser().absolute()), signature(root)
         if stats and (last := self._pushed.get(where)) is not None and last[0] == stats:
@@ -181,7 +182,7 @@ class Client:
         ):
             if value is not None:
                 spec[key] = value
-        # dependencies (piloop_common/canvas.py)
+        # dependencies (piloop_common/sdk/canvas.py)
         if depends_on:
             spec["after"] = list(dict.fromkeys(depends_on))
         if pipe is not None:
@@ -194,8 +195,8 @@ class Client:
 
     def schedule(self, what: Any, *, name: str | None = None, cron: str | None = None, pool: str | None = None) -> Any:
         """Register a periodic schedule: `what` is a task made with `@periodic(cron=…)` (or any task with `cron`),
-        or a signature (`task.s(…)`); each tick queues it once (piloop_common/canvas.py). Its `ScheduleView`."""
-        from piloop_common.canvas import schedule
+        or a signature (`task.s(…)`); each tick queues it once (piloop_common/sdk/canvas.py). Its `ScheduleView`."""
+        from piloop_common.sdk.canvas import schedule
 
         return schedule(self, what, name=name, cron=cron, pool=pool)
 
@@ -334,16 +335,16 @@ class Task(Generic[R]):
         )
         return AsyncResult(job, c, self.serializer)
 
-    # -- canvas (piloop_common/canvas.py) ----------------------------------------------------
+    # -- canvas (piloop_common/sdk/canvas.py) ----------------------------------------------------
     def s(self, *args: Any, **kwargs: Any) -> Any:
         """A signature: this task with these arguments, to chain, group or schedule."""
-        from piloop_common.canvas import Signature
+        from piloop_common.sdk.canvas import Signature
 
         return Signature(self, args, kwargs)
 
     def map(self, iterable: Any, *, client: Client | None = None) -> Any:
         """Queue this task once per item (its one argument); the `GroupResult`, in the items' order."""
-        from piloop_common.canvas import group
+        from piloop_common.sdk.canvas import group
 
         return group(self.s(x) for x in iterable).apply_async(client=client)
 
@@ -380,9 +381,4 @@ def task(
     return wrap(fn) if fn is not None else wrap
 
 
-__all__ = ["AsyncResult", "Client", "Task", "TaskOptions", "task"]
-
-# the canvas, importable from here as from Celery's top level (it imports this module: below every name it needs)
-from piloop_common.canvas import GroupResult, chain, group, periodic  # noqa: E402
-
-__all__ += ["GroupResult", "chain", "group", "periodic"]
+__all__ = ["Client", "Task", "task"]

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from piloop_common.errors import Conflict, WaitTimeout
-from piloop_common.tasks import AsyncResult, Client, Task, task
+from piloop_common.sdk.taskresult import AsyncResult
+from piloop_common.sdk.tasks import Client, Task, task
 
 
 class Signature:
@@ -135,7 +136,7 @@ class GroupResult:
 
     def cancel(self) -> dict[str, str]:
         """Cancel every job not ended yet; each job's state after (`cancelled`, `cancelling`, or its end)."""
-        from piloop_common.client import part
+        from piloop_common.sdk.client import part
 
         out = {}
         for r in self.results:

@@ -12,13 +12,13 @@ import json
 import pickle
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from piloop_common.client import part
 from piloop_common.errors import TaskFailed, TaskRevoked
 from piloop_common.protocol.operator import JobView
 from piloop_common.protocol.worker import TERMINAL_STATES
+from piloop_common.sdk.client import part
 
 if TYPE_CHECKING:
-    from piloop_common.tasks import Client
+    from piloop_common.sdk.tasks import Client
 
 R = TypeVar("R")
 REVOKED = ("cancelled", "expired")  # withdrawn before it ran to its end: TaskRevoked
@@ -30,7 +30,7 @@ class AsyncResult(Generic[R]):
 
     def __init__(self, id: str, client: Client | None = None, serializer: str | None = None) -> None:
         if client is None:
-            from piloop_common.tasks import Client
+            from piloop_common.sdk.tasks import Client
 
             client = Client.from_env()
         self.id, self.client, self._serializer = id, client, serializer

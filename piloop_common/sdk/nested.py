@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from piloop_common.client import ApiClient
 from piloop_common.errors import Forbidden, Unavailable
+from piloop_common.sdk.client import ApiClient
 
 RELAY_ENV = "PILOOP_RELAY"
 JOB_ENV = "PILOOP_JOB"
