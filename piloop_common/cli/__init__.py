@@ -14,11 +14,12 @@ from piloop_common.cli.campaign import campaign
 from piloop_common.cli.cas import cas
 from piloop_common.cli.config import config
 from piloop_common.cli.context import Cli
-from piloop_common.cli.daemon import init, serve, status, stop
+from piloop_common.cli.daemon import init, serve, stop
 from piloop_common.cli.jobs import job
 from piloop_common.cli.relay import progress
 from piloop_common.cli.schedule import schedule
 from piloop_common.cli.secret import secret
+from piloop_common.cli.status import status
 from piloop_common.cli.task import task
 from piloop_common.cli.ui import ui
 from piloop_common.cli.worker import worker
