@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 import pytest
 
-from piloop_common.cli.jobs import _policy
+from piloop_common.cli.submit import _policy
 from piloop_common.errors import BadRequest
 from piloop_common.protocol.worker import JobSpec
 from piloop_common.sizes import format_memory, parse_memory
