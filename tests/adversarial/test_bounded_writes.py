@@ -75,7 +75,7 @@ class World:
 
     def volatile(self, key: str) -> bool:
         k = self.k
-        beats = {k.events(), k.deadlines(), k.daemon(), k.tokens_version(), k.disruption()}
+        beats = {k.events(), k.deadlines(), k.daemon(), k.disruption()}
         for name in (self.w.name, self.holder.name, "serve"):
             beats |= {k.worker(name), k.worker_alive(name)}
         return key in beats or key.startswith(k.rq_prefix())

@@ -68,7 +68,7 @@ class World:
         """What a live daemon and a worker's own beat rewrite whatever the attempt: the events stream (checked on its
         own), the lease deadlines, the daemon's pass, the workers' records and alive keys, rq's keys."""
         k = self.k
-        beats = {k.events(), k.deadlines(), k.daemon(), k.tokens_version(), k.disruption()}
+        beats = {k.events(), k.deadlines(), k.daemon(), k.disruption()}
         for name in (*self.workers, "serve"):
             beats |= {k.worker(name), k.worker_alive(name)}
         return key in beats or key.startswith(k.rq_prefix())

@@ -32,7 +32,7 @@ class World:
     def volatile(self, key: str) -> bool:
         """What a live daemon rewrites whatever the attempt (the events stream is checked on its own)."""
         k = self.k
-        beats = {k.events(), k.deadlines(), k.daemon(), k.tokens_version(), k.disruption(), k.dependencies_cursor()}
+        beats = {k.events(), k.deadlines(), k.daemon(), k.disruption(), k.dependencies_cursor()}
         for name in (*self.workers, "serve"):
             beats |= {k.worker(name), k.worker_alive(name)}
         return key in beats or key.startswith(k.rq_prefix())

@@ -111,7 +111,7 @@ class World:
         """What live workers and the pass rewrite on their own, whatever a relayed call does: the events stream,
         the lease deadlines, the daemon's pass, each worker's record and alive key, the background tasks' keys."""
         k = self.k
-        beats = {k.events(), k.deadlines(), k.daemon(), k.tokens_version(), k.disruption()}
+        beats = {k.events(), k.deadlines(), k.daemon(), k.disruption()}
         for name in (*self.tokens, "serve"):
             beats |= {k.worker(name), k.worker_alive(name)}
         return key in beats or key.startswith(k.rq_prefix())
