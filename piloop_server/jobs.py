@@ -188,7 +188,3 @@ def listing(rt: Runtime, state: str | None, pool: str | None, limit: int = 200) 
         if len(out) >= limit:
             break
     return out, skipped
-
-
-def is_done(state: str) -> bool:
-    return state in TERMINAL_STATES

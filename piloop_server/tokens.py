@@ -165,12 +165,6 @@ def check_stored_names(client: Client, keys: Keys) -> None:
             )
 
 
-def open_verifier(settings: Any, home: Path) -> Callable[[str], bool]:
-    """For `piloop cas serve`: accepts a bearer token when `open_namer` names it."""
-    name_of = open_namer(settings, home)
-    return lambda token: name_of(token) is not None
-
-
 def open_namer(settings: Any, home: Path) -> Callable[[str], str | None]:
     """For `piloop cas serve`: the name of a live worker, operator or admin token, None for anything else."""
     from piloop_server.state.connection import connect

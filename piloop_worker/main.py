@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from piloop_common import logformat
 from piloop_common.errors import ConfigError, PiloopError
 from piloop_common.logformat import LogFormat
+from piloop_worker.logger import log
 
 if TYPE_CHECKING:
     from piloop_common.config.settings import Settings
@@ -28,7 +29,6 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_IN_USE, EXIT_UNTRUSTED = 0,
 # how long `piloop serve`'s own worker waits for the directory: the worker of a daemon that died detaches meanwhile
 SERVE_DIR_WAIT = 60.0
 CREDENTIAL_ENV = "PILOOP_WORKER_CREDENTIAL"
-log = logging.getLogger("piloop.worker")
 
 
 def _fail(msg: str, code: int = EXIT_USAGE) -> int:
@@ -132,9 +132,8 @@ def run_worker(
     host = ShimHost(job_user, tasks_path=path, warm_tasks=warm).start()
     logformat.setup(log_format or settings.log_format)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per call would drown the worker's own
-    # a few lines a job: the format names no source line, thread or process, so don't look them up for each
-    # (the logging docs' "Optimization"); a tenth of the worker's CPU per job went to logging before
-    logging._srcfile = None
+    # a few lines a job: the format names no thread or process, so don't look them up for each (the logging docs'
+    # "Optimization"; piloop_worker/logger.py skips the source line)
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     try:
         return _run(

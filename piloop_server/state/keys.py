@@ -210,11 +210,6 @@ class Keys:
         """Hash sha256(token) -> token name."""
         return self._k("tokens", "by_hash")
 
-    def tokens_version(self) -> str:
-        """A counter each write to the tokens bumps: a server whose cached tokens were confirmed at one value knows
-        them unchanged while it reads the same."""
-        return self._k("tokens", "version")
-
     def secrets(self) -> str:
         """Hash secret name -> its record: AES-GCM nonce and ciphertext, key id, who set it, when (never a value)."""
         return self._k("secrets")

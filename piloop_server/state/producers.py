@@ -16,10 +16,22 @@ class Producers:
     scripts: Scripts
 
     def enqueue(
-        self, job_id: str, kind: str, pool: str, spec: dict[str, Any], *, by: str, campaign: str = "", image: str = ""
+        self,
+        job_id: str,
+        kind: str,
+        pool: str,
+        spec: dict[str, Any],
+        *,
+        by: str,
+        campaign: str = "",
+        image: str = "",
+        now_ms: int | None = None,
     ) -> int:
+        """Queue a new job; when it was queued (ms). `now_ms` sets that time (tests order jobs with it), else
+        Redis's clock does."""
         keys = self._enqueue_keys(job_id, kind, pool)
-        return int(self.scripts.run("enqueue", keys, [job_id, kind, pool, campaign, image, json.dumps(spec), by]))
+        when = "" if now_ms is None else str(now_ms)
+        return int(self.scripts.run("enqueue", keys, [job_id, kind, pool, campaign, image, json.dumps(spec), by, when]))
 
     def _enqueue_keys(self, job_id: str, kind: str, pool: str) -> list[str]:
         k = self.k
@@ -30,7 +42,7 @@ class Producers:
     ) -> list[int | PiloopError]:
         """`enqueue` of each (job id, spec) in one round trip (the queue-depth bench fills deep queues with it)."""
         calls: list[tuple[list[str], list[Any]]] = [
-            (self._enqueue_keys(j, kind, pool), [j, kind, pool, "", "", json.dumps(spec), by]) for j, spec in jobs
+            (self._enqueue_keys(j, kind, pool), [j, kind, pool, "", "", json.dumps(spec), by, ""]) for j, spec in jobs
         ]
         return [r if isinstance(r, PiloopError) else int(r) for r in self.scripts.run_many("enqueue", calls)]
 

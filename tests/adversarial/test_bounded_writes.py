@@ -16,31 +16,18 @@ import redis
 from piloop_common.cas.local import LocalStore
 from piloop_common.protocol.worker import HELD_MOST, LOG_CHUNKS_PER_CALL, RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
 from piloop_server.state.keys import Keys
+from tests.helpers import adversary
+from tests.helpers.adversary import executor, live_beats, pool
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import Daemon, short_home
 from tests.helpers.workers import HandWorker, events, kill_tree_of, submit, token, view
 
 LOG_MOST, REPORT_MOST, EVENTS_MOST, VALUE_MOST, PROGRESS_KEEP = 50, 4096, 1000, 64, 5
 LOG_BYTES, CHUNK, RESULT_BYTES = 64 * 1024, 8192, 4096
-CONFIG = f"""
-[plugins.executor]
-renew_seconds = 0.5
-grace_seconds = 20
-toleration_seconds = 60
-request_timeout_seconds = 1
-kill_grace_seconds = 1
-pass_seconds = 0.2
-
-[plugins.executor.pools.serve]
-agents = 0
-evaluations = 0
-
-[plugins.executor.pools.gpu]
-agents = 1
-evaluations = 8
-max_load = 1000
-min_memory_gb = 0
-
+CONFIG = (
+    executor(20, 60)
+    + pool("gpu", 1, 8)
+    + f"""
 [plugins.state]
 events_max = {EVENTS_MOST}
 event_value_bytes = {VALUE_MOST}
@@ -50,6 +37,7 @@ result_max_bytes = {RESULT_BYTES}
 report_max_bytes = {REPORT_MOST}
 progress_keep = {PROGRESS_KEEP}
 """
+)
 
 
 def addr(i: int) -> str:
@@ -74,11 +62,7 @@ class World:
         return Keys(self.ns)
 
     def volatile(self, key: str) -> bool:
-        k = self.k
-        beats = {k.events(), k.deadlines(), k.daemon(), k.tokens_version(), k.disruption()}
-        for name in (self.w.name, self.holder.name, "serve"):
-            beats |= {k.worker(name), k.worker_alive(name)}
-        return key in beats or key.startswith(k.rq_prefix())
+        return key in live_beats(self.k, (self.w.name, self.holder.name)) or key.startswith(self.k.rq_prefix())
 
 
 @pytest.fixture(scope="module")
@@ -102,30 +86,9 @@ def world(redis_server):
         r.close()
 
 
-def value(r: redis.Redis, raw: bytes) -> object:
-    t = r.type(raw).decode()
-    if t == "string":
-        return r.get(raw)
-    if t == "hash":
-        return r.hgetall(raw)
-    if t == "set":
-        return r.smembers(raw)
-    if t == "zset":
-        return r.zrange(raw, 0, -1, withscores=True)
-    if t == "list":
-        return r.lrange(raw, 0, -1)
-    if t == "stream":
-        return r.xrange(raw)
-    return t
-
-
 def snapshot(w: World, volatile: bool = False) -> dict[str, object]:
     """Every key of the namespace, whole; the live-beat keys aside unless `volatile`."""
-    out = {}
-    for raw in w.r.scan_iter(match=w.k.prefix() + "*", count=1000):
-        if volatile or not w.volatile(raw.decode()):
-            out[raw.decode()] = value(w.r, raw)
-    return out
+    return adversary.snapshot(w.r, w.k, (lambda key: False) if volatile else w.volatile)
 
 
 def leased(w: World, by: HandWorker | None = None) -> dict:

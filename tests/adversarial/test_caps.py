@@ -6,7 +6,6 @@ bounded amount."""
 from __future__ import annotations
 
 import json
-import uuid
 
 import httpx
 import psutil
@@ -14,9 +13,9 @@ import pytest
 import redis
 
 from piloop_server.state.keys import Keys
-from tests.adversarial.test_foreign_lease import CONFIG
+from tests.helpers.adversary import LONG_TIMINGS
 from tests.helpers.keyspace import DAEMON_CHURN, settled
-from tests.helpers.workers import HandWorker, kill_tree_of, tcp_server, token
+from tests.helpers.workers import HandWorker, token
 
 CAPS = {
     "claim_want_max": 16,
@@ -44,19 +43,13 @@ CHURN = (*DAEMON_CHURN, "dependencies:cursor")  # the pass's own
 
 
 @pytest.fixture(scope="module")
-def world(redis_server):
-    ns = "t" + uuid.uuid4().hex[:10]
-    env = {"PILOOP_PLUGINS": json.dumps({"state": CAPS})}
-    d = tcp_server(redis_server.url, ns, extra="", config=CONFIG, env=env)
-    r = redis.Redis.from_url(redis_server.url)
-    w = World(d, r, ns)
+def world(tcp_daemon):
+    s = tcp_daemon(LONG_TIMINGS, env={"PILOOP_PLUGINS": json.dumps({"state": CAPS})})
+    w = World(s.d, s.r, s.ns)
     try:
         yield w
     finally:
         w.op.close()
-        d.cleanup()
-        kill_tree_of(str(d.home))
-        r.close()
 
 
 def refused(resp: httpx.Response, key: str) -> None:

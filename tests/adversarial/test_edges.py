@@ -28,44 +28,14 @@ from piloop_common.cas.local import LocalStore
 from piloop_common.protocol.worker import JOB_ID, RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
 from piloop_server.state.keys import Keys
 from piloop_server.state.records.secret import SecretRecord
+from tests.helpers.adversary import PROXY_NETWORK, executor, pool
 from tests.helpers.keyspace import DAEMON_CHURN, keyspace, settled
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
-from tests.helpers.workers import HandWorker, kill_tree_of, state, submit, tcp_server, token, view
+from tests.helpers.workers import HandWorker, state, submit, token, view
 
 # long timings: nothing of the daemon's own clock fences the silent hand worker's lease while the module runs
-CONFIG = """
-[plugins.executor]
-renew_seconds = 0.5
-grace_seconds = 120
-toleration_seconds = 600
-request_timeout_seconds = 1
-kill_grace_seconds = 1
-pass_seconds = 0.2
-
-[plugins.executor.pools.serve]
-agents = 1
-evaluations = 1
-max_load = 1000
-min_memory_gb = 0
-
-[plugins.executor.pools.gpu]
-agents = 1
-evaluations = 4
-max_load = 1000
-min_memory_gb = 0
-"""
-# the proxy network with a worker rule and an act rule, without a proxy: the tests stamp the claims themselves
-PROXY_NETWORK = """
-[plugins.network]
-provider = "proxy"
-claims = { org = "x-org-id", principal = "x-principal" }
-name_claims = ["principal"]
-rules = [
-  { when = { org = "acme", principal = "key-0123" }, access = "worker" },
-  { when = { org = "acme" }, access = "act" },
-]
-"""
+CONFIG = executor(120, 600, serve=(1, 1)) + pool("gpu", 1, 4)
 # the job writes each TSEC_ variable's name with a hash of its value
 ENV_JOB = textwrap.dedent("""
     import hashlib, json, os
@@ -97,10 +67,9 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world(redis_server):
-    ns = "t" + uuid.uuid4().hex[:10]
-    d = tcp_server(redis_server.url, ns, extra="", config=CONFIG)
-    r = redis.Redis.from_url(redis_server.url)
+def world(tcp_daemon):
+    s = tcp_daemon(CONFIG)
+    d = s.d
     w = None
     try:
         w = HandWorker(d, "gpua", token(d, "gpua", "--pool", "gpu"), "gpu").register()
@@ -108,13 +77,10 @@ def world(redis_server):
         job = submit(d, "true", pool="gpu")
         lease = w.claim()
         assert lease["job"] == job, lease
-        yield World(d, r, Keys(ns), w, fleet, lease)
+        yield World(d, s.r, s.k, w, fleet, lease)
     finally:
         if w is not None:
             w.close()
-        d.cleanup()
-        kill_tree_of(str(d.home))
-        r.close()
 
 
 def refused(resp: httpx.Response, *says: str, status: int = 400) -> str:

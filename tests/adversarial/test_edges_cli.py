@@ -23,7 +23,7 @@ import pytest
 from piloop_common.cas.local import LocalStore
 from piloop_server.provisioner.base import NAME_ENV, TAG_ENV
 from piloop_server.state.keys import Keys
-from tests.adversarial.test_edges import PROXY_NETWORK
+from tests.helpers.adversary import PROXY_NETWORK
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, piloop, short_home
 from tests.helpers.workers import kill_tree_of, token

@@ -20,36 +20,10 @@ import redis
 from piloop_common.cas.local import LocalStore
 from piloop_common.protocol.worker import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
 from piloop_server.state.keys import Keys
-from tests.helpers.slowdown import scaled
-from tests.helpers.workers import HandWorker, events, kill_tree_of, submit, tcp_server, token, view
+from tests.helpers import adversary
+from tests.helpers.adversary import LONG_TIMINGS, live_beats
+from tests.helpers.workers import HandWorker, events, submit, token, view
 
-# long timings: nothing of the daemon's own clock fences A's lease while a test runs, nor makes the hand workers
-# (which beat only when a test says so) unreachable while the module's tests run, however slow the machine
-CONFIG = f"""
-[plugins.executor]
-renew_seconds = 0.5
-grace_seconds = {scaled(20):g}
-toleration_seconds = {scaled(60):g}
-request_timeout_seconds = 1
-kill_grace_seconds = 1
-pass_seconds = 0.2
-
-[plugins.executor.pools.serve]
-agents = 0
-evaluations = 0
-
-[plugins.executor.pools.gpu]
-agents = 1
-evaluations = 4
-max_load = 1000
-min_memory_gb = 0
-
-[plugins.executor.pools.judge]
-agents = 0
-evaluations = 1
-max_load = 1000
-min_memory_gb = 0
-"""
 ADDR = "sha256:" + "ab" * 32
 
 
@@ -65,53 +39,25 @@ class World:
         return Keys(self.ns)
 
     def volatile(self, key: str) -> bool:
-        """What a live daemon and a worker's own beat rewrite whatever the attempt: the events stream (checked on its
-        own), the lease deadlines, the daemon's pass, the workers' records and alive keys, rq's keys."""
-        k = self.k
-        beats = {k.events(), k.deadlines(), k.daemon(), k.tokens_version(), k.disruption()}
-        for name in (*self.workers, "serve"):
-            beats |= {k.worker(name), k.worker_alive(name)}
-        return key in beats or key.startswith(k.rq_prefix())
+        """The live-beat keys (tests.helpers.adversary.live_beats), rq's keys."""
+        return key in live_beats(self.k, self.workers) or key.startswith(self.k.rq_prefix())
 
 
 @pytest.fixture(scope="module")
-def world(redis_server):
-    ns = "t" + uuid.uuid4().hex[:10]
-    d = tcp_server(redis_server.url, ns, extra="", config=CONFIG)
-    r = redis.Redis.from_url(redis_server.url)
+def world(tcp_daemon):
+    s = tcp_daemon(LONG_TIMINGS)
     made: dict[str, HandWorker] = {}
     try:
         for name, pool in (("gpua", "gpu"), ("gpub", "gpu"), ("judgeb", "judge")):
-            made[name] = HandWorker(d, name, token(d, name, "--pool", pool), pool).register()
-        yield World(d, r, ns, made)
+            made[name] = HandWorker(s.d, name, token(s.d, name, "--pool", pool), pool).register()
+        yield World(s.d, s.r, s.ns, made)
     finally:
         for w in made.values():
             w.close()
-        d.cleanup()
-        kill_tree_of(str(d.home))
-        r.close()
 
 
 def snapshot(w: World) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for raw in w.r.scan_iter(match=w.k.prefix() + "*", count=1000):
-        k = raw.decode()
-        if w.volatile(k):
-            continue
-        t = w.r.type(raw).decode()
-        if t == "string":
-            out[k] = w.r.get(raw)
-        elif t == "hash":
-            out[k] = w.r.hgetall(raw)
-        elif t == "set":
-            out[k] = w.r.smembers(raw)
-        elif t == "zset":
-            out[k] = w.r.zrange(raw, 0, -1, withscores=True)
-        elif t == "list":
-            out[k] = w.r.lrange(raw, 0, -1)
-        elif t == "stream":
-            out[k] = w.r.xrange(raw)
-    return out
+    return adversary.snapshot(w.r, w.k, w.volatile)
 
 
 def leased_job(w: World, kind: str = "evaluation") -> dict:

@@ -17,8 +17,9 @@ from piloop_common.errors import LeaseLost
 from piloop_server.state.keys import Keys
 from piloop_server.state.relay import Caller as RelayCaller
 from piloop_server.state.relay import RelayState
-from tests.adversarial.test_foreign_lease import CONFIG, snapshot
-from tests.helpers.workers import HandWorker, events, kill_tree_of, submit, tcp_server, token, view
+from tests.helpers import adversary
+from tests.helpers.adversary import LONG_TIMINGS, live_beats
+from tests.helpers.workers import HandWorker, events, submit, token, view
 
 
 class World:
@@ -32,27 +33,24 @@ class World:
     def volatile(self, key: str) -> bool:
         """What a live daemon rewrites whatever the attempt (the events stream is checked on its own)."""
         k = self.k
-        beats = {k.events(), k.deadlines(), k.daemon(), k.tokens_version(), k.disruption(), k.dependencies_cursor()}
-        for name in (*self.workers, "serve"):
-            beats |= {k.worker(name), k.worker_alive(name)}
+        beats = live_beats(k, self.workers) | {k.dependencies_cursor()}
         return key in beats or key.startswith(k.rq_prefix())
 
 
 @pytest.fixture(scope="module")
-def world(redis_server):
-    ns = "t" + uuid.uuid4().hex[:10]
-    d = tcp_server(redis_server.url, ns, extra="", config=CONFIG)
-    r = redis.Redis.from_url(redis_server.url)
+def world(tcp_daemon):
+    s = tcp_daemon(LONG_TIMINGS)
     made: dict[str, HandWorker] = {}
     try:
-        made["gpua"] = HandWorker(d, "gpua", token(d, "gpua", "--pool", "gpu"), "gpu").register()
-        yield World(d, r, ns, made)
+        made["gpua"] = HandWorker(s.d, "gpua", token(s.d, "gpua", "--pool", "gpu"), "gpu").register()
+        yield World(s.d, s.r, s.ns, made)
     finally:
         for w in made.values():
             w.close()
-        d.cleanup()
-        kill_tree_of(str(d.home))
-        r.close()
+
+
+def snapshot(w: World) -> dict[str, object]:
+    return adversary.snapshot(w.r, w.k, w.volatile)
 
 
 def renamed(d, tok: str, name: str, pool: str = "gpu") -> HandWorker:
@@ -73,7 +71,7 @@ def test_a_rename_token_cannot_act_as_a_live_worker(world):
     job, lease = leased(world)
     thief = renamed(world.d, token(world.d, "fleet", "--pool", "gpu", "--rename"), "gpua")
     seen = len(events(world.d, "lease.foreign_token"))
-    before = snapshot(world)  # type: ignore[arg-type]
+    before = snapshot(world)
     owner_before = world.r.hgetall(world.k.worker("gpua"))
     rid = "r" + uuid.uuid4().hex[:12]
     try:
@@ -94,7 +92,7 @@ def test_a_rename_token_cannot_act_as_a_live_worker(world):
         assert log.status_code == 409 and log.json()["error"] == "lease_lost", log.text
     finally:
         thief.close()
-    after = snapshot(world)  # type: ignore[arg-type]
+    after = snapshot(world)
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     assert not changed, changed
     rec = world.r.hgetall(world.k.worker("gpua"))
@@ -216,7 +214,7 @@ def test_a_relayed_call_is_bound_to_the_token_that_claimed(world):
     job, lease = leased(world)
     relay = RelayState(world.r, world.k, 200)
     seen = len(events(world.d, "lease.foreign_token"))
-    before = snapshot(world)  # type: ignore[arg-type]
+    before = snapshot(world)
     with pytest.raises(LeaseLost, match="is not leased to worker gpua"):
         relay.check(RelayCaller(job, lease, "gpua", "token:fleet"))
     with pytest.raises(LeaseLost):

@@ -9,7 +9,8 @@ import uuid
 import httpx
 import pytest
 
-from tests.helpers.workers import tcp_server, token
+from tests.helpers.serve import FAST_EXECUTOR
+from tests.helpers.workers import GPU, token
 
 SECRET = "NAME_ONLY_ADMINS_SEE"
 OPERATOR = "robot-only-admins-see"
@@ -19,28 +20,25 @@ HIDDEN = "(hidden)"
 
 
 @pytest.fixture(scope="module")
-def world(redis_server):
-    d = tcp_server(redis_server.url, "t" + uuid.uuid4().hex[:10])
-    try:
-        names = {role: f"{role}-{uuid.uuid4().hex[:6]}" for role in ("viewer", "operator", "admin")}
-        tokens = {role: token(d, name, "--role", role) for role, name in names.items()}
-        op = token(d, OPERATOR, "--role", "operator")
-        token(d, WORKER, "--pool", "gpu")
-        token(d, GONE, "--role", "viewer")
-        d.cli("token", "revoke", GONE, check=True)
-        d.cli("secret", "set", SECRET, input="value", check=True)
-        d.cli("secret", "rm", SECRET, check=True)
-        # a write signed by the operator's token: job.queued names it in `by`
-        resp = httpx.post(
-            f"{d.url}/v1/jobs",  # type: ignore[attr-defined]
-            headers={"authorization": f"Bearer {op}"},
-            json={"pool": "gpu", "spec": {"argv": ["true"]}},
-            timeout=10,
-        )
-        assert resp.status_code == 200, resp.text
-        yield d, tokens, names
-    finally:
-        d.cleanup()
+def world(tcp_daemon):
+    d = tcp_daemon(FAST_EXECUTOR + GPU).d
+    names = {role: f"{role}-{uuid.uuid4().hex[:6]}" for role in ("viewer", "operator", "admin")}
+    tokens = {role: token(d, name, "--role", role) for role, name in names.items()}
+    op = token(d, OPERATOR, "--role", "operator")
+    token(d, WORKER, "--pool", "gpu")
+    token(d, GONE, "--role", "viewer")
+    d.cli("token", "revoke", GONE, check=True)
+    d.cli("secret", "set", SECRET, input="value", check=True)
+    d.cli("secret", "rm", SECRET, check=True)
+    # a write signed by the operator's token: job.queued names it in `by`
+    resp = httpx.post(
+        f"{d.url}/v1/jobs",  # type: ignore[attr-defined]
+        headers={"authorization": f"Bearer {op}"},
+        json={"pool": "gpu", "spec": {"argv": ["true"]}},
+        timeout=10,
+    )
+    assert resp.status_code == 200, resp.text
+    return d, tokens, names
 
 
 def _get(d, tok: str, path: str, **params) -> httpx.Response:

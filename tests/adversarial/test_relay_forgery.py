@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,46 +21,13 @@ import redis
 
 from piloop_common.protocol.worker import RELAY_JOB_HEADER, RELAY_TOKEN_HEADER, JobSpec
 from piloop_server.state.keys import Keys
+from tests.helpers import adversary
+from tests.helpers.adversary import executor, live_beats, pool
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import Daemon
-from tests.helpers.workers import (
-    RemoteWorker,
-    events,
-    kill_tree_of,
-    lease_token,
-    state,
-    submit,
-    tcp_server,
-    token,
-    view,
-)
+from tests.helpers.workers import RemoteWorker, events, lease_token, state, submit, token, view
 
-# toleration 10 > grace 2 + 2 × renew 0.5 + request timeout 1 + kill grace 1
-CONFIG = """
-[plugins.executor]
-renew_seconds = 0.5
-grace_seconds = 2
-toleration_seconds = 10
-request_timeout_seconds = 1
-kill_grace_seconds = 1
-pass_seconds = 0.2
-
-[plugins.executor.pools.serve]
-agents = 0
-evaluations = 0
-
-[plugins.executor.pools.gpu]
-agents = 4
-evaluations = 1
-max_load = 1000
-min_memory_gb = 0
-
-[plugins.executor.pools.judge]
-agents = 0
-evaluations = 1
-max_load = 1000
-min_memory_gb = 0
-"""
+CONFIG = executor(2, 10) + pool("gpu", 4, 1) + pool("judge", 0, 1)
 EVAL = 'echo "evaluating $(git rev-parse HEAD)"; echo score=7'
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
 
@@ -110,11 +76,7 @@ class World:
     def volatile(self, key: str) -> bool:
         """What live workers and the pass rewrite on their own, whatever a relayed call does: the events stream,
         the lease deadlines, the daemon's pass, each worker's record and alive key, the background tasks' keys."""
-        k = self.k
-        beats = {k.events(), k.deadlines(), k.daemon(), k.tokens_version(), k.disruption()}
-        for name in (*self.tokens, "serve"):
-            beats |= {k.worker(name), k.worker_alive(name)}
-        return key in beats or key.startswith(k.rq_prefix())
+        return key in live_beats(self.k, self.tokens) or key.startswith(self.k.rq_prefix())
 
     def lease(self, what: str) -> Lease:
         return self.leases[what]
@@ -134,12 +96,11 @@ def campaign_agent(d: Daemon, name: str) -> Lease:
 
 
 @pytest.fixture(scope="module")
-def world(redis_server, tmp_path_factory):
+def world(tcp_daemon, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("forgery")
-    ns = "t" + uuid.uuid4().hex[:10]
-    d = tcp_server(redis_server.url, ns, extra="", config=CONFIG)
+    s = tcp_daemon(CONFIG)
+    d, r, ns = s.d, s.r, s.ns
     made: dict[str, RemoteWorker] = {}
-    r = redis.Redis.from_url(redis_server.url)
     try:
         tokens = {
             "gpu1": token(d, "gpu1", "--pool", "gpu"),
@@ -210,9 +171,6 @@ def world(redis_server, tmp_path_factory):
             d.cli("campaign", "pause", c)
         for wk in made.values():
             wk.cleanup()
-        d.cleanup()
-        kill_tree_of(str(d.home))
-        r.close()
 
 
 def relay(
@@ -241,25 +199,7 @@ def as_holder(w: World, what: str, method: str, path: str, body: object = None, 
 
 def snapshot(w: World) -> dict[str, object]:
     """Every key of the namespace with its whole value, read by type; the live-beat keys aside."""
-    out: dict[str, object] = {}
-    for raw in w.r.scan_iter(match=w.k.prefix() + "*", count=1000):
-        k = raw.decode()
-        if w.volatile(k):
-            continue
-        t = w.r.type(raw).decode()
-        if t == "string":
-            out[k] = w.r.get(raw)
-        elif t == "hash":
-            out[k] = w.r.hgetall(raw)
-        elif t == "set":
-            out[k] = w.r.smembers(raw)
-        elif t == "zset":
-            out[k] = w.r.zrange(raw, 0, -1, withscores=True)
-        elif t == "list":
-            out[k] = w.r.lrange(raw, 0, -1)
-        elif t == "stream":
-            out[k] = w.r.xrange(raw)
-    return out
+    return adversary.snapshot(w.r, w.k, w.volatile)
 
 
 def refused(w: World, call, status: int, *words: str) -> dict:

@@ -25,31 +25,14 @@ import redis
 
 from piloop_common.protocol.worker import PROTOCOL, RELAY_JOB_HEADER, RELAY_MARKER_HEADER, RELAY_TOKEN_HEADER
 from piloop_server.state.keys import Keys
+from tests.helpers.adversary import executor, pool
 from tests.helpers.redis import wait_for
 from tests.helpers.users import system_user
-from tests.helpers.workers import RemoteWorker, kill_tree_of, state, submit, tcp_server, token, view
+from tests.helpers.workers import RemoteWorker, state, submit, token, view
 
 PYTHON = "/usr/bin/python3"  # a job run as another user cannot run this venv's interpreter under root's home
 JOB_USER = "piloop-job-test"
-CONFIG = """
-[plugins.executor]
-renew_seconds = 0.5
-grace_seconds = 2
-toleration_seconds = 10
-request_timeout_seconds = 1
-kill_grace_seconds = 1
-pass_seconds = 0.2
-
-[plugins.executor.pools.serve]
-agents = 0
-evaluations = 0
-
-[plugins.executor.pools.gpu]
-agents = 0
-evaluations = 2
-max_load = 1000
-min_memory_gb = 0
-"""
+CONFIG = executor(2, 10) + pool("gpu", 0, 2)
 
 # each way to spell "leave /v1/relay/ for <tail>", <tail> being a route under /v1 ("worker/claim")
 ENCODINGS = {
@@ -116,14 +99,12 @@ def _job_user() -> pwd.struct_passwd:
 
 
 @pytest.fixture(scope="module")
-def server(redis_server):
-    ns = "t" + uuid.uuid4().hex[:10]
-    d = tcp_server(redis_server.url, ns, extra="", config=CONFIG)
-    d.keys = Keys(ns)  # type: ignore[attr-defined]
+def server(tcp_daemon):
+    s = tcp_daemon(CONFIG)
+    d = s.d
+    d.keys = s.k  # type: ignore[attr-defined]
     d.cli("secret", "set", "VICTIM_KEY", input="v-" + uuid.uuid4().hex, check=True)
-    yield d
-    d.cleanup()
-    kill_tree_of(str(d.home))
+    return d
 
 
 def _records(r: redis.Redis, k: Keys, victim: str) -> dict:

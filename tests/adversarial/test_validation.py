@@ -5,32 +5,21 @@ such values with a 4xx, writing nothing."""
 
 from __future__ import annotations
 
-import uuid
-
 import httpx
 import pytest
-import redis
 
 from piloop_common.protocol.worker import SKIPPED_HEADER
-from piloop_server.state.keys import Keys
-from tests.adversarial.test_foreign_lease import CONFIG
+from tests.helpers.adversary import LONG_TIMINGS
 from tests.helpers.keyspace import DAEMON_CHURN, settled
-from tests.helpers.workers import HandWorker, kill_tree_of, submit, tcp_server, token
+from tests.helpers.workers import HandWorker, submit, token
 
 CHURN = (*DAEMON_CHURN, "dependencies:cursor")  # the pass's own
 
 
 @pytest.fixture(scope="module")
-def world(redis_server):
-    ns = "t" + uuid.uuid4().hex[:10]
-    d = tcp_server(redis_server.url, ns, extra="", config=CONFIG)
-    r = redis.Redis.from_url(redis_server.url)
-    try:
-        yield d, r, Keys(ns)
-    finally:
-        d.cleanup()
-        kill_tree_of(str(d.home))
-        r.close()
+def world(tcp_daemon):
+    s = tcp_daemon(LONG_TIMINGS)
+    return s.d, s.r, s.k
 
 
 def test_the_door_refuses_what_redis_could_not_hold(world):

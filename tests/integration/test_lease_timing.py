@@ -4,8 +4,6 @@ never leased where a claim meets it and in the pass, and never one that started.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from piloop_server.state.generation import GenerationRecord, ensure_generation
@@ -38,16 +36,16 @@ def _claim(leases: Leases, most: int = 1) -> list[str]:
     return [lease.job for lease in leases.claim("w1", "p", "evaluation", slots=10, image="", most=most).leases]
 
 
-def _enqueue(leases: Leases, job: str, **spec) -> int:
-    return leases.enqueue(job, "evaluation", "p", {"argv": ["true"], **spec}, by="human:t")
+def _enqueue(leases: Leases, job: str, now_ms: int | None = None, **spec) -> int:
+    return leases.enqueue(job, "evaluation", "p", {"argv": ["true"], **spec}, by="human:t", now_ms=now_ms)
 
 
 def test_claims_take_the_highest_priority_first_fifo_within_one_and_a_requeued_job_keeps_its_place(leases):
     plan = [("low", 0), ("high", 9), ("mid1", 5), ("mid2", 5), ("low2", 0)]
     at = {}
-    for job, priority in plan:
-        at[job] = _enqueue(leases, job, priority=priority)
-        time.sleep(0.002)  # distinct enqueue times: FIFO within a priority is by them
+    t0 = _redis_ms(leases)
+    for i, (job, priority) in enumerate(plan):
+        at[job] = _enqueue(leases, job, now_ms=t0 + i, priority=priority)  # FIFO within a priority is by the time
     scores = dict(
         (j.decode(), s) for j, s in leases.r.zrange(leases.k.queue("p", "evaluation"), 0, -1, withscores=True)
     )
@@ -72,9 +70,9 @@ def test_a_countdown_waits_in_delayed_and_the_pass_queues_it_when_its_time_comes
 
 
 def test_a_claim_ends_an_expired_job_instead_of_leasing_it_late(leases):
-    _enqueue(leases, "stale", expires_seconds=0.2)
-    time.sleep(0.002)  # first in line
-    _enqueue(leases, "fresh")
+    t0 = _redis_ms(leases)
+    _enqueue(leases, "stale", now_ms=t0, expires_seconds=0.2)  # first in line
+    _enqueue(leases, "fresh", now_ms=t0 + 1)
     expires = int(leases.r.hget(leases.k.job("stale"), "expires"))
     wait_for(lambda: _redis_ms(leases) > expires, 5, what="Redis's clock past the expiry")
     assert _claim(leases) == ["fresh"]  # the expired head is ended, and the claim goes on to the next

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from piloop_common.errors import LeaseLost, NotFound
@@ -33,11 +31,16 @@ def _state(leases: Leases, job: str) -> str:
     return leases.r.hget(leases.k.job(job), "state").decode()
 
 
+def _redis_ms(leases: Leases) -> int:
+    s, us = leases.r.time()
+    return s * 1000 + us // 1000
+
+
 def test_claim_takes_oldest_first_and_respects_slots(leases):
     _worker(leases)
+    t0 = _redis_ms(leases)
     for i in range(3):
-        leases.enqueue(f"j{i}", "evaluation", "p", {"argv": ["true"]}, by="human:t")
-        time.sleep(0.002)  # distinct enqueue scores
+        leases.enqueue(f"j{i}", "evaluation", "p", {"argv": ["true"]}, by="human:t", now_ms=t0 + i)
     c = leases.claim("w1", "p", "evaluation", slots=2, image="", most=5)
     assert [lease.job for lease in c.leases] == ["j0", "j1"]
     assert fence(c.leases[1].token) > fence(c.leases[0].token)
@@ -55,11 +58,10 @@ def test_claim_reads_past_jobs_it_may_not_run_in_pages_and_keeps_their_order(lea
     plan = [(f"a{i}", "", 0) for i in range(3)] + [(x, "img:2", 0) for x in other[:3]]  # the first read: 6
     plan += [(f"b{i}", "img:1", 100) for i in range(2)] + [(y, "img:2", 0) for y in other[3:]]  # the next 16
     plan += [(f"big{i}", "", 4096) for i in range(2)] + [(f"c{i}", "", 0) for i in range(3)]
-    for job, image, mb in plan:
-        leases.enqueue(
-            job, "evaluation", "p", {"argv": ["true"], **({"memory_mb": mb} if mb else {})}, by="human:t", image=image
-        )
-        time.sleep(0.002)  # distinct enqueue scores
+    t0 = _redis_ms(leases)
+    for i, (job, image, mb) in enumerate(plan):
+        spec = {"argv": ["true"], **({"memory_mb": mb} if mb else {})}
+        leases.enqueue(job, "evaluation", "p", spec, by="human:t", image=image, now_ms=t0 + i)
     c = leases.claim("w1", "p", "evaluation", slots=10, image="img:1", most=6, room_mb=1024)
     assert [lease.job for lease in c.leases] == ["a0", "a1", "a2", "b0", "b1", "c0"]
     c = leases.claim("w1", "p", "evaluation", slots=10, image="img:1", most=6, room_mb=1024)
@@ -88,11 +90,10 @@ def test_claim_reasons(leases):
 def test_agents_go_to_the_campaign_with_fewest_live(leases):
     _worker(leases)
     _worker(leases, "w2")
-    leases.enqueue("a1", "agent", "p", {}, by="human:t", campaign="big")
-    time.sleep(0.002)
-    leases.enqueue("a2", "agent", "p", {}, by="human:t", campaign="big")
-    time.sleep(0.002)
-    leases.enqueue("b1", "agent", "p", {}, by="human:t", campaign="small")
+    t0 = _redis_ms(leases)
+    leases.enqueue("a1", "agent", "p", {}, by="human:t", campaign="big", now_ms=t0)
+    leases.enqueue("a2", "agent", "p", {}, by="human:t", campaign="big", now_ms=t0 + 1)
+    leases.enqueue("b1", "agent", "p", {}, by="human:t", campaign="small", now_ms=t0 + 2)
     first = leases.claim("w1", "p", "agent", slots=1, image="")
     assert [lease.job for lease in first.leases] == ["a1"]
     # big now has one live agent, small none: small's job goes first though it is newer
@@ -146,9 +147,9 @@ def test_report_is_idempotent_and_stale_reports_are_kept(leases):
 
 def test_reports_in_one_batch_answer_each_in_order_and_one_error_leaves_the_others(leases):
     _worker(leases)
-    for j in ("c", "a", "b"):
-        leases.enqueue(j, "evaluation", "p", {}, by="human:t")
-        time.sleep(0.002)
+    t0 = _redis_ms(leases)
+    for i, j in enumerate(("c", "a", "b")):
+        leases.enqueue(j, "evaluation", "p", {}, by="human:t", now_ms=t0 + i)
     lc, la, lb = leases.claim("w1", "p", "evaluation", slots=3, image="", most=3).leases
     assert leases.report("rc", "c", lc.token, "w1", "succeeded", {})["answer"] == "accepted"  # its SHA now known
     leases.r.script_flush()  # as after a restart of Redis: every script of the batch meets NOSCRIPT, and runs once

@@ -75,3 +75,23 @@ def test_a_json_line_keeps_its_own_keys_and_carries_the_traceback():
     first, second = (json.loads(x) for x in out.getvalue().splitlines())
     assert (first["level"], first["logger"], first["type"], first["job"]) == ("info", "piloop.test", "x", "j1")
     assert first["ts"].endswith("Z") and second["type"] == "y" and "ValueError: boom" in second["exc"]
+
+
+def test_the_worker_logger_writes_its_lines_without_looking_up_their_caller():
+    """In a process that imports the worker as `piloop worker` does (its entry first), every worker module's logger
+    is the callerless one: its lines carry no source line or function."""
+    import subprocess
+    import sys
+
+    code = (
+        "import logging, piloop_worker.main\n"
+        "from piloop_worker import fencing\n"
+        "got = []\n"
+        "h = logging.Handler()\n"
+        "h.emit = got.append\n"
+        "fencing.log.addHandler(h)\n"
+        "fencing.log.warning('event=x job=%s', 'j1')\n"
+        "print(type(fencing.log).__name__, got[0].lineno, got[0].funcName, got[0].getMessage())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split(maxsplit=3) == ["CallerlessLogger", "0", "(unknown", "function) event=x job=j1\n"], out
