@@ -15,8 +15,7 @@ import redis
 
 from piloop_common.errors import LeaseLost
 from piloop_server.state.keys import Keys
-from piloop_server.state.relay import Caller as RelayCaller
-from piloop_server.state.relay import RelayState
+from piloop_server.state.relay import RelayCaller, RelayState
 from tests.adversarial.test_foreign_lease import CONFIG, snapshot
 from tests.helpers.workers import HandWorker, events, kill_tree_of, submit, tcp_server, token, view
 
