@@ -169,13 +169,13 @@ def run_task(rt: Runtime) -> None:
 
 def due_ms(rt: Runtime, started_ms: int) -> tuple[int | None, int | None]:
     """(when the last collection ended, when the pass queues the next; epoch ms, None: none yet / never) as
-    `Schedule` decides it, for `piloop status`: a period after the last one, or after the daemon started."""
+    `GcSchedule` decides it, for `piloop status`: a period after the last one, or after the daemon started."""
     every = rt.settings.plugins.retention.cas_gc_seconds
     last = last_gc_ms(rt.redis, rt.keys)
     return last, None if every <= 0 else int((started_ms if last is None else last) + every * 1000)
 
 
-class Schedule:
+class GcSchedule:
     """The pass's part: queue `run_task` once every `cas_gc_seconds` since the last collection ended (any daemon's:
     the end time is in Redis), or since this daemon started when none has; it looks at most once a minute (or once a
     period, when shorter) and writes nothing to Redis itself."""
