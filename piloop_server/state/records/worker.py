@@ -16,7 +16,7 @@ def _i(v: Any) -> int:
 
 
 @dataclass(frozen=True)
-class Worker:
+class WorkerRecord:
     name: str
     pool: str = ""
     image: str = ""
@@ -37,7 +37,7 @@ class Worker:
     @classmethod
     def from_hash(
         cls, h: dict[Any, Any], alive: bool = False, leases: dict[str, list[str]] | None = None
-    ) -> Worker | None:
+    ) -> WorkerRecord | None:
         """The record of an HGETALL reply; None for an empty one (no such worker)."""
         if not h:
             return None
@@ -66,5 +66,5 @@ class Worker:
 
 
 BESIDE = ("alive", "leases")  # read from keys beside the hash, not stored in it
-# attribute -> the hash field it is stored under: each field of `Worker` not beside it, under its own name
-FIELDS: dict[str, str] = {f.name: f.name for f in fields(Worker) if f.name not in BESIDE}
+# attribute -> the hash field it is stored under: each field of `WorkerRecord` not beside it, under its own name
+FIELDS: dict[str, str] = {f.name: f.name for f in fields(WorkerRecord) if f.name not in BESIDE}
