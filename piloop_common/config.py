@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from piloop_common.bytecaps import LOG_MAX_BYTES, RESULT_MAX_BYTES
@@ -15,17 +15,13 @@ from piloop_common.cas.config import CasConfig, LocalCasConfig
 from piloop_common.config_provisioner import ComputeConfig as ComputeConfig  # re-exported: config's models too
 from piloop_common.config_provisioner import LocalCompute as LocalCompute
 from piloop_common.config_provisioner import ModalCompute as ModalCompute
-from piloop_common.config_provisioner import ProvisionerConfig
+from piloop_common.config_provisioner import ProvisionerConfig, _Model
 from piloop_common.config_provisioner import RegistryConfig as RegistryConfig
 
 CONFIG_FILE = "config.toml"
 
 
 RUNNER_PROCESS: Literal["process"] = "process"
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 # --- executor ----------------------------------------------------------------------------
