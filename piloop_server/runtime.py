@@ -21,7 +21,7 @@ from piloop_server.state.failover import Failover, Watch
 from piloop_server.state.generation import GenerationCheck, GenerationRecord, current_generation, ensure_generation
 from piloop_server.state.jobs import JobsState
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Leases
+from piloop_server.state.leases import LeasesState
 from piloop_server.state.nested import Nested
 from piloop_server.state.provisioned import ProvisionedState
 from piloop_server.state.records.lease import Caps, Timings
@@ -42,7 +42,7 @@ class Runtime:
     cas_id: str
     keys: Keys = field(init=False)
     caps: Caps = field(init=False)
-    leases: Leases = field(init=False)
+    leases: LeasesState = field(init=False)
     disruption: Disruption = field(init=False)
     tokens: TokenStore = field(init=False)
     limits: Limits = field(init=False)
@@ -68,7 +68,7 @@ class Runtime:
         self.keys = Keys(self.settings.namespace)
         self.executor = self.settings.plugins.executor
         self.caps = Caps.from_state(self.settings.plugins.state, self.settings.plugins.retention)
-        self.leases = Leases(self.redis, self.keys, Timings.from_executor(self.executor), self.caps)
+        self.leases = LeasesState(self.redis, self.keys, Timings.from_executor(self.executor), self.caps)
         self.disruption = Disruption(self.redis, self.keys, self.caps.events)
         self.tokens = TokenStore(self.redis, self.keys, cache_seconds=CACHE_SECONDS)
         self.limits = Limits(self.redis, self.keys)

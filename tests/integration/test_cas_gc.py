@@ -32,7 +32,7 @@ from piloop_common.cas.local import LocalStore
 from piloop_server.cas_gc import collect
 from piloop_server.state.campaigns import CampaignsState
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Leases
+from piloop_server.state.leases import LeasesState
 from piloop_server.state.records.campaign import Campaign
 from piloop_server.state.records.lease import Timings
 from piloop_server.state.references import GcLock, References
@@ -202,7 +202,7 @@ def _world(store: Store, backend: Backend, r: Any, keys: Keys) -> World:
     manifest = store.put_bytes(json.dumps({"notes/a.txt": in_ws}).encode())
     sizes[manifest] = store.size(manifest)
     old = [put(f"old{i}") for i in range(5)]
-    leases = Leases(r, keys, Timings(2000, 6000))
+    leases = LeasesState(r, keys, Timings(2000, 6000))
     leases.enqueue("jqueuedaaaaaa", "evaluation", "p", {"argv": ["cat"], "inputs": {"in": queued}}, by="admin")
     leases.enqueue("jretainedaaaa", "evaluation", "p", {"argv": ["cat"], "inputs": {"in": spec}}, by="admin")
     assert leases.cancel("jretainedaaaa", "admin") == "cancelled"
@@ -291,7 +291,7 @@ def test_a_second_gc_says_so_and_a_concurrent_put_and_gc_lose_nothing(
     # a collection during which: a second one starts (and finds the lock held), an old unreferenced blob is put
     # again and a job naming it is submitted (between the listing and the second mark), and new blobs keep coming
     revived = w.old[0]
-    leases = Leases(redis_client, keys, Timings(2000, 6000))
+    leases = LeasesState(redis_client, keys, Timings(2000, 6000))
     reports: list[Any] = []
 
     def after_listing() -> None:

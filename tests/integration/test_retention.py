@@ -13,7 +13,7 @@ import pytest
 
 from piloop_server.state.campaigns import CampaignsState
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Leases
+from piloop_server.state.leases import LeasesState
 from piloop_server.state.records.campaign import Campaign
 from piloop_server.state.records.lease import Timings
 from piloop_server.state.retention import Horizons, Retention
@@ -79,7 +79,7 @@ def test_ended_jobs_leave_redis_past_their_horizon_and_job_show_says_why(retaini
 
 def test_a_campaigns_ended_jobs_stay_while_it_exists_and_go_once_it_is_removed(redis_client, namespace):
     keys = Keys(namespace)
-    leases = Leases(redis_client, keys, Timings(2000, 6000))
+    leases = LeasesState(redis_client, keys, Timings(2000, 6000))
     retention = Retention(redis_client, keys)
     campaigns = CampaignsState(redis_client, keys)
     campaigns.reserve("c1")
@@ -205,7 +205,7 @@ def test_two_prunes_at_once_remove_each_job_once(redis_server, redis_client, nam
     import redis
 
     keys = Keys(namespace)
-    leases = Leases(redis_client, keys, Timings(2000, 6000))
+    leases = LeasesState(redis_client, keys, Timings(2000, 6000))
     jobs = [f"jtwo{i:09d}" for i in range(300)]
     for job in jobs:
         leases.enqueue(job, "evaluation", "p", {"argv": ["true"]}, by="admin")
