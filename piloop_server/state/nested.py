@@ -23,7 +23,7 @@ DEPTH_MOST = 8  # levels of nested work: a job, its child, its grandchild, …
 LIMITS = (CHILDREN_MOST, DEPTH_MOST)
 
 
-class Nested:
+class NestedState:
     def __init__(self, client: redis.Redis, keys: Keys, cap: EventCap | None = None) -> None:
         self.r = client
         self.k = keys

@@ -171,7 +171,7 @@ def _fence_call(name: str, keys: list[str], args: list[Any], fence: Fence | None
 class EventCap:
     """The events stream's bound, appended by `Scripts` as the last ARGV of every call (include/events.lua reads
     it there): about `most` entries, each value cut past `value_bytes`; and the inbox's, `inbox_most` items (kept by
-    `Events`, not sent to the scripts)."""
+    `EventsState`, not sent to the scripts)."""
 
     most: int = 100_000
     value_bytes: int = 1024

@@ -10,13 +10,13 @@ import pytest
 from piloop_common.config import ExecutorConfig
 from piloop_server.daemon import disruption_policy
 from piloop_server.leader import RENEWALS_PER_TTL, Leadership
-from piloop_server.state.disruption import Disruption
+from piloop_server.state.disruption import DisruptionState
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
 from piloop_server.state.leader import LeaderLease
 from piloop_server.state.leases import LeasesState
 from piloop_server.state.records.lease import Timings
-from piloop_server.state.retention import Horizons, Retention
+from piloop_server.state.retention import Horizons, RetentionState
 from piloop_server.state.scripts import Fenced, fenced
 from tests.helpers.redis import wait_for
 
@@ -100,8 +100,8 @@ def test_every_pass_script_refuses_a_stale_token(redis_client, keys):
     with pytest.raises(Fenced):
         leases.due(stale)
     with pytest.raises(Fenced):
-        Retention(redis_client, keys).prune(Horizons(1, 1), fence=stale)
-    dis = Disruption(redis_client, keys)
+        RetentionState(redis_client, keys).prune(Horizons(1, 1), fence=stale)
+    dis = DisruptionState(redis_client, keys)
     with pytest.raises(Fenced):
         dis.decide(disruption_policy(ExecutorConfig()), stale)
     assert dis.forget(("w1",), "service:daemon", stale) == []  # refused: the worker stays
