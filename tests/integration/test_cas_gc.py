@@ -35,7 +35,7 @@ from piloop_server.state.keys import Keys
 from piloop_server.state.leases import LeasesState
 from piloop_server.state.records.campaign import Campaign
 from piloop_server.state.records.lease import Timings
-from piloop_server.state.references import GcLock, References
+from piloop_server.state.references import GcLock, ReferencesState
 from tests.helpers.redis import wait_for
 from tests.helpers.s3 import free_port, start_moto, stop, wait_until_answers
 
@@ -371,7 +371,7 @@ def test_the_mark_reads_every_kind_of_key(redis_client: Any, namespace: str) -> 
     r.xadd(keys.events(), {"type": "t", "blob": a[6]})
     r.hset(keys.rq_prefix() + ":job:t1", mapping={"data": zlib.compress(repr(("f", [a[7]])).encode())})
     r.set("{other}:job:j1", "sha256:" + "f" * 64)  # another namespace's: not read
-    marked = References(r, keys).mark()
+    marked = ReferencesState(r, keys).mark()
     assert marked.addresses == set(a)
     assert marked.manifests == {a[2]}
     assert marked.keys == 7
