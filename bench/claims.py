@@ -33,7 +33,7 @@ from piloop_common.errors import Unavailable
 from piloop_common.sdk.client import ApiClient
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Leases
+from piloop_server.state.leases import LeasesState
 from piloop_server.state.records.lease import Timings
 from piloop_server.tokens import TokenStore
 from tests.helpers.redis import RedisProcess, free_port
@@ -58,13 +58,13 @@ min_memory_gb = 0
 """
 
 
-def fresh(r: redis.Redis, tmp: Path) -> Leases:
+def fresh(r: redis.Redis, tmp: Path) -> LeasesState:
     keys = Keys("b" + uuid.uuid4().hex[:8])
     ensure_generation(r, keys, GenerationRecord(tmp / f"{keys.namespace}.json"), 0)
-    return Leases(r, keys, TIMINGS)
+    return LeasesState(r, keys, TIMINGS)
 
 
-def fill(lz: Leases, n: int, pool: str = "bench") -> None:
+def fill(lz: LeasesState, n: int, pool: str = "bench") -> None:
     for i in range(n):
         lz.enqueue(f"j{i}", "evaluation", pool, {"argv": ["true"]}, by="human:bench")
 
@@ -120,7 +120,7 @@ def http_rates(rp: RedisProcess, n: int, workers: int) -> tuple[float, float]:
         tokens = TokenStore(r, keys)
         with d.api() as api:
             cas_id = api.call("GET", "/v1/status")["cas"]["id"]
-        lz = Leases(r, keys, TIMINGS)
+        lz = LeasesState(r, keys, TIMINGS)
         fill(lz, n)
         w = SimWorker(
             ApiClient(url=f"http://127.0.0.1:{port}", token=tokens.create("claimer", by="human:bench")), "bench", cas_id
@@ -264,7 +264,7 @@ def server_load(
         tokens = TokenStore(r, keys)
         with d.api() as api:
             cas_id = api.call("GET", "/v1/status")["cas"]["id"]
-        lz = Leases(r, keys, TIMINGS)
+        lz = LeasesState(r, keys, TIMINGS)
         fill(lz, workers)
         pids = {"server": d.proc.pid, "redis": rp.proc.pid}  # type: ignore[union-attr]
         out["server_rss_rest_mib"] = psutil.Process(d.proc.pid).memory_info().rss / 2**20  # type: ignore[union-attr]

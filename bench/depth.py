@@ -1,7 +1,7 @@
 """Queue depth: what one claim costs, and what Redis holds, with 1k .. 1M evaluations queued; beside it the bytes a
 queued job costs rq and Celery (Redis broker) for the same count.
 
-piloop: a fresh namespace, `depth` evaluations queued through the state layer (`Leases.enqueue_many`, the enqueue
+piloop: a fresh namespace, `depth` evaluations queued through the state layer (`LeasesState.enqueue_many`, the enqueue
 script in pipelines of 1,000: this measures the claim, not the submit), then `claims` single claims (`most=1`) by
 one registered worker, each timed on its own; used_memory's delta over the depth is the bytes a queued job holds
 (its hash, its place in the queue, its share of the events stream, which is capped at `events_max`). rq: the same

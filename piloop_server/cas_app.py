@@ -17,20 +17,13 @@ from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse
 
 from piloop_common.cas.base import Store
-from piloop_common.errors import Forbidden, PiloopError, Unauthorized, Unavailable
+from piloop_common.errors import Forbidden, PiloopError, TooLarge, Unauthorized, Unavailable
 from piloop_server.api.cas import cas_router, sweep_router
 from piloop_server.state.connection import UNREACHABLE
 
 MIB = 1024 * 1024
 DEFAULT_MAX_PUT_MB = 4096
 DEFAULT_MAX_BODY_MB = 16
-
-
-class TooLarge(PiloopError):
-    """A body over its cap: nothing of it is stored."""
-
-    code = "too_large"
-    status = 413
 
 
 class BodyCap:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from piloop_common.cas.base import Listed, Store
 from piloop_common.errors import BlobMissing, Conflict
 from piloop_server.state.keys import Keys
-from piloop_server.state.references import ADDRESS, GcLock, Marked, References, gc_ended, last_gc_ms
+from piloop_server.state.references import ADDRESS, GcLock, Marked, ReferencesState
 
 if TYPE_CHECKING:
     from piloop_server.runtime import Runtime
@@ -88,7 +88,7 @@ def collect(
         if not dry_run and not lock.renew():
             raise Conflict("the CAS garbage collection lost its lock (it ran longer than its TTL): it stopped")
 
-    refs = References(client, keys)
+    refs = ReferencesState(client, keys)
     try:
         before = time.time() - grace_seconds
         marked = _follow(store, refs.mark(renew), set())
@@ -122,7 +122,7 @@ def collect(
             gone = set(store.delete_blobs([b.address for b in batch], before))
             for blob in batch:
                 (report.removed if blob.address in gone else report.young).add(blob.size)
-        gc_ended(client, keys)
+        refs.gc_ended()
         log.info(
             "event=cas.gc removed=%d removed_bytes=%d kept=%d kept_bytes=%d",
             report.removed.blobs,
@@ -169,13 +169,13 @@ def run_task(rt: Runtime) -> None:
 
 def due_ms(rt: Runtime, started_ms: int) -> tuple[int | None, int | None]:
     """(when the last collection ended, when the pass queues the next; epoch ms, None: none yet / never) as
-    `Schedule` decides it, for `piloop status`: a period after the last one, or after the daemon started."""
+    `GcSchedule` decides it, for `piloop status`: a period after the last one, or after the daemon started."""
     every = rt.settings.plugins.retention.cas_gc_seconds
-    last = last_gc_ms(rt.redis, rt.keys)
+    last = ReferencesState(rt.redis, rt.keys).last_gc_ms()
     return last, None if every <= 0 else int((started_ms if last is None else last) + every * 1000)
 
 
-class Schedule:
+class GcSchedule:
     """The pass's part: queue `run_task` once every `cas_gc_seconds` since the last collection ended (any daemon's:
     the end time is in Redis), or since this daemon started when none has; it looks at most once a minute (or once a
     period, when shorter) and writes nothing to Redis itself."""
@@ -196,7 +196,7 @@ class Schedule:
         self.checked_at = now
         if self.queued_at is not None and now - self.queued_at < min(every, RETRY_SECONDS):
             return False
-        last = last_gc_ms(rt.redis, rt.keys)
+        last = ReferencesState(rt.redis, rt.keys).last_gc_ms()
         if time.time() * 1000 - (self.started_ms if last is None else last) < every * 1000:
             return False
         from piloop_server import tasks

@@ -76,8 +76,8 @@ class Pass:
         self.count = 0
         self.events_trimmed_at = 0.0  # monotonic: events are trimmed by age once a minute
         self.provisioner: Any = None  # piloop_server.provisioner.Provisioner, when serve gives one
-        self.cas_gc = cas_gc.Schedule()
-        self.logs = logfiles.Schedule()
+        self.cas_gc = cas_gc.GcSchedule()
+        self.logs = logfiles.RotationSchedule()
         # called when a pass queued jobs or freed slots: serve wakes the claims waiting at its API (long polls), which
         # would otherwise find those jobs only when their wait ends (up to a renew period)
         self.wake: Callable[[], None] = lambda: None

@@ -20,9 +20,9 @@ from pydantic.fields import FieldInfo
 from piloop_common.config.settings import ExecutorConfig
 from piloop_common.errors import BadRequest, NotFound
 from piloop_common.protocol.operator import LimitView
-from piloop_server.state import limits as state
 from piloop_server.state.connection import Client
 from piloop_server.state.keys import Keys
+from piloop_server.state.limits import LimitsState
 from piloop_server.state.records.limit import Limit
 
 TIMING_KEYS = frozenset(
@@ -162,9 +162,10 @@ class Limits:
     def __init__(self, client: Client, keys: Keys) -> None:
         self.r = client
         self.k = keys
+        self.stored = LimitsState(client, keys)
 
     def all(self) -> dict[str, Limit]:
-        return state.every(self.r, self.k)
+        return self.stored.every()
 
     def views(self) -> list[LimitView]:
         return [
@@ -193,9 +194,9 @@ class Limits:
         value = data
         for p in key.split(".")[1:]:
             value = value[p]
-        state.put(self.r, self.k, key, Limit(value, reason, by, int(time.time() * 1000)))
+        self.stored.put(key, Limit(value, reason, by, int(time.time() * 1000)))
         return value
 
     def unset(self, key: str) -> None:
-        if not state.remove(self.r, self.k, key):
+        if not self.stored.remove(key):
             raise NotFound(f"{key}: no limit is set (see `piloop limits list`)")

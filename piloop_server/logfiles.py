@@ -100,7 +100,7 @@ def check_seconds() -> float:
         return CHECK_SECONDS
 
 
-class Schedule:
+class RotationSchedule:
     """The pass's part: rotate the known logs over `log_max_bytes` at the first pass and once every CHECK_SECONDS."""
 
     def __init__(self) -> None:

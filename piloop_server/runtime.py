@@ -14,20 +14,20 @@ from piloop_server.limits import Limits
 from piloop_server.secrets import Secrets
 from piloop_server.state.campaigns import CampaignsState
 from piloop_server.state.connection import Client
-from piloop_server.state.dependencies import Dependencies
-from piloop_server.state.disruption import Disruption
-from piloop_server.state.events import Events
+from piloop_server.state.dependencies import DependenciesState
+from piloop_server.state.disruption import DisruptionState
+from piloop_server.state.events import EventsState
 from piloop_server.state.failover import Failover, Watch
 from piloop_server.state.generation import GenerationCheck, GenerationRecord, current_generation, ensure_generation
 from piloop_server.state.jobs import JobsState
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Leases
-from piloop_server.state.nested import Nested
+from piloop_server.state.leases import LeasesState
+from piloop_server.state.nested import NestedState
 from piloop_server.state.provisioned import ProvisionedState
 from piloop_server.state.records.lease import Caps, Timings
 from piloop_server.state.relay import RelayState
-from piloop_server.state.retention import Retention
-from piloop_server.state.schedules import Schedules
+from piloop_server.state.retention import RetentionState
+from piloop_server.state.schedules import SchedulesState
 from piloop_server.state.taskqueue import TaskQueues
 from piloop_server.state.workers import WorkersState
 from piloop_server.tokens import CACHE_SECONDS, TokenStore
@@ -42,22 +42,22 @@ class Runtime:
     cas_id: str
     keys: Keys = field(init=False)
     caps: Caps = field(init=False)
-    leases: Leases = field(init=False)
-    disruption: Disruption = field(init=False)
+    leases: LeasesState = field(init=False)
+    disruption: DisruptionState = field(init=False)
     tokens: TokenStore = field(init=False)
     limits: Limits = field(init=False)
-    events: Events = field(init=False)
+    events: EventsState = field(init=False)
     secrets: Secrets = field(init=False)
     provisioned: ProvisionedState = field(init=False)
     jobs: JobsState = field(init=False)
     workers: WorkersState = field(init=False)
     campaigns: CampaignsState = field(init=False)
     relay: RelayState = field(init=False)
-    dependencies: Dependencies = field(init=False)
-    schedules: Schedules = field(init=False)
-    nested: Nested = field(init=False)
+    dependencies: DependenciesState = field(init=False)
+    schedules: SchedulesState = field(init=False)
+    nested: NestedState = field(init=False)
     taskqueues: TaskQueues = field(init=False)
-    retention: Retention = field(init=False)
+    retention: RetentionState = field(init=False)
     user: str = field(default_factory=getpass.getuser)
     server_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     executor: ExecutorConfig = field(init=False)
@@ -68,22 +68,22 @@ class Runtime:
         self.keys = Keys(self.settings.namespace)
         self.executor = self.settings.plugins.executor
         self.caps = Caps.from_state(self.settings.plugins.state, self.settings.plugins.retention)
-        self.leases = Leases(self.redis, self.keys, Timings.from_executor(self.executor), self.caps)
-        self.disruption = Disruption(self.redis, self.keys, self.caps.events)
+        self.leases = LeasesState(self.redis, self.keys, Timings.from_executor(self.executor), self.caps)
+        self.disruption = DisruptionState(self.redis, self.keys, self.caps.events)
         self.tokens = TokenStore(self.redis, self.keys, cache_seconds=CACHE_SECONDS)
         self.limits = Limits(self.redis, self.keys)
-        self.events = Events(self.redis, self.keys, self.caps.events)
+        self.events = EventsState(self.redis, self.keys, self.caps.events)
         self.secrets = Secrets(self.redis, self.keys, self.home)  # refuses a key file others can read
         self.provisioned = ProvisionedState(self.redis, self.keys)
         self.jobs = JobsState(self.redis, self.keys)
         self.workers = WorkersState(self.redis, self.keys)
         self.campaigns = CampaignsState(self.redis, self.keys)
         self.taskqueues = TaskQueues(self.redis, self.keys.rq_prefix())
-        self.retention = Retention(self.redis, self.keys)
+        self.retention = RetentionState(self.redis, self.keys)
         self.relay = RelayState(self.redis, self.keys, self.caps.progress_keep)  # one per runtime: its SHAs load once
-        self.dependencies = Dependencies(self.redis, self.keys, self.caps.events)
-        self.schedules = Schedules(self.redis, self.keys, self.caps.events)
-        self.nested = Nested(self.redis, self.keys, self.caps.events)
+        self.dependencies = DependenciesState(self.redis, self.keys, self.caps.events)
+        self.schedules = SchedulesState(self.redis, self.keys, self.caps.events)
+        self.nested = NestedState(self.redis, self.keys, self.caps.events)
         self.refresh_limits()
 
     def check_generation(self, record: GenerationRecord) -> GenerationCheck:

@@ -143,10 +143,10 @@ def _failed(job: Any, connection: Client, exc_type: Any, exc_value: Any, _tb: An
     if job.retries_left:
         log.warning("event=task.retrying func=%s key=%s retries_left=%d error=%s", func, key, job.retries_left, error)
         return
-    from piloop_server.state.events import Events
+    from piloop_server.state.events import EventsState
 
     ns = (job.meta or {}).get("namespace") or (_rt.keys.namespace if _rt else "piloop")
-    Events(connection, Keys(ns)).add("task.failed", BY, func=func, key=key, error=error[:2000])
+    EventsState(connection, Keys(ns)).add("task.failed", BY, func=func, key=key, error=error[:2000])
     log.error("event=task.failed func=%s key=%s error=%s", func, key, error)
 
 

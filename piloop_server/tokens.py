@@ -19,11 +19,11 @@ from typing import Any
 
 from piloop_common.errors import BadRequest, Conflict, NotFound, Refused
 from piloop_common.names import check_name, problem
-from piloop_server.state import names as stored_names
-from piloop_server.state import tokens as state
 from piloop_server.state.connection import Client
 from piloop_server.state.keys import Keys
+from piloop_server.state.names import NamesState
 from piloop_server.state.records.token import Token
+from piloop_server.state.tokens import TokensState
 
 PREFIX = "plt_"
 CACHE_SECONDS = 2.0  # the server's bound: a token revoked elsewhere is refused within this
@@ -46,6 +46,7 @@ class TokenStore:
     def __init__(self, client: Client, keys: Keys, cache_seconds: float = 0.0) -> None:
         self.r = client
         self.k = keys
+        self.stored = TokensState(client, keys)
         self.cache_seconds = cache_seconds
         self._cache: dict[str, tuple[Token, float]] = {}  # token hash -> its live record, when its read was sent
         self._lock = threading.Lock()
@@ -78,7 +79,7 @@ class TokenStore:
             rename,
             role,
         )
-        old = state.create(self.r, self.k, rec)
+        old = self.stored.create(rec)
         if old is not None and not old.revoked:
             raise Conflict(f"token {name} exists: revoke it first (`piloop token revoke {name}`)")
         if old is not None:
@@ -86,13 +87,13 @@ class TokenStore:
         return token
 
     def get(self, name: str) -> Token | None:
-        return state.get(self.r, self.k, name)
+        return self.stored.get(name)
 
     def list(self) -> list[Token]:
-        return state.every(self.r, self.k)
+        return self.stored.every()
 
     def revoke(self, name: str) -> Token:
-        rec = state.revoke(self.r, self.k, name)
+        rec = self.stored.revoke(name)
         if rec is None:
             raise NotFound(f"no token named {name} (see `piloop token list`)")
         self._forget(rec.hash)
@@ -100,7 +101,7 @@ class TokenStore:
 
     def purge(self) -> list[Token]:
         """Remove the revoked tokens' records: they are then unknown, as tokens never made."""
-        gone = state.purge_revoked(self.r, self.k)
+        gone = self.stored.purge_revoked()
         for rec in gone:
             self._forget(rec.hash)
         return gone
@@ -122,7 +123,7 @@ class TokenStore:
             return rec
         h = hash_token(token)
         sent, forgotten = time.monotonic(), self._forgotten
-        rec = state.by_hash(self.r, self.k, h)
+        rec = self.stored.by_hash(h)
         # compare in constant time even though the lookup was by hash: the record is the truth
         if rec is None or not hmac.compare_digest(rec.hash, h):
             raise Refused("the server does not know this token")
@@ -150,7 +151,7 @@ class TokenStore:
 def check_stored_names(client: Client, keys: Keys) -> None:
     """At start: Conflict naming the first token or worker name in Redis that the name rule refuses (one made
     before the rule), and how to remove it, since such a name may collide with another key."""
-    for kind, name in stored_names.stored(client, keys):
+    for kind, name in NamesState(client, keys).stored():
         # the daemon's own worker `serve` registers over the socket: the reserved names are its
         why = problem(name, reserved_ok=kind == "worker")
         if why:

@@ -14,7 +14,7 @@ from piloop_server import pools
 from piloop_server.provisioner.manager import records as provisioned_records
 from piloop_server.runtime import Runtime
 from piloop_server.state.records.lease import KINDS
-from piloop_server.state.records.worker import Worker
+from piloop_server.state.records.worker import WorkerRecord
 
 log = logging.getLogger("piloop.workers")
 
@@ -48,7 +48,7 @@ def views_counted(rt: Runtime) -> tuple[list[WorkerView], int]:
     return _with_provisioned(rt, recs, out), skipped
 
 
-def _view(rt: Runtime, w: Worker, mb: int, now: int) -> WorkerView:
+def _view(rt: Runtime, w: WorkerRecord, mb: int, now: int) -> WorkerView:
     """One worker's view; ValueError (pydantic's too), TypeError or KeyError for a record that cannot be read."""
     raw = w.sample_dict()
     sample = HostSample.model_validate({k: v for k, v in raw.items() if k != "admission"}) if raw else None
@@ -84,7 +84,7 @@ def _view(rt: Runtime, w: Worker, mb: int, now: int) -> WorkerView:
     )
 
 
-def _with_provisioned(rt: Runtime, recs: list[Worker], out: list[WorkerView]) -> list[WorkerView]:
+def _with_provisioned(rt: Runtime, recs: list[WorkerRecord], out: list[WorkerView]) -> list[WorkerView]:
     # a worker the server started shows from its start, before it registers
     names = {w.name for w in recs}
     for n, rec in provisioned_records(rt).items():

@@ -25,7 +25,7 @@ class Claiming(Part):
         held = self.snapshot()
         for h in held:
             if h.job not in self.grants:
-                self.grants[h.job] = int((h.jd.record() or {}).get("memory_mb") or 0)
+                self.grants[h.job] = (h.record.memory_mb if h.record else None) or 0
             total += self.grants[h.job]
         for job in set(self.grants) - {h.job for h in held}:
             del self.grants[job]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from piloop_common.protocol.report import ReportRequest
 from piloop_worker.cgroups import JobCgroup
 from piloop_worker.jobdir import JobDir
+from piloop_worker.jobrecord import JobRecord
 from piloop_worker.logs import LogShipper
 
 REPORT_NS = uuid.UUID("5d1b7c3e-8f0a-4e4b-9c55-7a1f0c2d9e61")
@@ -33,3 +34,4 @@ class Held:
     tries: int = 0
     disk_error: bool = False
     cgroup: JobCgroup | None = None  # given back (`Cgroups.give`) with its dir, once the job is reported
+    record: JobRecord | None = None  # its job.json, as written at its start or read at re-attach

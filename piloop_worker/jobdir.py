@@ -36,11 +36,14 @@ import json
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from piloop_common.files import read_file, temp_beside, write_all, write_file
 from piloop_worker.shimproto import ExitRecord, ShimRecord, StopReason
 from piloop_worker.sparedirs import SpareDirs, rmtree
+
+if TYPE_CHECKING:  # the shim host imports this module, and a task's fork pays for pydantic (test_worker_parts)
+    from piloop_worker.jobrecord import JobRecord
 
 
 def atomic_write(path: Path, data: bytes | str, mode: int = 0o600, durable: bool = True) -> None:
@@ -147,7 +150,7 @@ class JobDir:
     work = _path("work")
     workspace = _path("workspace")  # a campaign agent's copy of the shared workspace
 
-    def create(self, job_record: dict[str, Any], deadline: float | None = None, spare: SpareDirs | None = None) -> None:
+    def create(self, job_record: JobRecord, deadline: float | None = None, spare: SpareDirs | None = None) -> None:
         """The dirs with `work/` and `outputs/` (`inputs/` comes with the first input; a `spare` dir, emptied by an
         earlier job, where there is one), `job.json` and the first deadline. Those two are written in place, not
         through a temp file and a rename (a file made and one deleted, per job): no shim reads them yet, and a worker
@@ -161,7 +164,7 @@ class JobDir:
         if fresh:
             for d in (self.outputs, self.work):
                 d.mkdir(exist_ok=True)
-        write_file(self.job_json, json.dumps(job_record, sort_keys=True))
+        write_file(self.job_json, job_record.to_json())
         if deadline is not None:
             write_file(self.deadline_file, _deadline_text(deadline))
 
@@ -170,8 +173,18 @@ class JobDir:
         if spare is None or not spare.give(self.root):
             rmtree(self.root, ignore_errors=True)
 
-    def record(self) -> dict[str, Any] | None:
-        return read_json(self.job_json)
+    def record(self) -> JobRecord | None:
+        """The job's record; None where the dir has none. BadJobRecord when `job.json` is not one (a worker that died
+        writing it left a part)."""
+        from piloop_worker.jobrecord import BadJobRecord, JobRecord  # the worker's side only: pydantic
+
+        try:
+            text = read_file(self.job_json)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise BadJobRecord(f"{self.job_json}: cannot be read ({e})") from e
+        return JobRecord.from_json(text, str(self.job_json))
 
     def write_fetched(self, n: int) -> None:
         atomic_write(self.fetched_file, str(int(n)))

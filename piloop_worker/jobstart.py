@@ -22,6 +22,7 @@ from piloop_worker import clock
 from piloop_worker.fencing import fence_deadline
 from piloop_worker.held import Held
 from piloop_worker.jobdir import JobDir
+from piloop_worker.jobrecord import JobRecord
 from piloop_worker.logs import LogShipper
 from piloop_worker.parts import Part
 from piloop_worker.relay import socket_path
@@ -65,11 +66,8 @@ class JobStarts(Part):
                     self.register_with(self.api, self.snapshot())
             return
         jd = JobDir.for_lease(self.workdir, a.job, a.token)
-        record = a.model_dump(mode="json", exclude={"secrets"})
-        record["secret_names"] = sorted(a.secrets)
-        record["claimed_at"] = time.time()
         relay_at = self.relay.path_for(jd.root) if self.relay is not None else socket_path(jd.root)
-        record["relay"] = str(relay_at)
+        record = JobRecord.from_assignment(a, relay_at, time.time())
         try:
             # the claim renewed nothing yet: the lease's clock started at most when the claim was sent
             jd.create(record, fence_deadline(sent, self.timing), self.spare)
@@ -81,7 +79,7 @@ class JobStarts(Part):
             self._release(a, f"{why}: {e.strerror}")
             self.next_claim = clock.now() + 10 * self.timed.renew_seconds
             return
-        h = Held(a.job, a.token, a.kind, jd, LogShipper(jd))
+        h = Held(a.job, a.token, a.kind, jd, LogShipper(jd), record=record)
         with self.lock:
             self.held[a.job] = h
         self._relay_for(a.job, a.token, relay_at, jd)

@@ -248,9 +248,8 @@ class Worker(Claiming, JobStarts, Reporting):
         for h in found:
             st = statuses.get(h.job, "lost")
             if st == "ok" and not h.jd.exit_json.exists():
-                self._relay_for(
-                    h.job, h.token, Path((h.jd.record() or {}).get("relay") or socket_path(h.jd.root)), h.jd
-                )
+                relay_at = Path(h.record.relay) if h.record and h.record.relay else socket_path(h.jd.root)
+                self._relay_for(h.job, h.token, relay_at, h.jd)
             log.info("event=job.reattached job=%s token=%s status=%s", h.job, h.token, st)
 
     # -- the loop ----------------------------------------------------------------------------

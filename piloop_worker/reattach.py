@@ -12,6 +12,7 @@ from piloop_worker.cgroups import Cgroups
 from piloop_worker.fencing import bury, cgroup_of
 from piloop_worker.held import Held
 from piloop_worker.jobdir import scan
+from piloop_worker.jobrecord import BadJobRecord
 from piloop_worker.logs import LogShipper
 
 
@@ -19,20 +20,24 @@ def find_held(workdir: Path, cgroups: Cgroups) -> list[Held]:
     """Job dirs left by an earlier worker: live shims to re-attach, ended jobs to report."""
     out = []
     for jd in scan(workdir):
-        rec = jd.record()
-        if not rec or "job" not in rec:
+        try:
+            rec = jd.record()
+        except BadJobRecord:
+            rec = None
+        if rec is None:
             jd.remove()  # died before its lease was written down
             continue
         if not jd.shim_alive() and not jd.exit_json.exists():
             bury(jd, cgroups)
         out.append(
             Held(
-                rec["job"],
-                rec["token"],
-                rec.get("kind", ""),
+                rec.job,
+                rec.token,
+                rec.kind,
                 jd,
                 LogShipper(jd),
                 cgroup=cgroup_of(cgroups, jd.shim_record()),
+                record=rec,
             )
         )
     return out

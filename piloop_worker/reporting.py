@@ -43,7 +43,7 @@ class Reporting(Part):
         try:
             outcome, reason, campaign = self._campaign_results(h, outcome, reason)
             h.shipper.upload(self.store, self.timed.log_max_bytes)
-            files, too_big = within_cap(h.jd.record() or {}, files_under(h.jd.outputs), self.timed.result_max_bytes)
+            files, too_big = within_cap(h.record, files_under(h.jd.outputs), self.timed.result_max_bytes)
             if too_big and outcome == "succeeded":
                 outcome, reason = "failed", too_big
             outputs = {name: self.store.put_file(path) for name, path in files}
@@ -204,10 +204,9 @@ class Reporting(Part):
     def _campaign_results(self, h: Held, outcome: str, reason: str) -> tuple[str, str, dict[str, Any]]:
         """An agent's commits and workspace writes, an evaluation's score; the outcome and reason they leave.
         Only a run that succeeded is taken back or scored: partial output never is."""
-        spec = ((h.jd.record() or {}).get("spec") or {}).get("campaign")
-        if not spec:
+        camp = h.record.spec.campaign if h.record else None
+        if camp is None:
             return outcome, reason, {}
-        camp = CampaignJob.model_validate(spec)
         out: dict[str, Any] = {"fetched_bytes": h.jd.read_fetched()}
         if outcome != "succeeded":
             return outcome, reason, out

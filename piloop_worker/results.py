@@ -4,15 +4,15 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from piloop_common.bytecaps import result_refusal, task_result
+from piloop_worker.jobrecord import JobRecord
 
 
-def within_cap(record: dict[str, Any], files: list[tuple[str, str]], cap: int) -> tuple[list[tuple[str, str]], str]:
+def within_cap(record: JobRecord | None, files: list[tuple[str, str]], cap: int) -> tuple[list[tuple[str, str]], str]:
     """A job's output files less a task's result over `cap`, which is not put in the CAS, and why the task fails
     then ('' when its result is within the cap, or the job is no task). `record`: the job's `job.json`."""
-    name = task_result(record.get("spec") or {}, [n for n, _ in files])
+    name = task_result(record.spec.model_dump() if record else {}, [n for n, _ in files])
     if name is None:
         return files, ""
     try:

@@ -8,22 +8,18 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from piloop_common.bytecaps import LOG_MAX_BYTES, RESULT_MAX_BYTES
 from piloop_common.cas.config import CasConfig, LocalCasConfig
 from piloop_common.config.network import NetworkConfig
-from piloop_common.config.provisioner import ProvisionerConfig
+from piloop_common.config.provisioner import ProvisionerConfig, _Model
 
 CONFIG_FILE = "config.toml"
 
 
 RUNNER_PROCESS: Literal["process"] = "process"
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 # --- executor ----------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from piloop_server.api.deps import OperatorDep, RuntimeDep, ViewerDep, WorkerDep
 from piloop_server.api.relay import relay_state
 from piloop_server.api.worker_door import owner as worker_owner
 from piloop_server.auth import require_host_files
-from piloop_server.state.relay import Caller as RelayCaller
+from piloop_server.state.relay import RelayCaller
 
 router = APIRouter(prefix="/v1/campaigns", tags=["campaigns"])
 worker_router = APIRouter(prefix="/v1/worker", tags=["worker"])

@@ -20,13 +20,13 @@ from piloop_server.api import wakeup
 from piloop_server.api.deps import RuntimeDep
 from piloop_server.api.relay import CallerDep, StateDep
 from piloop_server.runtime import Runtime
-from piloop_server.state.relay import Caller
+from piloop_server.state.relay import RelayCaller
 
 router = APIRouter(prefix="/v1/relay", tags=["relay"])
 BLOB_MOST = 1024 * 1024  # what the relay forwards in one call
 
 
-def _child(rt: Runtime, caller: Caller, job_id: str) -> JobView:
+def _child(rt: Runtime, caller: RelayCaller, job_id: str) -> JobView:
     """The caller's child `job_id`; a job that does not exist and one that is not the caller's child get one answer,
     so a job cannot tell whether another job exists."""
     not_yours = NotFound(f"job {job_id} is not one job {caller.job} queued: a job reads and cancels its own children")

@@ -27,7 +27,7 @@ from piloop_server.api import wakeup, worker_door
 from piloop_server.api.answers import error_answer
 from piloop_server.api.deps import RuntimeDep, WorkerDep
 from piloop_server.runtime import Runtime
-from piloop_server.state.relay import Caller, RelayState
+from piloop_server.state.relay import RelayCaller, RelayState
 
 router = APIRouter(prefix="/v1/relay", tags=["relay"])
 # a relay route's path as the router matches it: /v1/relay/ and segments that are none of "", ".", ".."
@@ -62,17 +62,17 @@ def relay_state(request: Request) -> RelayState:
     return rt.relay
 
 
-def _caller(request: Request, worker: WorkerDep) -> Caller:
+def _caller(request: Request, worker: WorkerDep) -> RelayCaller:
     job, token = request.headers.get(RELAY_JOB_HEADER), request.headers.get(RELAY_TOKEN_HEADER)
     if not job or not token:
         raise BadRequest(f"a relayed call names its job and lease: {RELAY_JOB_HEADER}, {RELAY_TOKEN_HEADER}")
     if not re.fullmatch(LEASE_TOKEN, token):
         raise BadRequest(f"{RELAY_TOKEN_HEADER}: {token[:80]!r} is not a lease token")
-    return Caller(jobs.check_id(job), token, worker.name, owner=worker_door.owner(worker))
+    return RelayCaller(jobs.check_id(job), token, worker.name, owner=worker_door.owner(worker))
 
 
 StateDep = Annotated[RelayState, Depends(relay_state)]
-CallerDep = Annotated[Caller, Depends(_caller)]
+CallerDep = Annotated[RelayCaller, Depends(_caller)]
 
 
 @router.get("/job", response_model=JobView)

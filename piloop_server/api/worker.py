@@ -287,7 +287,7 @@ async def reports(body: ReportsRequest, rt: RuntimeDep, caller: WorkerDep, reque
 
 
 def _reports(body: ReportsRequest, rt: Runtime, caller: Caller) -> tuple[list[ReportAnswer], bool]:
-    """Each report checked, then all of them run in one batch (`Leases.report_many`): two round trips to Redis for
+    """Each report checked, then all of them run in one batch (`LeasesState.report_many`): two round trips to Redis for
     the call, not two a report."""
     present = _present(rt, body.reports)
     answers: list[ReportAnswer | None] = [None] * len(body.reports)

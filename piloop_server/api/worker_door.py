@@ -11,7 +11,7 @@ from piloop_common.protocol.report import LogAppend, ReportRequest, ReportsReque
 from piloop_common.protocol.worker import PROTOCOL, ClaimRequest, RegisterRequest, ReleaseRequest, WorkerHello
 from piloop_server.auth import Caller
 from piloop_server.runtime import Runtime
-from piloop_server.state.records.worker import Worker
+from piloop_server.state.records.worker import WorkerRecord
 
 
 def check(
@@ -73,7 +73,7 @@ def check_want(rt: Runtime, body: ClaimRequest) -> None:
             raise TooLarge(f"want {kind}={n}: over the cap of {cap} ([plugins.state] claim_want_max)")
 
 
-def check_claimer(caller: Caller, rec: Worker) -> None:
+def check_claimer(caller: Caller, rec: WorkerRecord) -> None:
     """Refused when the caller's token is not the one `rec`'s name is bound to, or is bound to another pool than
     the record names (checked at every claim, not only at register)."""
     if rec.owner and rec.owner != owner(caller):

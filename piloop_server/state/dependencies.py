@@ -31,7 +31,7 @@ class Settled:
     ended: int
 
 
-class Dependencies:
+class DependenciesState:
     def __init__(self, client: redis.Redis, keys: Keys, cap: EventCap | None = None) -> None:
         self.k = keys
         self.scripts = Scripts(client, cap)

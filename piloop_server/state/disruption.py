@@ -57,7 +57,7 @@ class Decision:
     forget: tuple[str, ...]  # workers silent past `forget_ms` with no lease
 
 
-class Disruption:
+class DisruptionState:
     def __init__(self, client: redis.Redis, keys: Keys, cap: EventCap | None = None) -> None:
         self.r = client
         self.k = keys

@@ -23,7 +23,7 @@ def _entry(eid: Any, f: dict[Any, Any]) -> dict[str, str]:
     return {**{_s(k): _s(v) for k, v in f.items()}, "id": _s(eid)}
 
 
-class Events:
+class EventsState:
     def __init__(self, client: redis.Redis, keys: Keys, cap: EventCap | None = None) -> None:
         self.r = client
         self.k = keys

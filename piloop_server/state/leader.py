@@ -17,7 +17,7 @@ from piloop_server.state.scripts import EventCap, Fence, Scripts
 
 
 @dataclass(frozen=True)
-class Held:
+class LeaderHold:
     token: str  # "" when another server leads
     holder: str  # the instance that leads now ("" when nobody does)
 
@@ -33,7 +33,7 @@ class LeaderLease:
         self.instance = instance
         self.scripts = Scripts(client, cap)
 
-    def hold(self, token: str, ttl_ms: int) -> Held:
+    def hold(self, token: str, ttl_ms: int) -> LeaderHold:
         """Renew the lease under `token` when this instance holds it, else take it when it is free."""
         if ttl_ms <= 0:
             raise ValueError("the leader lease's TTL must be positive")
@@ -46,15 +46,15 @@ class LeaderLease:
     def fence(self, token: str) -> Fence:
         return Fence(self.k.leader(), token)
 
-    def current(self) -> Held:
+    def current(self) -> LeaderHold:
         """Who leads now, as Redis says."""
         raw = _s(self.r.get(self.k.leader()))
         token, _, holder = raw.partition(" ")
-        return Held(token, holder)
+        return LeaderHold(token, holder)
 
-    def _call(self, token: str, ttl_ms: int) -> Held:
+    def _call(self, token: str, ttl_ms: int) -> LeaderHold:
         k = self.k
         got, holder = self.scripts.run(
             "leader", [k.leader(), k.leader_seq(), k.events()], [self.instance, token, ttl_ms]
         )
-        return Held(_s(got), _s(holder))
+        return LeaderHold(_s(got), _s(holder))

@@ -57,7 +57,7 @@ def _answered(answer: tuple[int, dict[str, str]] | NotFound | Refused) -> tuple[
     return answer
 
 
-class Leases(Producers):
+class LeasesState(Producers):
     """The lease engine's calls: producers' (state/producers.py), workers', the pass's, logs and cancels."""
 
     def __init__(self, client: redis.Redis, keys: Keys, timings: Timings, caps: Caps | None = None) -> None:

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import redis
 
-from piloop_server.state import tokens
 from piloop_server.state.keys import Keys
+from piloop_server.state.tokens import TokensState
 
 
-def stored(client: redis.Redis, keys: Keys) -> list[tuple[str, str]]:
-    """Every (kind, name) Redis holds: each token's name and each registered worker's."""
-    workers = sorted(n.decode() if isinstance(n, bytes) else n for n in client.smembers(keys.workers()))
-    return [*(("token", n) for n in tokens.names(client, keys)), *(("worker", n) for n in workers)]
+class NamesState:
+    """The names of tokens and workers Redis holds."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.r = client
+        self.k = keys
+
+    def stored(self) -> list[tuple[str, str]]:
+        """Every (kind, name) Redis holds: each token's name and each registered worker's."""
+        workers = sorted(n.decode() if isinstance(n, bytes) else n for n in self.r.smembers(self.k.workers()))
+        return [*(("token", n) for n in TokensState(self.r, self.k).names()), *(("worker", n) for n in workers)]

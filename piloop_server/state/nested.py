@@ -15,7 +15,7 @@ import redis
 
 from piloop_server.state.keys import Keys
 from piloop_server.state.records.codec import text as _s
-from piloop_server.state.relay import Caller
+from piloop_server.state.relay import RelayCaller
 from piloop_server.state.scripts import EventCap, Scripts
 
 CHILDREN_MOST = 1000  # the jobs one job may queue from inside itself (the campaign evaluations it queued count)
@@ -23,13 +23,13 @@ DEPTH_MOST = 8  # levels of nested work: a job, its child, its grandchild, …
 LIMITS = (CHILDREN_MOST, DEPTH_MOST)
 
 
-class Nested:
+class NestedState:
     def __init__(self, client: redis.Redis, keys: Keys, cap: EventCap | None = None) -> None:
         self.r = client
         self.k = keys
         self.scripts = Scripts(client, cap)
 
-    def submit(self, c: Caller, job_id: str, kind: str, pool: str, spec: dict[str, Any]) -> str:
+    def submit(self, c: RelayCaller, job_id: str, kind: str, pool: str, spec: dict[str, Any]) -> str:
         """Queue `job_id` as `c`'s child; its state (queued, or waiting on its `after`). Forbidden when the caller
         may not (another pool, too deep, too many), LeaseLost when its lease does not allow it."""
         k = self.k
@@ -53,7 +53,7 @@ class Nested:
             )
         )
 
-    def cancel(self, c: Caller, child: str, pool: str, kind: str) -> str:
+    def cancel(self, c: RelayCaller, child: str, pool: str, kind: str) -> str:
         """Cancel `c`'s child `child` (of `pool` and `kind`); its state after."""
         k = self.k
         return _s(

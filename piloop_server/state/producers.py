@@ -1,5 +1,5 @@
 """The producers' calls of the lease engine: a job queued (one, or many in one round trip) and a campaign's agent
-launched. A part of `Leases` (state/leases.py)."""
+launched. A part of `LeasesState` (state/leases.py)."""
 
 from __future__ import annotations
 

@@ -55,10 +55,18 @@ class Marked:
         self.keys += other.keys
 
 
-class References:
+class ReferencesState:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.r = client
         self.k = keys
+
+    def last_gc_ms(self) -> int | None:
+        """When the last garbage collection ended (epoch ms), or None if none has."""
+        raw = self.r.get(self.k.cas_gc_last())
+        return int(raw) if raw is not None and _text(raw).isdigit() else None
+
+    def gc_ended(self) -> None:
+        self.r.set(self.k.cas_gc_last(), str(int(time.time() * 1000)))
 
     def mark(self, between: Callable[[], None] | None = None) -> Marked:
         """Every blob address that any key of the namespace holds (keys that exist for the whole SCAN are all read;
@@ -161,16 +169,6 @@ class GcLock:
 
     def holder(self) -> bool:
         return bool(self.r.get(self.key) == self.token.encode())
-
-
-def last_gc_ms(client: redis.Redis, keys: Keys) -> int | None:
-    """When the last garbage collection ended (epoch ms), or None if none has."""
-    raw = client.get(keys.cas_gc_last())
-    return int(raw) if raw is not None and _text(raw).isdigit() else None
-
-
-def gc_ended(client: redis.Redis, keys: Keys) -> None:
-    client.set(keys.cas_gc_last(), str(int(time.time() * 1000)))
 
 
 def _batches(it: Iterable[bytes], n: int) -> Iterator[list[bytes]]:

@@ -18,7 +18,7 @@ _FORBIDDEN = "PILOOP_FORBIDDEN "
 
 
 @dataclass(frozen=True)
-class Caller:
+class RelayCaller:
     """Who relays: the job, the token of its lease, and the worker that holds it."""
 
     job: str
@@ -45,19 +45,19 @@ class RelayState:
         self.progress_keep = progress_keep
         self.scripts = Scripts(client)
 
-    def _keys(self, c: Caller) -> list[str]:
+    def _keys(self, c: RelayCaller) -> list[str]:
         return [self.k.lease(c.job), self.k.job(c.job), self.k.events()]
 
-    def _args(self, c: Caller) -> list[Any]:
+    def _args(self, c: RelayCaller) -> list[Any]:
         return [c.job, c.token, c.worker]
 
-    def check(self, c: Caller) -> LiveJob:
+    def check(self, c: RelayCaller) -> LiveJob:
         """The caller's job, while its lease is live under its token (else `LeaseLost`)."""
         reply = self.scripts.run("relay_check", self._keys(c), [*self._args(c), c.owner])
         kind, campaign, pool, spec = (_s(x) for x in reply)
         return LiveJob(kind, campaign, pool, json.loads(spec))
 
-    def progress(self, c: Caller, note: str) -> int:
+    def progress(self, c: RelayCaller, note: str) -> int:
         return int(
             self.scripts.run(
                 "relay_progress",
@@ -66,7 +66,7 @@ class RelayState:
             )
         )
 
-    def submit_evaluation(self, c: Caller, job_id: str, pool: str, spec: dict[str, Any], *, campaign: str) -> bool:
+    def submit_evaluation(self, c: RelayCaller, job_id: str, pool: str, spec: dict[str, Any], *, campaign: str) -> bool:
         """Queue `campaign`'s evaluation `job_id` (its spec built by the server) for the agent `c`, checked against
         the agent's lease and kind in the same script. True when queued now; False when this agent had queued it."""
         k = self.k

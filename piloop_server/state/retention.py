@@ -70,7 +70,7 @@ class Pruned:
     moved: int  # of the longer-kept states, moved to wait for the longer horizon
 
 
-class Retention:
+class RetentionState:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.r = client
         self.k = keys

@@ -10,7 +10,7 @@ are not: a second `claim` would lease more jobs, a second `append_log` or `relay
 `enqueue`, `launch`, `release` and the other submits would answer a conflict or a lost lease for what they did.
 Every script is in one of the two (tests/unit/test_retry_policy.py), so a new one is classified when it is added. They go out once and
 a lost connection answers 503 `unavailable`: the worker's own retry then asks again. A claim that ran is answered
-all the same: `Leases.claim` finds the leases it granted by their tokens' random parts, drawn before the call.
+all the same: `LeasesState.claim` finds the leases it granted by their tokens' random parts, drawn before the call.
 
 With Sentinel the pool finds the new master on the next connect; the backoff spans the reconnect after a
 promotion (Sentinel's own detection takes `down-after-milliseconds` first, during which calls answer 503).

@@ -54,7 +54,7 @@ class ScheduleRecord:
         return f"{self.name}.{tick_ms // 1000}"
 
 
-class Schedules:
+class SchedulesState:
     def __init__(self, client: redis.Redis, keys: Keys, cap: EventCap | None = None) -> None:
         self.r = client
         self.k = keys

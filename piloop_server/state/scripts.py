@@ -1,4 +1,9 @@
-"""Lua scripts shipped as package files, loaded once, called by SHA with one retry on NOSCRIPT."""
+"""Lua scripts shipped as package files, loaded once, called by SHA with one retry on NOSCRIPT.
+
+Each script's header declares what a caller passes it on one line, `-- @call KEYS <k> ARGV <a>`: a count is a number
+(exactly that many) or `<a>+<b>n` (a, then b more per item, for any number of items; `+n`: one more each). The
+counts are what the caller gives `Scripts.run`, before the pass's fence and the event cap that `Scripts` appends; a
+call that does not match is refused before Redis sees it."""
 
 from __future__ import annotations
 
@@ -95,6 +100,57 @@ def source(name: str) -> str:
     return resolve(scripts.joinpath(f"{name}.lua").read_text(), f"{name}.lua")
 
 
+_CALL = re.compile(r"^-- @call KEYS (\d+)(?:\+(\d*)n)? ARGV (\d+)(?:\+(\d*)n)?$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Count:
+    """How many KEYS or ARGV a script takes: `base`, plus `step` more per item when `step` is not 0."""
+
+    base: int
+    step: int = 0
+
+    def allows(self, n: int) -> bool:
+        if not self.step:
+            return n == self.base
+        return n >= self.base and (n - self.base) % self.step == 0
+
+    def __str__(self) -> str:
+        return str(self.base) if not self.step else f"{self.base}+{'' if self.step == 1 else self.step}n"
+
+
+@cache
+def counts(name: str) -> tuple[Count, Count]:
+    """The (KEYS, ARGV) counts the script's header declares on its `-- @call` line; a header without one fails."""
+    text = resources.files("piloop_server.state").joinpath("scripts", f"{name}.lua").read_text()
+    m = _CALL.search(_header(text))
+    if m is None:
+        raise ValueError(f"{name}.lua's header has no `-- @call KEYS <k> ARGV <a>` line")
+    kb, ks, ab, as_ = m.groups()
+    return Count(int(kb), _step(ks)), Count(int(ab), _step(as_))
+
+
+def _step(text: str | None) -> int:
+    return 0 if text is None else int(text or 1)
+
+
+def _header(text: str) -> str:
+    """The comment lines a script starts with."""
+    lines = text.splitlines(keepends=True)
+    end = next((i for i, line in enumerate(lines) if not line.startswith("--")), len(lines))
+    return "".join(lines[:end])
+
+
+def check_call(name: str, keys: list[str], args: list[Any]) -> None:
+    """Refuse a call whose KEYS or ARGV count is not what the script's header declares (`-- @call`)."""
+    nkeys, nargs = counts(name)
+    if not nkeys.allows(len(keys)) or not nargs.allows(len(args)):
+        raise ValueError(
+            f"{name}.lua takes {nkeys} KEYS and {nargs} ARGV (its header's @call line); "
+            f"this call gave {len(keys)} KEYS and {len(args)} ARGV"
+        )
+
+
 @cache
 def fenced(name: str) -> bool:
     """Whether the script includes the pass's fence, and so takes the lease key and a token after its own."""
@@ -115,7 +171,7 @@ def _fence_call(name: str, keys: list[str], args: list[Any], fence: Fence | None
 class EventCap:
     """The events stream's bound, appended by `Scripts` as the last ARGV of every call (include/events.lua reads
     it there): about `most` entries, each value cut past `value_bytes`; and the inbox's, `inbox_most` items (kept by
-    `Events`, not sent to the scripts)."""
+    `EventsState`, not sent to the scripts)."""
 
     most: int = 100_000
     value_bytes: int = 1024
@@ -145,6 +201,7 @@ class Scripts:
         return once if name in retry.ONCE and isinstance(once, redis.Redis) else self.client
 
     def run(self, name: str, keys: list[str], args: list[Any], fence: Fence | None = None) -> Any:
+        check_call(name, keys, args)
         sha = self._sha.get(name) or self._load(name)
         keys, args = _fence_call(name, keys, args, fence)
         args = [*args, self.cap]
@@ -164,6 +221,8 @@ class Scripts:
     def run_many(self, name: str, calls: list[tuple[list[str], list[Any]]], fence: Fence | None = None) -> list[Any]:
         """`run` for each (keys, args), in order, in one round trip: each reply, or the PiloopError a call raised
         (the others stand). Redis out of reach raises `Unavailable` for all of them."""
+        for keys, args in calls:
+            check_call(name, keys, args)
         sha = self._sha.get(name) or self._load(name)
         calls = [_fence_call(name, keys, args, fence) for keys, args in calls]
         out: list[Any] = [None] * len(calls)

@@ -10,7 +10,7 @@ from piloop_server.state.records.uisession import UiSession
 
 
 @dataclass(frozen=True)
-class UiSessions:
+class UiSessionsState:
     r: Client
     k: Keys
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from piloop_server.state.connection import Client
 from piloop_server.state.keys import Keys
 from piloop_server.state.records.codec import text as _s
-from piloop_server.state.records.worker import FIELDS, Worker
+from piloop_server.state.records.worker import FIELDS, WorkerRecord
 
 KINDS = ("agent", "evaluation")
 
@@ -24,11 +24,11 @@ class WorkersState:
     def names(self) -> list[str]:
         return sorted(_s(n) for n in self.r.smembers(self.k.workers()))
 
-    def get(self, name: str) -> Worker | None:
+    def get(self, name: str) -> WorkerRecord | None:
         """One worker's hash (no alive key, no leases: what a claim reads)."""
-        return Worker.from_hash(self.r.hgetall(self.k.worker(name)))
+        return WorkerRecord.from_hash(self.r.hgetall(self.k.worker(name)))
 
-    def all(self) -> list[Worker]:
+    def all(self) -> list[WorkerRecord]:
         """Every registered worker with its alive key and its leases, by name, in one round trip."""
         names = self.names()
         pipe = self.r.pipeline(transaction=False)
@@ -42,7 +42,7 @@ class WorkersState:
         out = []
         for i, _ in enumerate(names):
             h, alive, *held = got[step * i : step * i + step]
-            rec = Worker.from_hash(
+            rec = WorkerRecord.from_hash(
                 h, bool(alive), {kind: sorted(_s(j) for j in ids) for kind, ids in zip(KINDS, held, strict=True)}
             )
             if rec is not None:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from piloop_server.state.records.uisession import UiSession
-from piloop_server.state.uisessions import UiSessions
+from piloop_server.state.uisessions import UiSessionsState
 
 if TYPE_CHECKING:
     from piloop_server.runtime import Runtime
@@ -30,8 +30,8 @@ def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def store(rt: Runtime) -> UiSessions:
-    return UiSessions(rt.redis, rt.keys)
+def store(rt: Runtime) -> UiSessionsState:
+    return UiSessionsState(rt.redis, rt.keys)
 
 
 def mint_once(rt: Runtime, kind: str, name: str) -> str:

@@ -15,8 +15,7 @@ import redis
 
 from piloop_common.errors import LeaseLost
 from piloop_server.state.keys import Keys
-from piloop_server.state.relay import Caller as RelayCaller
-from piloop_server.state.relay import RelayState
+from piloop_server.state.relay import RelayCaller, RelayState
 from tests.helpers import adversary
 from tests.helpers.adversary import LONG_TIMINGS, live_beats
 from tests.helpers.workers import HandWorker, events, submit, token, view

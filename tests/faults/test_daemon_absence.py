@@ -8,7 +8,7 @@ import pytest
 
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Leases
+from piloop_server.state.leases import LeasesState
 from piloop_server.state.records.lease import Lease, Timings
 from tests.helpers.redis import wait_for
 
@@ -19,10 +19,10 @@ GRACE_MS, TOLERATION_MS = 400, 1200
 def leases(redis_client, namespace, tmp_path):
     keys = Keys(namespace)
     ensure_generation(redis_client, keys, GenerationRecord(tmp_path / "gen.json"), 0)
-    return Leases(redis_client, keys, Timings(grace_ms=GRACE_MS, toleration_ms=TOLERATION_MS, max_lost=3))
+    return LeasesState(redis_client, keys, Timings(grace_ms=GRACE_MS, toleration_ms=TOLERATION_MS, max_lost=3))
 
 
-def _leased(leases: Leases, job: str) -> Lease:
+def _leased(leases: LeasesState, job: str) -> Lease:
     leases.register("w1", "p", "", "cas1", {}, protocol=1, by="worker:w1")
     leases.enqueue(job, "evaluation", "p", {"argv": ["true"]}, by="human:t")
     (lease,) = leases.claim("w1", "p", "evaluation", slots=1, image="").leases

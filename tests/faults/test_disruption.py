@@ -15,7 +15,7 @@ import redis
 from piloop_common.config.settings import ExecutorConfig
 from piloop_common.sdk.client import ApiClient
 from piloop_server.daemon import disruption_policy
-from piloop_server.state.disruption import Disruption
+from piloop_server.state.disruption import DisruptionState
 from piloop_server.state.keys import Keys
 from piloop_server.state.records.token import Token
 from piloop_server.state.scripts import Scripts
@@ -36,8 +36,8 @@ def gpu(redis_server, namespace) -> Iterator[Daemon]:
 
 
 @pytest.fixture
-def disruption(redis_client, namespace) -> Disruption:
-    return Disruption(redis_client, Keys(namespace))
+def disruption(redis_client, namespace) -> DisruptionState:
+    return DisruptionState(redis_client, Keys(namespace))
 
 
 class Beats:
@@ -277,7 +277,7 @@ def test_two_passes_at_once_begin_one_hold(gpu, disruption, redis_server, namesp
 
     def decide() -> None:
         client = redis.Redis.from_url(redis_server.url)
-        mine = Disruption(client, Keys(namespace))
+        mine = DisruptionState(client, Keys(namespace))
         start.wait()
         end = time.monotonic() + GRACE + 10
         while time.monotonic() < end and "gpu" not in mine.holds():

@@ -261,7 +261,8 @@ def test_a_relay_that_cannot_listen_says_so_in_the_jobs_log(late_server, workers
 
     def relay_socket() -> Path | None:
         for jd in job_dirs(workdir):
-            at = (jd.record() or {}).get("relay")
+            rec = jd.record()
+            at = rec.relay if rec else ""
             if at and Path(at).is_socket():
                 return Path(at)
         return None

@@ -32,10 +32,10 @@ from piloop_common.cas.local import LocalStore
 from piloop_server.cas_gc import collect
 from piloop_server.state.campaigns import CampaignsState
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Leases
+from piloop_server.state.leases import LeasesState
 from piloop_server.state.records.campaign import Campaign
 from piloop_server.state.records.lease import Timings
-from piloop_server.state.references import GcLock, References
+from piloop_server.state.references import GcLock, ReferencesState
 from tests.helpers.redis import wait_for
 from tests.helpers.s3 import free_port, start_moto, stop, wait_until_answers
 
@@ -202,7 +202,7 @@ def _world(store: Store, backend: Backend, r: Any, keys: Keys) -> World:
     manifest = store.put_bytes(json.dumps({"notes/a.txt": in_ws}).encode())
     sizes[manifest] = store.size(manifest)
     old = [put(f"old{i}") for i in range(5)]
-    leases = Leases(r, keys, Timings(2000, 6000))
+    leases = LeasesState(r, keys, Timings(2000, 6000))
     leases.enqueue("jqueuedaaaaaa", "evaluation", "p", {"argv": ["cat"], "inputs": {"in": queued}}, by="admin")
     leases.enqueue("jretainedaaaa", "evaluation", "p", {"argv": ["cat"], "inputs": {"in": spec}}, by="admin")
     assert leases.cancel("jretainedaaaa", "admin") == "cancelled"
@@ -291,7 +291,7 @@ def test_a_second_gc_says_so_and_a_concurrent_put_and_gc_lose_nothing(
     # a collection during which: a second one starts (and finds the lock held), an old unreferenced blob is put
     # again and a job naming it is submitted (between the listing and the second mark), and new blobs keep coming
     revived = w.old[0]
-    leases = Leases(redis_client, keys, Timings(2000, 6000))
+    leases = LeasesState(redis_client, keys, Timings(2000, 6000))
     reports: list[Any] = []
 
     def after_listing() -> None:
@@ -371,7 +371,7 @@ def test_the_mark_reads_every_kind_of_key(redis_client: Any, namespace: str) -> 
     r.xadd(keys.events(), {"type": "t", "blob": a[6]})
     r.hset(keys.rq_prefix() + ":job:t1", mapping={"data": zlib.compress(repr(("f", [a[7]])).encode())})
     r.set("{other}:job:j1", "sha256:" + "f" * 64)  # another namespace's: not read
-    marked = References(r, keys).mark()
+    marked = ReferencesState(r, keys).mark()
     assert marked.addresses == set(a)
     assert marked.manifests == {a[2]}
     assert marked.keys == 7

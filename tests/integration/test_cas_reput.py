@@ -22,7 +22,7 @@ from piloop_common.cas.http import HttpStore
 from piloop_common.cas.local import LocalStore
 from piloop_server.cas_gc import collect
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Leases
+from piloop_server.state.leases import LeasesState
 from piloop_server.state.records.lease import Timings
 from tests.helpers.redis import wait_for
 from tests.integration.test_cas_gc import BUCKET, CONFIG, DAY, GRACE, OperatedCas, cas_server, s3_url
@@ -96,7 +96,7 @@ def test_a_re_put_restarts_an_old_blobs_grace(case: Case, redis_client: Any, nam
 
     report = collect(store, redis_client, keys, grace_seconds=case.grace)
     # the job naming it is submitted after the collection: what it names is still there
-    Leases(redis_client, keys, Timings(2000, 6000)).enqueue(
+    LeasesState(redis_client, keys, Timings(2000, 6000)).enqueue(
         "jreputaaaaaaa", "evaluation", "p", {"argv": ["cat"], "inputs": {"in": reput}}, by="admin"
     )
     assert report.skipped is None

@@ -10,7 +10,7 @@ from piloop_common.errors import Unavailable
 from piloop_server.state.connection import StateClient
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Leases
+from piloop_server.state.leases import LeasesState
 from piloop_server.state.records.lease import Timings
 
 
@@ -32,7 +32,7 @@ def leases(redis_server, namespace, tmp_path):
     client.once = AnswerLost.from_url(redis_server.url)
     keys = Keys(namespace)
     ensure_generation(client, keys, GenerationRecord(tmp_path / "gen.json"), 0)
-    ls = Leases(client, keys, Timings(grace_ms=5000, toleration_ms=20000, max_lost=2))
+    ls = LeasesState(client, keys, Timings(grace_ms=5000, toleration_ms=20000, max_lost=2))
     client.once = redis.Redis.from_url(redis_server.url)  # register and enqueue go out whole
     ls.register("w0", "p", "", "cas1", {"load": 0.1}, protocol=1, by="worker:w0")
     for j in ("j1", "j2", "j3"):

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from piloop_server.state.events import Events
+from piloop_server.state.events import EventsState
 from piloop_server.state.keys import Keys
 from piloop_server.state.scripts import EventCap
 
 
 def test_an_event_field_named_id_is_refused_and_a_stored_one_never_hides_the_stream_id(redis_client, namespace):
     keys = Keys(namespace)
-    ev = Events(redis_client, keys, EventCap(1000, 64))
+    ev = EventsState(redis_client, keys, EventCap(1000, 64))
     with pytest.raises(ValueError, match="field named id"):
         ev.add("test.bad", "admin", id="handle-1")
     assert redis_client.xlen(keys.events()) == 0  # nothing written
@@ -27,7 +27,7 @@ def test_an_event_field_named_id_is_refused_and_a_stored_one_never_hides_the_str
 
 
 def test_a_value_past_the_cap_is_cut(redis_client, namespace):
-    ev = Events(redis_client, Keys(namespace), EventCap(1000, 64))
+    ev = EventsState(redis_client, Keys(namespace), EventCap(1000, 64))
     ev.add("test.long", "admin", note="x" * 1000)
     (got,) = ev.read()
     assert got["note"] == "x" * 64 + "..."

@@ -7,7 +7,7 @@ import pytest
 from piloop_common.errors import NotFound
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Leases
+from piloop_server.state.leases import LeasesState
 from piloop_server.state.records.lease import Beat, Lease, Timings
 
 
@@ -15,17 +15,17 @@ from piloop_server.state.records.lease import Beat, Lease, Timings
 def leases(redis_client, namespace, tmp_path):
     keys = Keys(namespace)
     ensure_generation(redis_client, keys, GenerationRecord(tmp_path / "gen.json"), 0)
-    return Leases(redis_client, keys, Timings(grace_ms=5000, toleration_ms=20000, max_lost=2))
+    return LeasesState(redis_client, keys, Timings(grace_ms=5000, toleration_ms=20000, max_lost=2))
 
 
-def _workers(leases: Leases, n: int) -> list[str]:
+def _workers(leases: LeasesState, n: int) -> list[str]:
     names = [f"w{i}" for i in range(n)]
     for name in names:
         leases.register(name, "p", "", "cas1", {"load": 0.1}, protocol=1, by=f"worker:{name}")
     return names
 
 
-def _leased(leases: Leases, worker: str, job: str) -> Lease:
+def _leased(leases: LeasesState, worker: str, job: str) -> Lease:
     leases.enqueue(job, "evaluation", "p", {"argv": ["true"]}, by="human:t")
     (lease,) = leases.claim(worker, "p", "evaluation", slots=1, image="").leases
     return lease

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from piloop_server.state.events import Events
+from piloop_server.state.events import EventsState
 from piloop_server.state.keys import Keys
 from piloop_server.state.scripts import EventCap
 from tests.helpers.redis import wait_for
@@ -40,7 +40,7 @@ def test_the_pass_removes_acknowledged_items_past_their_age_and_cuts_the_inbox_t
     redis_server: Any, redis_client: Any, namespace: str
 ) -> None:
     keys = Keys(namespace)
-    events = Events(redis_client, keys)  # the default cap: nothing is cut as the items are written
+    events = EventsState(redis_client, keys)  # the default cap: nothing is cut as the items are written
     acked = [events.escalate("test.acked", f"acked {i}") for i in range(30)]
     unacked = [events.escalate("test.open", f"open {i}") for i in range(CAP + 30)]
     for eid in acked:
@@ -68,7 +68,7 @@ def test_the_pass_removes_acknowledged_items_past_their_age_and_cuts_the_inbox_t
 
 def test_past_the_cap_acknowledged_items_go_first_then_the_oldest(redis_client: Any, namespace: str) -> None:
     keys = Keys(namespace)
-    events = Events(redis_client, keys, EventCap(inbox_most=CAP))
+    events = EventsState(redis_client, keys, EventCap(inbox_most=CAP))
     items = [events.escalate("test", f"item {i}") for i in range(CAP + 10)]  # under the flood margin: none cut yet
     newest_acked = items[-5:]
     for eid in newest_acked:
@@ -89,7 +89,7 @@ def test_a_flood_of_escalations_never_grows_the_inbox_past_its_cap_and_a_tenth(
     redis_client: Any, namespace: str
 ) -> None:
     keys = Keys(namespace)
-    events = Events(redis_client, keys, EventCap(inbox_most=CAP))
+    events = EventsState(redis_client, keys, EventCap(inbox_most=CAP))
     most = 0
     last = ""
     for i in range(5 * CAP):

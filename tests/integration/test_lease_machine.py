@@ -25,7 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from piloop_common.errors import Conflict, LeaseLost
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Leases
+from piloop_server.state.leases import LeasesState
 from piloop_server.state.records.lease import KINDS, Lease, Timings, fence
 
 WORKERS = ("w1", "w2", "w3")
@@ -56,7 +56,7 @@ class LeaseMachine(RuleBasedStateMachine):
         self.k = Keys("m" + uuid.uuid4().hex[:10])
         ensure_generation(self.r, self.k, GenerationRecord(self.tmp / f"{self.k.namespace}.json"), 0)
         # long timings: time never passes by itself here, the `lapse` rule makes it pass
-        self.l = Leases(self.r, self.k, Timings(grace_ms=600_000, toleration_ms=900_000, max_lost=2))
+        self.l = LeasesState(self.r, self.k, Timings(grace_ms=600_000, toleration_ms=900_000, max_lost=2))
         self.l.expire()
         for w in WORKERS:
             self.l.register(w, "p", "", "cas", {}, protocol=1, by=f"worker:{w}")

@@ -8,7 +8,7 @@ import pytest
 
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Leases
+from piloop_server.state.leases import LeasesState
 from piloop_server.state.records.job import queued_at
 from piloop_server.state.records.lease import Timings
 from tests.helpers.redis import wait_for
@@ -18,25 +18,25 @@ from tests.helpers.redis import wait_for
 def leases(redis_client, namespace, tmp_path):
     keys = Keys(namespace)
     ensure_generation(redis_client, keys, GenerationRecord(tmp_path / "gen.json"), 0)
-    lz = Leases(redis_client, keys, Timings(grace_ms=400, toleration_ms=1200, max_lost=2))
+    lz = LeasesState(redis_client, keys, Timings(grace_ms=400, toleration_ms=1200, max_lost=2))
     lz.register("w1", "p", "", "cas1", {"load": 0.1}, protocol=1, by="worker:w1")
     return lz
 
 
-def _state(leases: Leases, job: str) -> str:
+def _state(leases: LeasesState, job: str) -> str:
     return leases.r.hget(leases.k.job(job), "state").decode()
 
 
-def _redis_ms(leases: Leases) -> int:
+def _redis_ms(leases: LeasesState) -> int:
     s, us = leases.r.time()
     return s * 1000 + us // 1000
 
 
-def _claim(leases: Leases, most: int = 1) -> list[str]:
+def _claim(leases: LeasesState, most: int = 1) -> list[str]:
     return [lease.job for lease in leases.claim("w1", "p", "evaluation", slots=10, image="", most=most).leases]
 
 
-def _enqueue(leases: Leases, job: str, now_ms: int | None = None, **spec) -> int:
+def _enqueue(leases: LeasesState, job: str, now_ms: int | None = None, **spec) -> int:
     return leases.enqueue(job, "evaluation", "p", {"argv": ["true"], **spec}, by="human:t", now_ms=now_ms)
 
 

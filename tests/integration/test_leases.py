@@ -7,7 +7,7 @@ import pytest
 from piloop_common.errors import LeaseLost, NotFound
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Leases
+from piloop_server.state.leases import LeasesState
 from piloop_server.state.records.lease import Lease, Report, Timings, fence
 from tests.helpers.redis import wait_for
 
@@ -16,10 +16,10 @@ from tests.helpers.redis import wait_for
 def leases(redis_client, namespace, tmp_path):
     keys = Keys(namespace)
     ensure_generation(redis_client, keys, GenerationRecord(tmp_path / "gen.json"), 0)
-    return Leases(redis_client, keys, Timings(grace_ms=400, toleration_ms=1200, max_lost=2))
+    return LeasesState(redis_client, keys, Timings(grace_ms=400, toleration_ms=1200, max_lost=2))
 
 
-def _worker(leases: Leases, name: str = "w1", pool: str = "p", image: str = "") -> None:
+def _worker(leases: LeasesState, name: str = "w1", pool: str = "p", image: str = "") -> None:
     leases.register(name, pool, image, "cas1", {"load": 0.1}, protocol=1, by=f"worker:{name}")
 
 
@@ -27,7 +27,7 @@ def _s(b: bytes | str) -> str:
     return b.decode() if isinstance(b, bytes) else b
 
 
-def _state(leases: Leases, job: str) -> str:
+def _state(leases: LeasesState, job: str) -> str:
     return leases.r.hget(leases.k.job(job), "state").decode()
 
 
@@ -252,7 +252,7 @@ def test_generation_change_keeps_tokens_growing(redis_client, namespace, tmp_pat
     rec = GenerationRecord(tmp_path / "gen.json")
     g1 = ensure_generation(redis_client, keys, rec, 0)
     assert not g1.lost_data
-    lz = Leases(redis_client, keys, Timings(400, 1200))
+    lz = LeasesState(redis_client, keys, Timings(400, 1200))
     _worker(lz)
     lz.enqueue("e", "evaluation", "p", {}, by="human:t")
     (before,) = lz.claim("w1", "p", "evaluation", slots=1, image="").leases

@@ -12,8 +12,8 @@ import json
 import time
 
 from piloop_server.limits import TIMING_KEYS
-from piloop_server.state import limits as stored_limits
 from piloop_server.state.keys import Keys
+from piloop_server.state.limits import LimitsState
 from piloop_server.state.records.limit import Limit
 from piloop_worker import clock
 from tests.helpers.keyspace import DAEMON_CHURN, keyspace, settled
@@ -64,7 +64,7 @@ def test_a_stored_timing_limit_is_ignored_and_a_silent_workers_job_never_runs_tw
 ):
     d, marker, keys = server, tmp_path / "marker", Keys(namespace)
     # what Redis could hold from before the rule: a toleration far under the fence (6 s, fenced at 5 s)
-    stored_limits.put(redis_client, keys, "executor.toleration_seconds", Limit(1.0, "old", "admin", 0))
+    LimitsState(redis_client, keys).put("executor.toleration_seconds", Limit(1.0, "old", "admin", 0))
     ignored = wait_for(
         lambda: [e for e in events(d, "limit.ignored") if e["key"] == "executor.toleration_seconds"],
         10,

@@ -10,13 +10,13 @@ import pytest
 from piloop_common.config.settings import ExecutorConfig
 from piloop_server.daemon import disruption_policy
 from piloop_server.leader import RENEWALS_PER_TTL, Leadership
-from piloop_server.state.disruption import Disruption
+from piloop_server.state.disruption import DisruptionState
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
 from piloop_server.state.leader import LeaderLease
-from piloop_server.state.leases import Leases
+from piloop_server.state.leases import LeasesState
 from piloop_server.state.records.lease import Timings
-from piloop_server.state.retention import Horizons, Retention
+from piloop_server.state.retention import Horizons, RetentionState
 from piloop_server.state.scripts import Fenced, fenced
 from tests.helpers.redis import wait_for
 
@@ -70,7 +70,7 @@ def test_one_server_holds_the_lease_renews_it_and_a_lapsed_one_goes_to_another_u
 
 
 def test_a_stale_token_changes_nothing_and_the_leaders_expires_the_lease(redis_client, keys):
-    leases = Leases(redis_client, keys, Timings(grace_ms=400, toleration_ms=1200, max_lost=3))
+    leases = LeasesState(redis_client, keys, Timings(grace_ms=400, toleration_ms=1200, max_lost=3))
     leases.register("w1", "p", "", "cas1", {"load": 0.1}, protocol=1, by="worker:w1")
     leases.enqueue("j1", "evaluation", "p", {"argv": ["true"]}, by="human:t")
     assert leases.claim("w1", "p", "evaluation", slots=1, image="", most=1).leases
@@ -95,13 +95,13 @@ def test_every_pass_script_refuses_a_stale_token(redis_client, keys):
     new = LeaderLease(redis_client, keys, "new")
     new.resign(new.hold("", 5000).token)  # token 1 was given, and given up
     assert new.hold("", 5000).token == "2"
-    leases = Leases(redis_client, keys, Timings(grace_ms=400, toleration_ms=1200, max_lost=3))
+    leases = LeasesState(redis_client, keys, Timings(grace_ms=400, toleration_ms=1200, max_lost=3))
     leases.register("w1", "p", "", "cas1", {"load": 0.1}, protocol=1, by="worker:w1")
     with pytest.raises(Fenced):
         leases.due(stale)
     with pytest.raises(Fenced):
-        Retention(redis_client, keys).prune(Horizons(1, 1), fence=stale)
-    dis = Disruption(redis_client, keys)
+        RetentionState(redis_client, keys).prune(Horizons(1, 1), fence=stale)
+    dis = DisruptionState(redis_client, keys)
     with pytest.raises(Fenced):
         dis.decide(disruption_policy(ExecutorConfig()), stale)
     assert dis.forget(("w1",), "service:daemon", stale) == []  # refused: the worker stays

@@ -13,10 +13,10 @@ import pytest
 
 from piloop_server.state.campaigns import CampaignsState
 from piloop_server.state.keys import Keys
-from piloop_server.state.leases import Leases
+from piloop_server.state.leases import LeasesState
 from piloop_server.state.records.campaign import Campaign
 from piloop_server.state.records.lease import Timings
-from piloop_server.state.retention import Horizons, Retention
+from piloop_server.state.retention import Horizons, RetentionState
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
 from tests.helpers.workers import state, submit
@@ -79,8 +79,8 @@ def test_ended_jobs_leave_redis_past_their_horizon_and_job_show_says_why(retaini
 
 def test_a_campaigns_ended_jobs_stay_while_it_exists_and_go_once_it_is_removed(redis_client, namespace):
     keys = Keys(namespace)
-    leases = Leases(redis_client, keys, Timings(2000, 6000))
-    retention = Retention(redis_client, keys)
+    leases = LeasesState(redis_client, keys, Timings(2000, 6000))
+    retention = RetentionState(redis_client, keys)
     campaigns = CampaignsState(redis_client, keys)
     campaigns.reserve("c1")
     campaigns.put(
@@ -145,7 +145,7 @@ def test_the_horizons_split_into_a_shorter_and_a_longer(finished, failed, split)
 
 def test_events_older_than_their_age_are_trimmed(redis_client, namespace):
     keys = Keys(namespace)
-    retention = Retention(redis_client, keys)
+    retention = RetentionState(redis_client, keys)
     redis_client.xadd(keys.events(), {"type": "old"}, id="1000-0")  # 1970: older than any age
     redis_client.xadd(keys.events(), {"type": "new"})
     retention.trim_events(60_000)
@@ -159,13 +159,13 @@ def test_used_memory_past_the_alarms_share_is_one_inbox_item_until_it_falls_back
     import redis
 
     from piloop_server.daemon import Pass
-    from piloop_server.state.events import Events
+    from piloop_server.state.events import EventsState
     from tests.helpers.redis import redis_process
 
     with redis_process(tmp_path) as rp:
         r = redis.Redis.from_url(rp.url)
         keys = Keys("mem")
-        rt = types.SimpleNamespace(retention=Retention(r, keys), events=Events(r, keys))
+        rt = types.SimpleNamespace(retention=RetentionState(r, keys), events=EventsState(r, keys))
         p = Pass.__new__(Pass)  # only watch_memory's part of a pass: no daemon around it
         p.rt = rt
         # ballast, so the share's headroom (a tenth) is megabytes: Redis 7 grows ~50 KB on its own between two calls;
@@ -205,7 +205,7 @@ def test_two_prunes_at_once_remove_each_job_once(redis_server, redis_client, nam
     import redis
 
     keys = Keys(namespace)
-    leases = Leases(redis_client, keys, Timings(2000, 6000))
+    leases = LeasesState(redis_client, keys, Timings(2000, 6000))
     jobs = [f"jtwo{i:09d}" for i in range(300)]
     for job in jobs:
         leases.enqueue(job, "evaluation", "p", {"argv": ["true"]}, by="admin")
@@ -217,7 +217,7 @@ def test_two_prunes_at_once_remove_each_job_once(redis_server, redis_client, nam
 
     def pruner(i: int) -> None:
         r = redis.Redis.from_url(redis_server.url)
-        retention = Retention(r, keys)
+        retention = RetentionState(r, keys)
         start.wait()
         while (got := retention.prune(horizons, batch=7)).removed or got.moved:
             removed[i] += got.removed
@@ -230,4 +230,4 @@ def test_two_prunes_at_once_remove_each_job_once(redis_server, redis_client, nam
         t.join(30)
     assert sum(removed) == len(jobs), f"a job removed twice, or not at all: {removed}"
     assert not any(_job_keys(redis_client, keys, j) for j in jobs)
-    assert Retention(redis_client, keys).retained() == 0
+    assert RetentionState(redis_client, keys).retained() == 0

@@ -11,7 +11,7 @@ import pytest
 from piloop_server.schedules import next_after
 from piloop_server.state.jobs import JobsState
 from piloop_server.state.keys import Keys
-from piloop_server.state.schedules import ScheduleRecord, Schedules
+from piloop_server.state.schedules import ScheduleRecord, SchedulesState
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
 
@@ -70,7 +70,7 @@ def test_bad_schedules_are_refused_with_what_was_wrong(two_daemons):
     assert gone.returncode != 0 and "no schedule nope" in gone.stderr, gone.stderr
 
 
-def _yearly(s: Schedules, name: str, first_ms: int) -> ScheduleRecord:
+def _yearly(s: SchedulesState, name: str, first_ms: int) -> ScheduleRecord:
     rec = ScheduleRecord(
         name=name,
         cron="0 0 1 1 *",  # its next tick after now is months away: only the one set in the past is due
@@ -85,7 +85,7 @@ def _yearly(s: Schedules, name: str, first_ms: int) -> ScheduleRecord:
 
 
 def test_ticks_missed_while_no_daemon_ran_queue_one_job_then_the_next_tick_after_now(redis_client, namespace):
-    s = Schedules(redis_client, Keys(namespace))
+    s = SchedulesState(redis_client, Keys(namespace))
     now = s.now_ms()
     rec = _yearly(s, "missed", now - 3 * 365 * 86400 * 1000)  # three yearly ticks missed
     assert s.tick(next_after) == 1
@@ -101,7 +101,7 @@ def test_two_passes_at_once_queue_each_due_tick_once(redis_client, redis_server,
     import redis
 
     keys = Keys(namespace)
-    mine = Schedules(redis_client, keys)
+    mine = SchedulesState(redis_client, keys)
     now = mine.now_ms()
     for i in range(40):
         _yearly(mine, f"s{i}", now - 1000 - i)
@@ -110,7 +110,7 @@ def test_two_passes_at_once_queue_each_due_tick_once(redis_client, redis_server,
     counts: list[int] = []
 
     def one_pass(client) -> None:
-        s = Schedules(client, keys)
+        s = SchedulesState(client, keys)
         barrier.wait()
         counts.append(sum(s.tick(next_after) for _ in range(3)))
 

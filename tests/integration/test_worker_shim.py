@@ -19,6 +19,7 @@ from piloop_worker import clock
 from piloop_worker.jobdir import JobDir, read_json
 from piloop_worker.shimhost import ShimHost
 from piloop_worker.shimproto import CgroupGrant, ExitRecord, ShimRequest, StopReason
+from tests.helpers.jobrecords import job_record
 from tests.helpers.redis import wait_for
 from tests.helpers.slowdown import scaled
 
@@ -42,7 +43,7 @@ def own_host():
 
 def _job(tmp_path: Path, name: str = "j1") -> JobDir:
     jd = JobDir.for_lease(tmp_path / "data", name, "1")
-    jd.create({"job": name, "token": "1"})
+    jd.create(job_record(name, "1"))
     return jd
 
 

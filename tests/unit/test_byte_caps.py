@@ -12,12 +12,13 @@ from piloop_server.state.logcap import Live, cut_log, live_prefix, tail
 from piloop_worker.jobdir import JobDir
 from piloop_worker.logs import LogShipper
 from piloop_worker.results import within_cap
+from tests.helpers.jobrecords import job_record
 
 
 def test_the_shipper_stops_at_the_cap_with_one_marker_and_a_restarted_one_ships_no_more(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "cas")
     jd = JobDir(tmp_path / "job")
-    jd.create({"job": "j"})
+    jd.create(job_record("j"))
     jd.output_log.write_bytes(b"a" * 6000)
     sh = LogShipper(jd)
     first = sh.upload(store, max_bytes=10_000)
@@ -40,7 +41,7 @@ def test_the_shipper_stops_at_the_cap_with_one_marker_and_a_restarted_one_ships_
 def test_a_log_exactly_at_the_cap_is_whole(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "cas")
     jd = JobDir(tmp_path / "job")
-    jd.create({"job": "j"})
+    jd.create(job_record("j"))
     jd.output_log.write_bytes(b"x" * 4096)
     sh = LogShipper(jd)
     assert [store.get_bytes(a) for a in sh.upload(store, max_bytes=4096)] == [b"x" * 4096]
@@ -86,10 +87,10 @@ def test_a_tasks_result_over_its_cap_is_refused_naming_the_key_and_the_size(tmp_
     (tmp_path / "result.json").write_bytes(b"x" * 2000)
     (tmp_path / "other").write_bytes(b"y" * 5000)
     files = [("other", str(tmp_path / "other")), ("result.json", str(tmp_path / "result.json"))]
-    kept, why = within_cap({"spec": task}, files, 1024)
+    kept, why = within_cap(job_record("j", runner="task"), files, 1024)
     assert kept == files[:1] and "result_max_bytes = 1 KiB" in why and "2.0 KiB" in why
-    assert within_cap({"spec": task}, files, 4096) == (files, "")
-    assert within_cap({"spec": {"runner": "process"}}, files, 1024) == (files, "")
+    assert within_cap(job_record("j", runner="task"), files, 4096) == (files, "")
+    assert within_cap(job_record("j", runner="process"), files, 1024) == (files, "")
 
 
 def test_a_report_answer_is_kept_a_week_or_the_jobs_retention_where_shorter():

@@ -10,6 +10,7 @@ import pytest
 from piloop_common.tasks import task
 from piloop_worker import tasks as runner
 from piloop_worker.jobdir import JobDir
+from tests.helpers.jobrecords import job_record
 
 
 def test_a_task_is_still_a_function_here_and_refuses_what_a_worker_cannot_run():
@@ -28,7 +29,7 @@ def test_a_task_is_still_a_function_here_and_refuses_what_a_worker_cannot_run():
 
 def _jobdir(tmp_path, ser: str, payload: dict) -> JobDir:
     jd = JobDir(tmp_path / "j")
-    jd.create({"job": "j1"})
+    jd.create(job_record("j1"))
     data = json.dumps(payload).encode() if ser == "json" else pickle.dumps(payload)
     jd.inputs.mkdir()  # as the worker does with a job's first input
     (jd.inputs / f"args.{ser}").write_bytes(data)

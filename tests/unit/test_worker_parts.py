@@ -29,6 +29,7 @@ from piloop_worker.pressure import admission
 from piloop_worker.shimproto import CgroupGrant, ExitRecord, ShimRecord, ShimRequest, StopReason
 from piloop_worker.sparedirs import SpareDirs
 from piloop_worker.spool import DURABLE_AFTER_SECONDS, Spool
+from tests.helpers.jobrecords import job_record
 
 PSI = "some avg10=12.50 avg60=3.00 avg300=0.75 total=123456\nfull avg10=1.25 avg60=0.00 avg300=0.00 total=99\n"
 
@@ -73,8 +74,8 @@ def test_memory_pressure_admission() -> None:
 
 def test_job_dir_deadline_stop_and_lock(tmp_path: Path) -> None:
     jd = JobDir.for_lease(tmp_path, "j1", "7")
-    jd.create({"job": "j1", "token": "7"})
-    assert jd.record() == {"job": "j1", "token": "7"}
+    jd.create(job_record("j1", "7"))
+    assert jd.record() == job_record("j1", "7")
     assert jd.read_deadline() is None
     jd.write_deadline(1234.5)
     assert jd.read_deadline() == 1234.5
@@ -93,7 +94,7 @@ def test_job_dir_deadline_stop_and_lock(tmp_path: Path) -> None:
 
 def test_the_deadline_is_rewritten_in_place_and_a_torn_read_is_no_deadline(tmp_path: Path) -> None:
     jd = JobDir.for_lease(tmp_path, "j1", "7")
-    jd.create({"job": "j1", "token": "7"}, deadline=99.5)
+    jd.create(job_record("j1", "7"), deadline=99.5)
     inode = jd.deadline_file.stat().st_ino
     jd.write_deadline(123456.25)
     jd.write_deadline(7.0)  # shorter than the one before: nothing of it is left
@@ -110,7 +111,7 @@ def test_an_exit_record_is_fsynced_only_for_a_job_that_ran_a_second(tmp_path: Pa
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
     jd = JobDir.for_lease(tmp_path, "j1", "7")
-    jd.create({"job": "j1", "token": "7"})
+    jd.create(job_record("j1", "7"))
     jd.write_exit(ExitRecord(exit_code=0, duration_seconds=0.1))
     assert synced == [] and jd.exit_record() == ExitRecord(exit_code=0, duration_seconds=0.1)
     jd.write_exit(ExitRecord(exit_code=0, duration_seconds=DURABLE_AFTER_SECONDS))
@@ -120,7 +121,7 @@ def test_an_exit_record_is_fsynced_only_for_a_job_that_ran_a_second(tmp_path: Pa
 def test_spare_dirs_are_emptied_kept_and_taken(tmp_path: Path) -> None:
     spare = SpareDirs(tmp_path)
     a = JobDir.for_lease(tmp_path, "a", "1")
-    a.create({"job": "a", "token": "1"}, spare=spare)  # none spare yet: made
+    a.create(job_record("a", "1"), spare=spare)  # none spare yet: made
     (a.work / "sub").mkdir()
     (a.work / "sub" / "f").write_text("x")
     (a.outputs / "result.txt").write_text("42")
@@ -133,7 +134,7 @@ def test_spare_dirs_are_emptied_kept_and_taken(tmp_path: Path) -> None:
     assert not a.root.exists() and len(spare.free) == 1
     assert scan(tmp_path) == []  # a spare is no job dir
     b = JobDir.for_lease(tmp_path, "b", "1")
-    b.create({"job": "b", "token": "1"}, deadline=5.0, spare=spare)
+    b.create(job_record("b", "1"), deadline=5.0, spare=spare)
     assert b.root.stat().st_ino == inode and not spare.free  # the same dir, emptied of a's every file
     assert sorted(p.name for p in b.root.iterdir()) == [
         "deadline",
@@ -145,7 +146,7 @@ def test_spare_dirs_are_emptied_kept_and_taken(tmp_path: Path) -> None:
     ]
     assert b.output_log.read_bytes() == b"" and b.output_log.stat().st_ino == log_inode  # emptied, not made again
     assert list(b.work.iterdir()) == list(b.outputs.iterdir()) == list(b.inputs.iterdir()) == []
-    assert stat.S_IMODE(b.work.stat().st_mode) == spare.mode and b.record() == {"job": "b", "token": "1"}
+    assert stat.S_IMODE(b.work.stat().st_mode) == spare.mode and b.record() == job_record("b", "1")
     # a log the job linked to a file elsewhere is removed, and the file it names is left as it was
     elsewhere = tmp_path / "elsewhere.txt"
     elsewhere.write_text("keep me")
@@ -154,7 +155,7 @@ def test_spare_dirs_are_emptied_kept_and_taken(tmp_path: Path) -> None:
     b.remove(spare)
     assert elsewhere.read_text() == "keep me" and len(spare.free) == 1
     b = JobDir.for_lease(tmp_path, "b", "2")
-    b.create({"job": "b", "token": "2"}, spare=spare)
+    b.create(job_record("b", "2"), spare=spare)
     assert sorted(p.name for p in b.root.iterdir()) == ["inputs", "job.json", "outputs", "work"]
     # a dir without its work/ (the job removed it) is not kept; nor more than MOST
     shutil.rmtree(b.work)
@@ -162,7 +163,7 @@ def test_spare_dirs_are_emptied_kept_and_taken(tmp_path: Path) -> None:
     assert not b.root.exists() and not spare.free
     # a new worker's SpareDirs drops what an earlier one left
     c = JobDir.for_lease(tmp_path, "c", "1")
-    c.create({"job": "c", "token": "1"}, spare=spare)
+    c.create(job_record("c", "1"), spare=spare)
     c.remove(spare)
     assert len(spare.free) == 1
     assert SpareDirs(tmp_path).free == [] and list((tmp_path / "jobs" / ".spare").iterdir()) == []
@@ -265,7 +266,7 @@ def test_the_shim_protocol_records_cross_the_wire_whole_and_ignore_what_they_do_
 def test_log_shipper_sends_new_bytes_once_and_survives_a_restart(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "cas")
     jd = JobDir(tmp_path / "job")
-    jd.create({"job": "j"})
+    jd.create(job_record("j"))
     sh = LogShipper(jd)
     assert not sh.due(0.0)
     jd.output_log.write_bytes(b"one\n")
@@ -428,7 +429,7 @@ def _busy_worker(tmp_path: Path, held: int) -> tuple[Worker, list[Held]]:
     ready = []
     for i in range(held):
         jd = JobDir(tmp_path / "jobs" / f"j{i}.5")
-        jd.create({"job": f"j{i}"})
+        jd.create(job_record(f"j{i}"))
         h = Held(f"j{i}", "5", "evaluation", jd, LogShipper(jd), report=_report(f"j{i}"))
         w.spool.write(h.report)
         w.held[h.job] = h

@@ -12,45 +12,6 @@ from typing import Any
 
 from piloop_server.state.records.codec import text as _s
 
-# attribute -> the hash field it is stored under
-FIELDS: dict[str, str] = {
-    "id": "id",
-    "kind": "kind",
-    "pool": "pool",
-    "campaign": "campaign",
-    "image": "image",
-    "spec": "spec",  # JSON: the JobSpec as submitted
-    "state": "state",
-    "attempts": "attempts",
-    "lost": "lost",  # lost in a row (expired or fenced), for max_lost
-    "raises": "raises",  # attempts that ran out of memory and were granted more (not counted)
-    "score": "score",  # the queue score (ms): its place in line, kept across requeues
-    "created": "created",
-    "updated": "updated",
-    "leased": "leased",
-    "started": "started",
-    "ended": "ended",
-    "by": "by",
-    "parent": "parent",
-    "worker": "worker",  # the lease's holder ('' while queued)
-    "token": "token",  # the lease's fencing token ('' while queued)
-    "owner": "owner",  # the identity of the token its holder's name is bound to (include/lease_check.lua)
-    "history": "history",  # the last leases, `worker/token` separated by spaces: a late call is stale, not foreign
-    "cancel": "cancel",  # '1' once a cancel was asked for: cancel wins over every later outcome
-    "grant_mb": "grant_mb",  # the grant of its next attempt (its spec's, or raised after an out-of-memory one)
-    "granted_mb": "granted_mb",  # the grant its current lease holds
-    "retry_at": "retry_at",
-    "not_before": "not_before",  # a countdown's end (ms): claimable from then (it waits in `delayed` until)
-    "expires": "expires",  # (ms) not leased by then: it ends `expired`; removed at its first lease
-    "result": "result",  # JSON: what the last report said
-    "reason": "reason",
-    "log_dropped": "log_dropped",  # log chunks past the cap, not kept
-    "log_bytes": "log_bytes",  # the bytes of the chunks kept (their sizes as the CAS holds them)
-    "log_truncated": "log_truncated",  # the byte cap the log was cut at (0: whole)
-    "campaign_error": "campaign_error",
-    "relayed": "relayed",  # an agent's: the evaluations it queued through its relay (relay_submit.lua caps them)
-}
-
 # A queue's score is `queued_ms - priority * PRIORITY_STEP`: a higher priority sorts ahead of every lower one queued
 # within 2^42 ms (139 years) of it, FIFO within one, and the time is the score modulo the step (include/timing.lua).
 PRIORITY_STEP = 2**42
@@ -71,11 +32,11 @@ class Job:
     state: str
     campaign: str = ""
     image: str = ""
-    spec: str = "{}"
+    spec: str = "{}"  # JSON: the JobSpec as submitted
     attempts: int = 0
-    lost: int = 0
-    raises: int = 0
-    score: int = 0
+    lost: int = 0  # lost in a row (expired or fenced), for max_lost
+    raises: int = 0  # attempts that ran out of memory and were granted more (not counted)
+    score: int = 0  # the queue score (ms): its place in line, kept across requeues
     created: int = 0
     updated: int = 0
     leased: int = 0
@@ -83,23 +44,23 @@ class Job:
     ended: int = 0
     by: str = ""
     parent: str = ""
-    worker: str = ""
-    token: str = ""
-    owner: str = ""
-    history: str = ""
-    cancel: bool = False
-    grant_mb: int = 0
-    granted_mb: int = 0
+    worker: str = ""  # the lease's holder ('' while queued)
+    token: str = ""  # the lease's fencing token ('' while queued)
+    owner: str = ""  # the identity of the token its holder's name is bound to (include/lease_check.lua)
+    history: str = ""  # the last leases, `worker/token` separated by spaces: a late call is stale, not foreign
+    cancel: bool = False  # '1' once a cancel was asked for: cancel wins over every later outcome
+    grant_mb: int = 0  # the grant of its next attempt (its spec's, or raised after an out-of-memory one)
+    granted_mb: int = 0  # the grant its current lease holds
     retry_at: int = 0
-    not_before: int = 0
-    expires: int = 0
-    result: str = ""
+    not_before: int = 0  # a countdown's end (ms): claimable from then (it waits in `delayed` until)
+    expires: int = 0  # (ms) not leased by then: it ends `expired`; removed at its first lease
+    result: str = ""  # JSON: what the last report said
     reason: str = ""
-    log_dropped: int = 0
-    log_bytes: int = 0
-    log_truncated: int = 0
+    log_dropped: int = 0  # log chunks past the cap, not kept
+    log_bytes: int = 0  # the bytes of the chunks kept (their sizes as the CAS holds them)
+    log_truncated: int = 0  # the byte cap the log was cut at (0: whole)
     campaign_error: str = ""
-    relayed: int = 0
+    relayed: int = 0  # an agent's: the evaluations it queued through its relay (relay_submit.lua caps them)
 
     @classmethod
     def from_hash(cls, h: dict[Any, Any]) -> Job | None:
@@ -131,6 +92,10 @@ class Job:
         except ValueError:
             return {}
         return got if isinstance(got, dict) else {}
+
+
+# attribute -> the hash field it is stored under: every field of `Job`, each under its own name
+FIELDS: dict[str, str] = {f.name: f.name for f in fields(Job)}
 
 
 def queued_at(score: float) -> int:

@@ -133,7 +133,7 @@ class Claim:
 
 @dataclass(frozen=True)
 class Report:
-    """One report's part in `Leases.report_many`."""
+    """One report's part in `LeasesState.report_many`."""
 
     report_id: str
     job: str

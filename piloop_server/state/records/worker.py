@@ -9,23 +9,6 @@ from typing import Any
 
 from piloop_server.state.records.codec import text as _s
 
-# attribute -> the hash field it is stored under
-FIELDS: dict[str, str] = {
-    "name": "name",
-    "pool": "pool",
-    "image": "image",
-    "cas": "cas",  # the identity of the CAS it reads and writes
-    "sample": "sample",  # JSON: its last host sample (and its admission verdict)
-    "protocol": "protocol",
-    "info": "info",  # JSON: host, pid, version
-    "registered": "registered",  # ms
-    "seen": "seen",  # ms: its last heartbeat
-    "reason": "reason",  # why its last claim got no lease
-    "draining": "draining",  # '1': it takes no more jobs
-    "room_mb": "room_mb",  # the memory it said it has room for, at its last claim
-    "owner": "owner",  # the identity of the token its name is bound to (register.lua): `token:<name>`, socket, proxy
-}
-
 
 def _i(v: Any) -> int:
     s = _s(v)
@@ -33,20 +16,20 @@ def _i(v: Any) -> int:
 
 
 @dataclass(frozen=True)
-class Worker:
+class WorkerRecord:
     name: str
     pool: str = ""
     image: str = ""
-    cas: str = ""
-    sample: str = ""
+    cas: str = ""  # the identity of the CAS it reads and writes
+    sample: str = ""  # JSON: its last host sample (and its admission verdict)
     protocol: str = ""
-    info: str = ""
-    registered: int = 0
-    seen: int = 0
-    reason: str = ""
-    draining: bool = False
-    room_mb: int | None = None
-    owner: str = ""
+    info: str = ""  # JSON: host, pid, version
+    registered: int = 0  # ms
+    seen: int = 0  # ms: its last heartbeat
+    reason: str = ""  # why its last claim got no lease
+    draining: bool = False  # '1': it takes no more jobs
+    room_mb: int | None = None  # the memory it said it has room for, at its last claim
+    owner: str = ""  # the identity of the token its name is bound to (register.lua): `token:<name>`, socket, proxy
     # beside the hash: whether its alive key is there, and the jobs it holds leases on, by kind
     alive: bool = False
     leases: dict[str, list[str]] = field(default_factory=dict)
@@ -54,7 +37,7 @@ class Worker:
     @classmethod
     def from_hash(
         cls, h: dict[Any, Any], alive: bool = False, leases: dict[str, list[str]] | None = None
-    ) -> Worker | None:
+    ) -> WorkerRecord | None:
         """The record of an HGETALL reply; None for an empty one (no such worker)."""
         if not h:
             return None
@@ -80,3 +63,8 @@ class Worker:
         except ValueError:
             return None
         return got if isinstance(got, dict) else None
+
+
+BESIDE = ("alive", "leases")  # read from keys beside the hash, not stored in it
+# attribute -> the hash field it is stored under: each field of `WorkerRecord` not beside it, under its own name
+FIELDS: dict[str, str] = {f.name: f.name for f in fields(WorkerRecord) if f.name not in BESIDE}

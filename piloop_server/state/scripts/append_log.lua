@@ -1,4 +1,5 @@
 -- append_log: the holder adds log chunk addresses to its job's log; past a cap they are counted, not kept.
+-- @call KEYS 4 ARGV 8+2n
 -- KEYS[1] lease  KEYS[2] job hash  KEYS[3] job log (list)  KEYS[4] events
 -- ARGV[1] job id  ARGV[2] token  ARGV[3] worker  ARGV[4] the most chunks a job keeps  ARGV[5] the most bytes it
 -- keeps ([plugins.state] log_max_bytes)  ARGV[6] the room past them for the worker's marker  ARGV[7] n

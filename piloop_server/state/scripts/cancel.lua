@@ -1,4 +1,5 @@
 -- cancel: a queued (or waiting) job ends at once; a leased or running one is stopped at its worker's next heartbeat.
+-- @call KEYS 5 ARGV 3
 -- KEYS[1] job hash  KEYS[2] queue (pool, kind)  KEYS[3] events  KEYS[4] delayed (a failed job waiting to retry)
 -- KEYS[5] ended
 -- ARGV[1] job id  ARGV[2] by  ARGV[3] 'queued' to withdraw the job only while it waits (else nothing changes)

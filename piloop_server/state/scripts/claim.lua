@@ -1,4 +1,5 @@
 -- claim: lease up to N jobs of one kind to a worker, each under a new fencing token.
+-- @call KEYS 14 ARGV 11+n
 -- KEYS[1] worker hash  KEYS[2] worker alive  KEYS[3] worker leases (this kind)
 -- KEYS[4] queue (pool, kind)  KEYS[5] deadlines  KEYS[6] active (pool, kind)  KEYS[7] token seq
 -- KEYS[8] generation  KEYS[9] events  KEYS[10] campaign live  KEYS[11] daemon hash

@@ -1,6 +1,7 @@
 -- depend_submit: a new job that waits on its parents (its spec's `after`): written `waiting`, in each parent's
 -- `children` set, and settled at once (include/dependencies.lua), so one whose parents have all ended already is
 -- queued or ended here, never left for a pass.
+-- @call KEYS 5 ARGV 8
 -- KEYS[1] job hash  KEYS[2] queue (pool, kind)  KEYS[3] jobs index  KEYS[4] events  KEYS[5] ended
 -- ARGV[1] job id  ARGV[2] kind  ARGV[3] pool  ARGV[4] campaign  ARGV[5] image  ARGV[6] spec (JSON)  ARGV[7] by
 -- ARGV[8] key prefix

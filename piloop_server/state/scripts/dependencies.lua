@@ -1,4 +1,5 @@
 -- dependencies: the pass settles the children of the jobs that ended since its last look.
+-- @call KEYS 4 ARGV 3
 -- KEYS[1] ended  KEYS[2] the cursor (the `ended` score the next look starts at)  KEYS[3] events  KEYS[4] delayed
 -- ARGV[1] key prefix  ARGV[2] batch size  ARGV[3] overlap (ms): the next look starts this far before the last
 -- score seen, since a job may end in the very ms of this look (or Redis's clock may step back a little); after a

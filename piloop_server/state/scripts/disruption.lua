@@ -1,5 +1,6 @@
 -- disruption: the pass's pool-disruption hold (Kubernetes' full-disruption mode), decided in one script so that two
 -- passes at once decide once, and kept in Redis so that a restarted daemon finds each hold where it was.
+-- @call KEYS 6 ARGV 10
 -- KEYS[1] workers set  KEYS[2] disruption hash  KEYS[3] daemon hash  KEYS[4] tokens  KEYS[5] inbox  KEYS[6] events
 -- ARGV[1] key prefix  ARGV[2] fewest workers a held pool has  ARGV[3] the share of them that must be silent
 -- (more than)  ARGV[4] the hold's length (ms)  ARGV[5] forget: a silent worker without leases whose last heartbeat

@@ -1,4 +1,5 @@
 -- drain: a worker takes no more jobs (claims answer `draining`); what it holds runs to its end.
+-- @call KEYS 2 ARGV 3
 -- KEYS[1] worker hash  KEYS[2] events
 -- ARGV[1] name  ARGV[2] by  ARGV[3] reason
 -- Reply: 1 when the worker was known (now draining), 0 when it has no record.

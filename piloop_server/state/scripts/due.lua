@@ -1,5 +1,6 @@
 -- due: the daemon's pass puts failed jobs whose backoff has passed back in their queues, and new jobs whose
 -- countdown has passed in them.
+-- @call KEYS 2 ARGV 2
 -- KEYS[1] delayed  KEYS[2] events
 -- ARGV[1] key prefix (job hashes and queues are found by id here)  ARGV[2] batch size
 -- A job still `queued` goes back at its old queue score (its place in line); one cancelled meanwhile is only

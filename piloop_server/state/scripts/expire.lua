@@ -1,4 +1,5 @@
 -- expire: the daemon's pass over lease deadlines.
+-- @call KEYS 6 ARGV 6
 -- KEYS[1] deadlines  KEYS[2] daemon hash  KEYS[3] events  KEYS[4] campaign live  KEYS[5] workers  KEYS[6] ended
 -- ARGV[1] key prefix  ARGV[2] grace (ms)  ARGV[3] toleration (ms)  ARGV[4] max_lost
 -- ARGV[5] batch size  ARGV[6] held pools (space-separated; their leases wait)

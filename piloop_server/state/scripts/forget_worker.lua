@@ -1,4 +1,5 @@
 -- forget_worker: a worker that ended leaves `piloop worker list`, once it holds no lease.
+-- @call KEYS 6 ARGV 2
 -- KEYS[1] worker hash  KEYS[2] worker alive  KEYS[3] workers set  KEYS[4] agent leases  KEYS[5] evaluation leases
 -- KEYS[6] events
 -- ARGV[1] name  ARGV[2] by

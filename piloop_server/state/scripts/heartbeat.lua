@@ -1,4 +1,5 @@
 -- heartbeat: for each worker named, renew its alive key and each lease it names that it holds (lease_check).
+-- @call KEYS 3+2n ARGV 3+n
 -- KEYS[1] deadlines  KEYS[2] daemon hash  KEYS[3] events; then for each worker: its hash, its alive key, and for
 -- each job it names the job's lease and the job's hash.
 -- ARGV[1] grace (ms)  ARGV[2] toleration (ms)  ARGV[3] m workers; then for each worker: its sample (JSON), n jobs,

@@ -1,5 +1,6 @@
 -- launch: keep a campaign's agents at its target. Forgets its agents that have ended, then, when asked and
 -- while the campaign is active with fewer agents than its target, queues one more (a run).
+-- @call KEYS 9 ARGV 7
 -- KEYS[1] campaign record  KEYS[2] campaign agents  KEYS[3] campaign runs  KEYS[4] new job hash
 -- KEYS[5] queue (pool, agent)  KEYS[6] jobs index  KEYS[7] events  KEYS[8] delayed  KEYS[9] expiring
 -- ARGV[1] key prefix  ARGV[2] new job id  ARGV[3] pool  ARGV[4] campaign  ARGV[5] spec (JSON)  ARGV[6] by

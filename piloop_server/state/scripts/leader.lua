@@ -1,4 +1,5 @@
 -- leader: take, renew or give up the lease of the one server that runs the pass (state/leader.py).
+-- @call KEYS 3 ARGV 3
 -- KEYS[1] leader lease  KEYS[2] fencing counter  KEYS[3] events
 -- ARGV[1] this server's instance id  ARGV[2] the token it holds ('' for none)  ARGV[3] the lease's TTL (ms; 0: give
 -- it up)

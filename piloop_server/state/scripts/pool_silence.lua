@@ -1,6 +1,7 @@
 -- pool_silence: each pool's workers, and how many of them went silent (no `alive` key), for the pass's disruption
 -- check: one call, where two commands a worker through a pipeline cost the server's Python 5-9 % of a core with
 -- 1,000 workers, every pass.
+-- @call KEYS 1 ARGV 1
 -- KEYS[1] workers set  ARGV[1] key prefix
 -- Reply: {pool, total, silent, pool, total, silent, ...}
 local prefix = ARGV[1]

@@ -1,4 +1,5 @@
 -- prune: retention of ended jobs, one bounded batch (safe from two daemons at once: each batch is one script).
+-- @call KEYS 3 ARGV 5
 -- KEYS[1] ended  KEYS[2] ended kept  KEYS[3] jobs index
 -- ARGV[1] key prefix  ARGV[2] the shorter horizon (ms)  ARGV[3] the states it applies to (space-separated)
 -- ARGV[4] the longer horizon (ms; -1: those jobs are kept forever)  ARGV[5] batch size

@@ -1,4 +1,5 @@
 -- register: a worker announces itself (at start, and again when Redis forgot it).
+-- @call KEYS 5 ARGV 12
 -- KEYS[1] worker hash  KEYS[2] worker alive  KEYS[3] workers set  KEYS[4] events
 -- KEYS[5] the names the calling token holds (a set)
 -- ARGV[1] name  ARGV[2] pool  ARGV[3] image  ARGV[4] cas id  ARGV[5] sample (JSON)

@@ -1,5 +1,6 @@
 -- relay_cancel: a job cancels a child it queued (nested work), through its relay, checked against its lease
 -- (relay_guard) and the child's `parent` in the same step.
+-- @call KEYS 7 ARGV 6
 -- KEYS[1] lease  KEYS[2] job hash (the caller)  KEYS[3] events  KEYS[4] the child's hash  KEYS[5] its queue
 -- KEYS[6] delayed  KEYS[7] ended
 -- ARGV[1] job id  ARGV[2] token  ARGV[3] worker  ARGV[4] the child's id  ARGV[5] by

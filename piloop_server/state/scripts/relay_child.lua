@@ -3,6 +3,7 @@
 -- to the caller's pool and campaign (the server sets them from the caller's record, never from the call), names the
 -- caller as its `parent`, and is in the caller's `children` set, so the pass cancels it when the caller ends
 -- cancelled (dependencies.lua). Its `after` may name only the caller's own children.
+-- @call KEYS 7 ARGV 12
 -- KEYS[1] lease  KEYS[2] job hash (the caller)  KEYS[3] events  KEYS[4] new job hash  KEYS[5] queue (pool, kind)
 -- KEYS[6] jobs index  KEYS[7] ended
 -- ARGV[1] job id  ARGV[2] token  ARGV[3] worker  ARGV[4] new job id  ARGV[5] kind  ARGV[6] pool  ARGV[7] spec

@@ -3,6 +3,7 @@
 -- it is an agent of this campaign, and that it has queued fewer than its cap. The spec, pool and campaign come
 -- from the campaign record (built in Python), never from the agent. The new job's fields are those enqueue.lua
 -- writes, plus `parent`; the caller's `relayed` counts the evaluations it queued.
+-- @call KEYS 8 ARGV 10
 -- KEYS[1] lease  KEYS[2] job hash (the caller)  KEYS[3] events  KEYS[4] new job hash  KEYS[5] queue (pool,
 -- evaluation)  KEYS[6] jobs index  KEYS[7] delayed  KEYS[8] expiring
 -- ARGV[1] job id  ARGV[2] token  ARGV[3] worker  ARGV[4] new job id  ARGV[5] pool  ARGV[6] campaign

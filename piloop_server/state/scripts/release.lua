@@ -1,4 +1,5 @@
 -- release: the holder gives a leased job back to its queue; it does not count as an attempt.
+-- @call KEYS 9 ARGV 5
 -- KEYS[1] lease  KEYS[2] job hash  KEYS[3] worker leases (kind)  KEYS[4] queue (pool, kind)
 -- KEYS[5] deadlines  KEYS[6] active (pool, kind)  KEYS[7] campaign live  KEYS[8] events  KEYS[9] ended
 -- ARGV[1] job id  ARGV[2] token  ARGV[3] worker  ARGV[4] reason  ARGV[5] the calling token's identity (owner)

@@ -1,4 +1,5 @@
 -- report: the holder finishes its lease; idempotent by report id.
+-- @call KEYS 14 ARGV 21
 -- KEYS[1] report answer  KEYS[2] lease  KEYS[3] job hash  KEYS[4] worker leases (kind)
 -- KEYS[5] deadlines  KEYS[6] active (pool, kind)  KEYS[7] campaign live  KEYS[8] events
 -- KEYS[9] queue (pool, kind)  KEYS[10] daemon hash  KEYS[11] campaign jobs to integrate

@@ -1,4 +1,5 @@
 -- schedule_add: a new periodic schedule, its record and its first tick in one step.
+-- @call KEYS 3 ARGV 4
 -- KEYS[1] schedules (hash name -> record JSON)  KEYS[2] ticks (sorted set name -> next tick, ms)  KEYS[3] events
 -- ARGV[1] name  ARGV[2] record (JSON)  ARGV[3] first tick (ms)  ARGV[4] by
 -- Reply: 1. Error PILOOP_CONFLICT when a schedule has that name (nothing changes).

@@ -1,4 +1,5 @@
 -- schedule_tick: the pass queues each due schedule's job, once a tick, however many daemons run it.
+-- @call KEYS 6 ARGV 1+4n
 -- KEYS[1] schedules  KEYS[2] ticks  KEYS[3] jobs index  KEYS[4] events  KEYS[5] delayed  KEYS[6] expiring
 -- ARGV[1] key prefix  then for each due schedule four: its name, the tick the caller read as due (ms), the tick
 -- after it (ms, computed by the caller from the cron), and the job id for that tick (name and tick: the same id

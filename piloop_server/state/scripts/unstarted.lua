@@ -1,6 +1,7 @@
 -- unstarted: the daemon's pass ends the queued jobs whose expiry has come with no lease (a claim ends one it meets
 -- first): include/expiry.lua. A job that started, ended or is gone meanwhile is only forgotten here. Idempotent,
 -- so a second daemon running it changes nothing more.
+-- @call KEYS 4 ARGV 2
 -- KEYS[1] expiring  KEYS[2] delayed  KEYS[3] events  KEYS[4] ended
 -- ARGV[1] key prefix (job hashes and queues are found by id here)  ARGV[2] batch size
 -- Reply: the number of jobs that ended `expired`.

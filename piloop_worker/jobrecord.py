@@ -1,0 +1,66 @@
+"""`job.json`, a job dir's record of its assignment: written by `JobDir.create` when the job starts, read back by the
+next worker on the same `--dir` to re-attach it. The worker keeps the record it wrote or read (`Held.record`) rather
+than reading the file again: a job may write its own dir."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from piloop_common.protocol import Assignment, JobSpec, Kind
+
+
+class BadJobRecord(ValueError):
+    """A `job.json` that is not a job's record (not JSON, a part of one, a field missing or of the wrong type)."""
+
+
+class JobRecord(BaseModel):
+    """The assignment less its secrets' values, with what the worker adds when it starts the job."""
+
+    model_config = ConfigDict(extra="ignore")  # a field another version of the worker wrote does not bury the job
+
+    job: str
+    token: str
+    kind: Kind
+    pool: str
+    campaign: str = ""
+    image: str = ""
+    spec: JobSpec
+    memory_mb: int | None = None  # the attempt's grant (MiB); none: limited to the worker's room
+    secret_names: list[str] = Field(default_factory=list)  # the secrets it was given (never their values)
+    claimed_at: float = 0.0  # epoch seconds
+    relay: str = ""  # the job's relay socket
+
+    @classmethod
+    def from_assignment(cls, a: Assignment, relay: Path, claimed_at: float) -> JobRecord:
+        return cls(
+            **a.model_dump(exclude={"secrets"}), secret_names=sorted(a.secrets), claimed_at=claimed_at, relay=str(relay)
+        )
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "job.json") -> JobRecord:
+        """The record `data` holds; BadJobRecord naming `where` and each field that is wrong."""
+        if not isinstance(data, dict):
+            raise BadJobRecord(f"{where}: not a job record (a JSON object), but {type(data).__name__}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            wrong = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+            raise BadJobRecord(f"{where}: not a job record ({wrong})") from e
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "job.json") -> JobRecord:
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise BadJobRecord(f"{where}: not JSON, or cut short ({e})") from e
+        return cls.from_dict(data, where)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
