@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from piloop_common.protocol import Assignment, JobSpec, Kind
+from piloop_common.protocol.worker import Assignment, JobSpec, Kind
 
 
 class BadJobRecord(ValueError):

@@ -19,7 +19,7 @@ from piloop_common.protocol.report import (
     ReportsResponse,
     Usage,
 )
-from piloop_common.protocol.worker import PROTOCOL, CampaignJob, ClaimRequest, ClaimResponse
+from piloop_common.protocol.worker import PROTOCOL, ClaimRequest, ClaimResponse
 from piloop_worker import clock
 from piloop_worker.claiming import EVALUATIONS_PER_CLAIM
 from piloop_worker.held import Held, report_id_for

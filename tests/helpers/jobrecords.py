@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from piloop_common.protocol import JobSpec
+from piloop_common.protocol.worker import JobSpec
 from piloop_worker.jobrecord import JobRecord
 
 

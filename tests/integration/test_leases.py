@@ -31,7 +31,7 @@ def _state(leases: LeasesState, job: str) -> str:
     return leases.r.hget(leases.k.job(job), "state").decode()
 
 
-def _redis_ms(leases: Leases) -> int:
+def _redis_ms(leases: LeasesState) -> int:
     s, us = leases.r.time()
     return s * 1000 + us // 1000
 

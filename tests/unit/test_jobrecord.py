@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from piloop_common.protocol import Assignment, CampaignJob, JobSpec, RepoSpec
+from piloop_common.protocol.worker import Assignment, CampaignJob, JobSpec, RepoSpec
 from piloop_worker.cgroups import Cgroups
 from piloop_worker.jobdir import JobDir
 from piloop_worker.jobrecord import BadJobRecord, JobRecord
