@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from piloop_common.config.model import ConfigModel
 
 
-class DockerCompute(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
+class DockerCompute(ConfigModel):
     provider: Literal["docker"] = Field("docker", description="Workers as containers of `image` on a Docker host.")
     image: str = Field(description="The image with piloop in it (its `piloop` on PATH), as Docker names it.")
     pull: Literal["missing", "always", "never"] = Field(

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from piloop_common.config.model import ConfigModel
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class TlsFiles(_Model):
+class TlsFiles(ConfigModel):
     cert: str = Field(description="The certificate chain, PEM.")
     key: str = Field(description="The private key, PEM.")
 
 
-class ProxyRule(_Model):
+class ProxyRule(ConfigModel):
     when: dict[str, str] = Field(description="Claims and the values they must have.")
     access: Literal["worker", "act"] = Field(description="What a caller this rule matches may do.")
     caller: Literal["human", "service"] = Field("human", description="How its writes are signed.")
@@ -25,7 +23,7 @@ class ProxyRule(_Model):
     )
 
 
-class NetworkConfig(_Model):
+class NetworkConfig(ConfigModel):
     provider: Literal["token", "proxy"] = Field(
         "token", description="`token`: piloop's own tokens; `proxy`: a proxy's claims."
     )

@@ -5,19 +5,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from piloop_common.config.docker import DockerCompute
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
+from piloop_common.config.model import ConfigModel
 
 # --- provisioner -------------------------------------------------------------------------
 
 
-class LocalCompute(_Model):
+class LocalCompute(ConfigModel):
     provider: Literal["local"] = Field("local", description="Workers as processes on the server's machine.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for each started worker.")
     hang: bool = Field(False, description="Start a process that never registers (for testing the register deadline).")
@@ -26,12 +22,12 @@ class LocalCompute(_Model):
     )
 
 
-class RegistryConfig(_Model):
+class RegistryConfig(ConfigModel):
     kind: Literal["aws-ecr", "basic"] = Field(description="How the private registry is pulled from.")
     secret: str = Field(description="The Modal Secret holding the pull credentials.")
 
 
-class ModalCompute(_Model):
+class ModalCompute(ConfigModel):
     provider: Literal["modal"] = Field("modal", description="Workers as Modal sandboxes of `image`.")
     image: str = Field(description="The image with piloop in it, as a registry reference.")
     registry: RegistryConfig | None = Field(None, description="The pull secret of a private registry.")
@@ -48,7 +44,7 @@ class ModalCompute(_Model):
 ComputeConfig = Annotated[LocalCompute | ModalCompute | DockerCompute, Field(discriminator="provider")]
 
 
-class ProvisionerConfig(_Model):
+class ProvisionerConfig(ConfigModel):
     max: int = Field(ge=0, description="The most workers this pool runs at once; 0 drains the pool.")
     idle_seconds: float = Field(300, gt=0, description="A worker that held no lease this long is drained and stopped.")
     register_seconds: float = Field(

@@ -13,8 +13,9 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from piloop_common.bytecaps import LOG_MAX_BYTES, RESULT_MAX_BYTES
 from piloop_common.cas.config import CasConfig, LocalCasConfig
+from piloop_common.config.model import ConfigModel
 from piloop_common.config.network import NetworkConfig
-from piloop_common.config.provisioner import ProvisionerConfig, _Model
+from piloop_common.config.provisioner import ProvisionerConfig
 
 CONFIG_FILE = "config.toml"
 
@@ -25,7 +26,7 @@ RUNNER_PROCESS: Literal["process"] = "process"
 # --- executor ----------------------------------------------------------------------------
 
 
-class PoolConfig(_Model):
+class PoolConfig(ConfigModel):
     agents: int = Field(2, ge=0, description="Agent slots per worker of this pool.")
     evaluations: int = Field(
         1,
@@ -67,7 +68,7 @@ def _default_pools() -> dict[str, PoolConfig]:
     return {"serve": PoolConfig()}
 
 
-class ExecutorConfig(_Model):
+class ExecutorConfig(ConfigModel):
     provider: Literal["workers"] = Field("workers", description="Jobs run on workers that lease them.")
     renew_seconds: float = Field(10, gt=0, description="The worker's heartbeat period.")
     grace_seconds: float = Field(
@@ -132,7 +133,7 @@ class ExecutorConfig(_Model):
 # --- state -------------------------------------------------------------------------------
 
 
-class StateConfig(_Model):
+class StateConfig(ConfigModel):
     url: SecretStr | None = Field(
         None,
         description="The Redis URL (`redis://`, `rediss://`, `unix://`, or Sentinel's "
@@ -228,7 +229,7 @@ class StateConfig(_Model):
 DAY = 24 * 3600
 
 
-class RetentionConfig(_Model):
+class RetentionConfig(ConfigModel):
     finished_seconds: float = Field(
         7 * DAY,
         ge=0,
@@ -267,7 +268,7 @@ class RetentionConfig(_Model):
     )
 
 
-class TasksConfig(_Model):
+class TasksConfig(ConfigModel):
     path: list[str] = Field(
         default_factory=list,
         description="The dirs a worker imports Python tasks' modules from, first on its path, in order (relative: to "
@@ -293,7 +294,7 @@ class TasksConfig(_Model):
     )
 
 
-class Plugins(_Model):
+class Plugins(ConfigModel):
     executor: ExecutorConfig = Field(
         default_factory=ExecutorConfig, description="How jobs run: workers, their pools and the timings of silence."
     )
