@@ -88,7 +88,7 @@ class TokenStore:
     def get(self, name: str) -> Token | None:
         return state.get(self.r, self.k, name)
 
-    def list(self) -> list[Token]:
+    def every(self) -> list[Token]:
         return state.every(self.r, self.k)
 
     def revoke(self, name: str) -> Token:

@@ -130,9 +130,9 @@ def token_list(rt: RuntimeDep, caller: AdminDep) -> list[TokenView]:
             by=t.by,
             revoked=t.revoked,
             rename=t.rename,
-            role=t.role,  # type: ignore[arg-type]  # the record holds what TokenCreate allowed
+            role=t.role,
         )
-        for t in rt.tokens.list()
+        for t in rt.tokens.every()
     ]
 
 

@@ -26,7 +26,7 @@ class SecretView(BaseModel):
 
 @router.get("", response_model=list[SecretView])
 def secret_list(rt: RuntimeDep, caller: AdminDep) -> list[SecretView]:
-    return [SecretView(**r) for r in rt.secrets.list()]
+    return [SecretView(**r) for r in rt.secrets.every()]
 
 
 class Rotated(BaseModel):
@@ -44,7 +44,7 @@ def secret_rotate_key(rt: RuntimeDep, caller: AdminDep) -> Rotated:
 
 @router.put("/{name}")
 def secret_set(name: str, body: SecretSet, rt: RuntimeDep, caller: AdminDep) -> dict:
-    info, replaced = rt.secrets.set(name, body.value, caller.signed)
+    info, replaced = rt.secrets.put(name, body.value, caller.signed)
     rt.events.add("secret.set", caller.signed, name=name, replaced=replaced)
     return {"name": info.name, "replaced": replaced, "updated_ms": info.updated_ms, "by": info.by}
 
