@@ -19,7 +19,8 @@ WORKER = "worker"  # what `route_roles` says of a worker route
 
 
 async def _runtime(request: Request) -> Runtime:
-    return request.app.state.runtime
+    rt: Runtime = request.app.state.runtime  # set by create_app
+    return rt
 
 
 # async: FastAPI would run a sync dependency in a thread of its own

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
@@ -70,7 +71,7 @@ def _timing(rt: Runtime, pool_name: str) -> Timing:
     )
 
 
-def _sample(hello: WorkerHello) -> dict:
+def _sample(hello: WorkerHello) -> dict[str, Any]:
     return {**hello.sample.model_dump(), "admission": hello.admission}
 
 
@@ -111,7 +112,8 @@ def heartbeat(body: WorkerHello, rt: RuntimeDep, caller: WorkerDep, request: Req
 
 
 def _metrics(request: Request) -> Metrics:
-    return request.app.state.metrics
+    metrics: Metrics = request.app.state.metrics  # set by create_app
+    return metrics
 
 
 def _beat(body: WorkerHello, rt: Runtime, caller: Caller) -> HeartbeatResponse:
