@@ -24,7 +24,7 @@ SOCKET_NAME = "piloop.sock"
 # that, so each heartbeat rides the last one's (no new connection, no TLS handshake), and the client lets it go a
 # little before the server does, so it never sends on one the server is closing ("Server disconnected without
 # sending a response", seen when both kept 5 s)
-SERVER_KEEPALIVE_SECONDS = 30.0
+SERVER_KEEPALIVE_SECONDS = 30  # uvicorn takes whole seconds
 KEEPALIVE_SECONDS = 25.0
 SERVER_ENV = "PILOOP_SERVER"  # a remote API for the CLI and the Python client
 TOKEN_ENV = "PILOOP_TOKEN"  # their token (a role's)

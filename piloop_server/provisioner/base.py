@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from piloop_common.config import LocalCompute, ModalCompute
 from piloop_common.config_docker import DockerCompute
@@ -63,7 +63,7 @@ def open_provider(
     url: str,
     home: Path,
     tag: str,
-    cas_plugins: dict,
+    cas_plugins: dict[str, Any],
 ) -> Provider:
     """The provider of a pool's `compute`; modal and docker are imported only when a pool uses them."""
     if isinstance(compute, LocalCompute):

@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from piloop_common.config import ProvisionerConfig
+from piloop_common.config_provisioner import ProvisionerConfig
 from piloop_server.provisioner import platform
 from piloop_server.provisioner.platform import BY, fail, pools
 from piloop_server.runtime import Runtime

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from piloop_common.config import ProvisionerConfig
+from piloop_common.config_provisioner import ProvisionerConfig
 from piloop_server.provisioner.base import (
     NAME_ENV,
     ORPHAN_ENV,
@@ -96,7 +96,7 @@ def _cas(rt: Runtime) -> dict[str, Any]:
             return str(v)
         return v
 
-    out = plain(cas.model_dump())
+    out: dict[str, Any] = plain(cas.model_dump())
     if out.get("provider") == "local":
         # relative to the server's home, which is not the worker's
         out["path"] = str(rt.home / Path(out["path"]).expanduser() if out.get("path") else rt.home / "cas")
