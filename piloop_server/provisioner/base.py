@@ -41,6 +41,8 @@ class Handle:
 
 
 class Provider(Protocol):
+    url: str  # the server's URL that its workers dial
+
     def start(self, name: str, token: str | None, env: dict[str, str]) -> Handle:
         """Start worker `name` with `token` (None on the proxy network: `env` holds the shared credential);
         StartRefused when the platform says no."""

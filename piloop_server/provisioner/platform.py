@@ -73,7 +73,7 @@ def provider(rt: Runtime, pool: str, url: str | None = None) -> Provider | None:
     cfg = pools(rt).get(pool)
     have = _providers.get(pool)
     if cfg is not None:
-        url = url if url is not None else (have[1].url if have else "")  # type: ignore[attr-defined]
+        url = url if url is not None else (have[1].url if have else "")
         sig = json.dumps([cfg.compute.model_dump(mode="json"), url], sort_keys=True)
         if have is None or have[0] != sig:
             _providers[pool] = (
