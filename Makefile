@@ -26,13 +26,12 @@ demo: venv
 # on them (a lease to expire, a fence); two halve the run on 2 CPUs. TEST_JOBS=0 runs them one after another.
 TEST_JOBS ?= 2
 
-# the linter, the formatter's check and the type checker (strict on piloop_common and piloop_server/state, checked on
-# piloop_worker);
+# the linter, the formatter's check and the type checker (strict on all three packages: [tool.mypy] in pyproject.toml);
 # the tests that read the tree's boundaries are in tests/unit/test_tree.py
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy piloop_common piloop_server/state piloop_worker
+	$(BIN)/mypy piloop_common piloop_server piloop_worker
 
 # TEST_ARGS: more pytest arguments, like -m "not stack" where `make stack-test` has run those already
 TEST_ARGS ?=

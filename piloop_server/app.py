@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.types import Receive, Scope, Send
 
 from piloop_common import __version__
 from piloop_common.errors import PiloopError
@@ -104,11 +105,11 @@ class BodyLimit:
     def __init__(self, app: Any, max_body: int) -> None:
         self.app, self.max_body = app, max_body
 
-    async def _refuse(self, scope: dict, receive: Any, send: Any) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         resp = JSONResponse({"error": "too_large", "message": f"the body is over {self.max_body} bytes"}, 413)
         await resp(scope, receive, send)
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -138,7 +139,7 @@ class BodyLimit:
 def via_socket(app: Any) -> Any:
     """The same app, marking each request as coming over the unix socket (whose callers are trusted)."""
 
-    async def wrapped(scope: dict, receive: Any, send: Any) -> None:
+    async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
             scope = {**scope, SOCKET_SCOPE: True}
         await app(scope, receive, send)

@@ -46,11 +46,11 @@ def newer_bundle(rt: Runtime, name: str, have: list[str]) -> BundleResponse:
     have_key = hashlib.sha256(" ".join([*known, "|", *tips]).encode()).hexdigest()[:32]
     cached = rt.campaigns.cached_bundle(name, have_key)
     if cached:
-        addr, _, size = cached.partition(" ")
+        addr, _, cached_size = cached.partition(" ")
         if addr == "-":
             return BundleResponse()
         if rt.store.has(addr):
-            return BundleResponse(address=addr, size=int(size))
+            return BundleResponse(address=addr, size=int(cached_size))
     with tempfile.TemporaryDirectory(dir=repo.parent) as d:
         path = Path(d) / "newer.bundle"
         if not gitrepo.bundle(repo, path, ["--branches", *(f"^{h}" for h in known)]):

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
 
 from piloop_common.cas.base import Store
 from piloop_common.errors import Forbidden, PiloopError, TooLarge, Unauthorized, Unavailable
@@ -45,7 +46,7 @@ class BodyCap:
             f"the body is over {self.max_body // MIB} MiB ([plugins.network] max_body_mb)", cap_bytes=self.max_body
         )
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return

@@ -12,7 +12,7 @@ import copy
 import json
 import time
 import types
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
@@ -121,8 +121,7 @@ def _json(raw: str) -> tuple[bool, Any]:
 def typed(field: FieldInfo, key: str, value: Any) -> Any:
     """`value` as `field` takes it, strictly: from the CLI a string, read as JSON first (`1`, `1.5`, `null`,
     `["process"]`) and as the bare string when that does not fit; BadRequest naming the key otherwise."""
-    ann = Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
-    adapter: TypeAdapter[Any] = TypeAdapter(ann)
+    adapter: TypeAdapter[Any] = TypeAdapter(field.rebuild_annotation())  # the type with its constraints
     tries = [value]
     if isinstance(value, str):
         is_json, parsed = _json(value)

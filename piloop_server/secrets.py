@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -47,6 +47,17 @@ class SecretInfo:
     updated_ms: int
     by: str
     key_id: str
+
+
+class SecretRow(TypedDict):
+    """A secret as `piloop secret list` shows it: never its value."""
+
+    name: str
+    created_ms: int
+    updated_ms: int
+    by: str
+    key_id: str
+    readable: bool  # whether this server's key opens it
 
 
 @dataclass(frozen=True)
@@ -222,9 +233,9 @@ class Secrets:
     def __init__(self, client: Any, keys: Keys, home: Path, env: dict[str, str] | None = None) -> None:
         self.state = SecretsState(client, keys)
         self.source = KeySource(home, env)
-        self._lock = threading.Lock()  # a `set` never seals with a key that a rotation is replacing
+        self._lock = threading.Lock()  # a `put` never seals with a key that a rotation is replacing
 
-    def set(self, name: str, value: str, by: str) -> tuple[SecretInfo, bool]:
+    def put(self, name: str, value: str, by: str) -> tuple[SecretInfo, bool]:
         """Seal and store `value` under `name`; the record, and whether it replaced one."""
         check_value(check_name(name, server=True), value)
         with self._lock:
@@ -238,7 +249,7 @@ class Secrets:
     def names(self) -> set[str]:
         return self.state.names()
 
-    def list(self) -> list[dict]:
+    def every(self) -> list[SecretRow]:
         """Each secret's name, dates, who set it, and whether this server's key opens it; never a value."""
         ids = self.source.openers()
         return [

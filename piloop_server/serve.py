@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
@@ -25,8 +26,10 @@ from prometheus_client import start_http_server
 
 try:  # uvicorn[standard] brings it (not on Windows or PyPy): a cheaper loop than asyncio's own
     import uvloop
+
+    new_loop: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
 except ImportError:  # pragma: no cover
-    uvloop = None
+    new_loop = None
 
 from piloop_common import logformat, pidfile
 from piloop_common.cas import open_store
@@ -52,14 +55,14 @@ from piloop_server.tokens import check_stored_names
 log = logging.getLogger("piloop.serve")
 # how long a stop waits for the requests in flight (a follower's or a claim's long poll, a client that sends nothing)
 # before it cancels them: `piloop stop` returns within a few seconds whatever is attached
-SHUTDOWN_GRACE_SECONDS = 2.0
+SHUTDOWN_GRACE_SECONDS = 2  # whole seconds, as uvicorn takes them
 
 
 class _Server(uvicorn.Server):
     """uvicorn without its own signal handling: the daemon stops all its servers together."""
 
     @contextlib.contextmanager
-    def capture_signals(self):  # type: ignore[override]
+    def capture_signals(self) -> Iterator[None]:
         yield
 
 
@@ -101,7 +104,7 @@ class WorkerChild:
 
     def __init__(self, home: Path, sock: Path) -> None:
         self.home, self.sock = home, sock
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.stopping = False
         self.log = open(logs_dir(home) / SERVE_WORKER_LOG, "ab")
 
@@ -323,7 +326,7 @@ def _run(settings: Settings, home: Path, listen: str | None, tcp_addr: tuple[str
             # the runner is not closed: closing waits for every task left, and a request cancelled at the grace may
             # still wait in its thread (a follower's XREAD blocks up to 20 s); the process ends when the rest below
             # has stopped (the CLI's os._exit), and that thread with it
-            runner = asyncio.Runner(loop_factory=uvloop.new_event_loop if uvloop else None)
+            runner = asyncio.Runner(loop_factory=new_loop)
             runner.run(main())
         finally:
             stop.set()

@@ -128,7 +128,7 @@ def submit(rt: Runtime, func: str, *args: Any, key: str, queue: str = DEFAULT) -
 # -- inside a worker process -------------------------------------------------------------------------
 
 
-def _call(func: str, key: str, args: list) -> None:
+def _call(func: str, key: str, args: list[Any]) -> None:
     if _rt is None:
         raise RuntimeError("piloop tasks run only in the background workers that `piloop serve` starts")
     module, _, name = func.partition(":")
@@ -241,7 +241,7 @@ class Workers:
     def __init__(self, rt: Runtime, home: Path) -> None:
         self.rt, self.home, self.names = rt, home, queues(rt)
         self.env = {**os.environ, PREFIX_ENV: rt.keys.rq_prefix()}
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.started: dict[str, float] = {}
         self.delay: dict[str, float] = {}
         self.stopping = False

@@ -89,7 +89,7 @@ class TokenStore:
     def get(self, name: str) -> Token | None:
         return self.stored.get(name)
 
-    def list(self) -> list[Token]:
+    def every(self) -> list[Token]:
         return self.stored.every()
 
     def revoke(self, name: str) -> Token:

@@ -79,7 +79,9 @@ class ShimRequest(NamedTuple):
         if not isinstance(d, dict):
             raise ValueError("a shim request is a JSON object")
         cg = d.get("cgroup")
-        return cls(**{**_known(cls, d), "cgroup": CgroupGrant(**_known(CgroupGrant, cg)) if cg else None})
+        return cls(
+            **{**_known(cls._fields, d), "cgroup": CgroupGrant(**_known(CgroupGrant._fields, cg)) if cg else None}
+        )
 
 
 class ShimRecord(NamedTuple):
@@ -96,7 +98,7 @@ class ShimRecord(NamedTuple):
 
     @classmethod
     def parse(cls, raw: bytes | str) -> ShimRecord:
-        return cls(**_known(cls, json.loads(raw)))
+        return cls(**_known(cls._fields, json.loads(raw)))
 
 
 class UsageRecord(NamedTuple):
@@ -131,9 +133,9 @@ class ExitRecord(NamedTuple):
             raise ValueError("an exit record is a JSON object")
         return cls(
             **{
-                **_known(cls, d),
+                **_known(cls._fields, d),
                 "stopped": StopReason.read(d.get("stopped") or ""),
-                "usage": UsageRecord(**_known(UsageRecord, d.get("usage") or {})),
+                "usage": UsageRecord(**_known(UsageRecord._fields, d.get("usage") or {})),
                 "error": tuple(str(c) for c in d.get("error") or ()),
             }
         )
@@ -166,6 +168,6 @@ class ExitRecord(NamedTuple):
         return "failed", f"exit code {self.exit_code}"
 
 
-def _known(record: type, d: dict[str, Any]) -> dict[str, Any]:
-    """The fields of `d` that `record` has (a record from another release may have more)."""
-    return {k: v for k, v in d.items() if k in record._fields}  # type: ignore[attr-defined]
+def _known(fields: tuple[str, ...], d: dict[str, Any]) -> dict[str, Any]:
+    """The entries of `d` that are `fields` of a record (a record from another release may have more)."""
+    return {k: v for k, v in d.items() if k in fields}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import json
 import os
 import pickle
@@ -199,7 +200,8 @@ def enter_task(req: ShimRequest) -> None:
             del sys.modules[name]
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
-            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # lines reach the log (and `piloop attach`) as printed
+            if isinstance(stream, io.TextIOWrapper):  # as Python made it (a replaced stream may not reconfigure)
+                stream.reconfigure(line_buffering=True)  # lines reach the log (and `piloop attach`) as printed
 
 
 def child(req: ShimRequest, jd: JobDir, cgroup_join: Path | None) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from piloop_common.cas.address import address_of, hash_file, parse_address
-from piloop_common.cas.spool import spool
+from piloop_common.cas.spool import Readable, spool
 from piloop_common.errors import BlobMissing, Corrupt, StoreError
 from piloop_common.files import temp_beside
 
@@ -103,7 +103,7 @@ class Store(ABC):
 
     # -- the interface ----------------------------------------------------------------------
 
-    def put_stream(self, fileobj: BinaryIO, expect: str | None = None) -> str:
+    def put_stream(self, fileobj: Readable, expect: str | None = None) -> str:
         """Store everything left in `fileobj`; with `expect`, refuse (`Corrupt`) data that hashes otherwise."""
         if expect is not None:
             expect = parse_address(expect)

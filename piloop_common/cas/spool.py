@@ -13,9 +13,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Protocol
 
 from piloop_common.cas.address import CHUNK, address_of
+
+
+class Readable(Protocol):
+    """What a put reads from: an open binary file, or a request body read as one (the API's `_Body`)."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
 
 
 @dataclass
@@ -26,7 +32,7 @@ class Spooled:
 
 
 @contextmanager
-def spool(fileobj: BinaryIO, directory: Path | None = None) -> Iterator[Spooled]:
+def spool(fileobj: Readable, directory: Path | None = None) -> Iterator[Spooled]:
     """Copy `fileobj` to a temp file in `directory`, hashing it; the file is removed on exit unless moved away.
 
     Not fsynced: a store that keeps the file (local) syncs it before its rename; remote ones only read it.

@@ -16,6 +16,7 @@ import click
 from piloop_common.cli.output import progress, progress_done
 from piloop_common.errors import PiloopError, Unavailable
 from piloop_common.extras import need_server
+from piloop_common.logformat import LogFormat
 
 PID_FILE = "piloop.pid"
 STOPPING_WAIT_SECONDS = 15.0  # how long `serve` waits for a daemon that holds its home but no longer answers
@@ -162,7 +163,7 @@ def init(obj) -> None:
     help="Another server on the shared Redis ([plugins.state] url): the API only, and the pass while it leads.",
 )
 @click.pass_obj
-def serve(obj, detach: bool, listen: str | None, log_format: str | None, replica: bool) -> None:
+def serve(obj, detach: bool, listen: str | None, log_format: LogFormat | None, replica: bool) -> None:
     """Run the daemon: the API, the pass, and its own worker `serve`."""
     need_server("piloop serve")
     settings = obj.settings
@@ -192,7 +193,7 @@ def serve(obj, detach: bool, listen: str | None, log_format: str | None, replica
         where = f", listening on {listen}" if listen else ""
         click.echo(f"piloop: the daemon is running (pid {health['pid']}){where}")
         return
-    code = run(settings, obj.home, listen, log_format, replica=replica)  # type: ignore[arg-type]  # click.Choice
+    code = run(settings, obj.home, listen, log_format, replica=replica)
     # everything is stopped and the log flushed; the interpreter's own teardown of the server's modules took half a
     # second more of every `piloop stop`
     logging.shutdown()

@@ -223,7 +223,7 @@ def _default(field: FieldInfo) -> str:
     if field.is_required():
         return "required"
     if field.default_factory is not None:
-        return _toml(field.default_factory())  # type: ignore[call-arg]
+        return _toml(field.get_default(call_default_factory=True))
     return _toml(field.default)
 
 

@@ -77,7 +77,7 @@ class Chain:
             c = client or (done[0].client if done else None)
             done.append(link.apply_async(client=c, pipe=done[-1] if done else None))
         last = done[-1]
-        last.parents = done[:-1]  # type: ignore[attr-defined]
+        last.parents = done[:-1]
         return last
 
 
@@ -182,7 +182,7 @@ def periodic(cron: str, **options: Any) -> Callable[[Callable[..., Any]], Task[A
 
     def wrap(fn: Callable[..., Any]) -> Task[Any]:
         t: Task[Any] = task(**options)(fn)
-        t.cron = cron  # type: ignore[attr-defined]
+        t.cron = cron
         return t
 
     return wrap

@@ -33,7 +33,7 @@ SOCKET_NAME = "piloop.sock"
 # that, so each heartbeat rides the last one's (no new connection, no TLS handshake), and the client lets it go a
 # little before the server does, so it never sends on one the server is closing ("Server disconnected without
 # sending a response", seen when both kept 5 s)
-SERVER_KEEPALIVE_SECONDS = 30.0
+SERVER_KEEPALIVE_SECONDS = 30  # uvicorn takes whole seconds
 KEEPALIVE_SECONDS = 25.0
 UNTRUSTED_HINT = "set SSL_CERT_FILE to the CA that signed it"
 REMOTE_UNTRUSTED_HINT = "give --ca (or PILOOP_CA) the PEM of the CA that signed it"

@@ -28,6 +28,8 @@ class AsyncResult(Generic[R]):
     """A submitted task: `.get()` waits for it and gives its value, or raises `TaskFailed` naming the remote
     exception's class and message (with its traceback), `TaskRevoked` when it was cancelled or expired."""
 
+    parents: list[AsyncResult[Any]]  # a chain's last link only (canvas.Chain): the links before it, first first
+
     def __init__(self, id: str, client: Client | None = None, serializer: str | None = None) -> None:
         if client is None:
             from piloop_common.sdk.tasks import Client

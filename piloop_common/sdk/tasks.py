@@ -225,6 +225,8 @@ class Client:
 class Task(Generic[R]):
     """A function that runs on a worker: `.delay(*args, **kw)` queues it; calling it runs it here."""
 
+    cron: str  # an @periodic task's only (canvas.periodic); read with getattr
+
     def __init__(
         self, fn: Callable[..., R], *, kind: str, serializer: str, client: Client | None, options: TaskOptions
     ) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
@@ -25,7 +25,7 @@ router = APIRouter(prefix="/v1", tags=["admin"])
 
 
 @router.get("/health")
-async def health(request: Request) -> dict:
+async def health(request: Request) -> dict[str, Any]:
     """That the server is up, to anyone; its id, pid and version only to a caller it knows (the socket, a live
     token, the proxy's claims): they tell an attacker which release's flaws to try."""
     rt = request.app.state.runtime
@@ -48,14 +48,14 @@ def worker_list(rt: RuntimeDep, caller: ViewerDep, response: Response) -> list[W
 
 
 @router.delete("/workers/{name}")
-def worker_forget(name: str, rt: RuntimeDep, caller: AdminDep) -> dict:
+def worker_forget(name: str, rt: RuntimeDep, caller: AdminDep) -> dict[str, str]:
     """Remove a worker that is gone for good from the list (`piloop worker forget`)."""
     workers.forget(rt, name, caller.signed)
     return {"worker": name}
 
 
 @router.get("/status")
-def status(request: Request, rt: RuntimeDep, caller: ViewerDep) -> dict:
+def status(request: Request, rt: RuntimeDep, caller: ViewerDep) -> dict[str, Any]:
     ws, skipped = workers.views_counted(rt)
     info = request.app.state.daemon_info
     return {
@@ -96,7 +96,7 @@ def limits_set(body: LimitRequest, rt: RuntimeDep, caller: AdminDep) -> LimitVie
 
 
 @router.delete("/limits/{key}")
-def limits_unset(key: str, rt: RuntimeDep, caller: AdminDep) -> dict:
+def limits_unset(key: str, rt: RuntimeDep, caller: AdminDep) -> dict[str, str]:
     rt.limits.unset(key)
     rt.refresh_limits()
     rt.events.add("limit.unset", caller.signed, key=key)
@@ -130,14 +130,14 @@ def token_list(rt: RuntimeDep, caller: AdminDep) -> list[TokenView]:
             by=t.by,
             revoked=t.revoked,
             rename=t.rename,
-            role=t.role,  # type: ignore[arg-type]  # the record holds what TokenCreate allowed
+            role=t.role,
         )
-        for t in rt.tokens.list()
+        for t in rt.tokens.every()
     ]
 
 
 @router.post("/tokens/purge")
-def token_purge(rt: RuntimeDep, caller: AdminDep) -> dict:
+def token_purge(rt: RuntimeDep, caller: AdminDep) -> dict[str, list[str]]:
     gone = [t.name for t in rt.tokens.purge()]
     if gone:
         rt.events.add("token.purged", caller.signed, names=",".join(gone))
@@ -145,7 +145,7 @@ def token_purge(rt: RuntimeDep, caller: AdminDep) -> dict:
 
 
 @router.delete("/tokens/{name}")
-def token_revoke(name: str, rt: RuntimeDep, caller: AdminDep) -> dict:
+def token_revoke(name: str, rt: RuntimeDep, caller: AdminDep) -> dict[str, str]:
     rt.tokens.revoke(name)
     rt.events.add("token.revoked", caller.signed, name=name)
     return {"name": name}
@@ -171,19 +171,19 @@ def events(
     count: Annotated[int, Query(ge=1, le=MOST_EVENTS)] = 100,
     block_ms: Annotated[int, Query(ge=0, le=30_000)] = 0,
     last: Annotated[int, Query(ge=0, le=MOST_EVENTS)] = 0,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     if last:
         return shown.events(caller, rt.events.tail(last))
     return shown.events(caller, rt.events.read(_cursor(after), count, block_ms or None))
 
 
 @router.get("/inbox")
-def inbox(rt: RuntimeDep, caller: ViewerDep, all: bool = False) -> list[dict]:
+def inbox(rt: RuntimeDep, caller: ViewerDep, all: bool = False) -> list[dict[str, Any]]:
     return shown.events(caller, rt.events.inbox(include_acked=all))
 
 
 @router.post("/inbox/{eid}/ack")
-def inbox_ack(eid: str, rt: RuntimeDep, caller: OperatorDep) -> dict:
+def inbox_ack(eid: str, rt: RuntimeDep, caller: OperatorDep) -> dict[str, str]:
     if not rt.events.ack(eid, caller.signed):
         raise NotFound(f"no escalation {eid} (see `piloop inbox`)")
     return {"id": eid}

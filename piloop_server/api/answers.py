@@ -3,9 +3,8 @@ for an error, and a body read whole handed on to the app as if it came from the 
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi.responses import JSONResponse
+from starlette.types import Message, Receive
 
 from piloop_common.errors import PiloopError
 
@@ -17,11 +16,11 @@ def error_answer(exc: Exception) -> JSONResponse:
     return JSONResponse({"error": "unavailable", "message": f"the server's Redis cannot be reached: {exc}"}, 503)
 
 
-def replaying(body: bytes, receive: Any) -> Any:
+def replaying(body: bytes, receive: Receive) -> Receive:
     """A `receive` that gives `body` as the whole request first, then what the client sends (its disconnect)."""
     given = False
 
-    async def replay() -> dict:
+    async def replay() -> Message:
         nonlocal given
         if not given:
             given = True

@@ -48,7 +48,7 @@ def resume(name: str, rt: RuntimeDep, caller: OperatorDep) -> CampaignView:
 
 
 @router.delete("/{name}")
-def remove(name: str, rt: RuntimeDep, caller: OperatorDep, force: bool = False) -> dict:
+def remove(name: str, rt: RuntimeDep, caller: OperatorDep, force: bool = False) -> dict[str, list[str]]:
     return {"cancelled": campaign_admin.remove(rt, name, caller.signed, force)}
 
 

@@ -16,10 +16,12 @@ from piloop_server.auth import Caller, Role, identify_async, require_role, requi
 from piloop_server.runtime import Runtime
 
 WORKER = "worker"  # what `route_roles` says of a worker route
+_NEEDS: dict[Callable[..., Any], str] = {}  # each check below and whom it lets through, for `route_roles`
 
 
 async def _runtime(request: Request) -> Runtime:
-    return request.app.state.runtime
+    rt: Runtime = request.app.state.runtime  # set by create_app
+    return rt
 
 
 # async: FastAPI would run a sync dependency in a thread of its own
@@ -27,14 +29,14 @@ async def _worker(request: Request) -> Caller:
     return require_worker(await identify_async(request))
 
 
-_worker.needs = WORKER  # type: ignore[attr-defined]
+_NEEDS[_worker] = WORKER
 
 
 def _needs(role: Role) -> Callable[[Request], Awaitable[Caller]]:
     async def check(request: Request) -> Caller:
         return require_role(await identify_async(request), role, f"{request.method} {request.url.path}")
 
-    check.needs = role  # type: ignore[attr-defined]
+    _NEEDS[check] = role
     return check
 
 
@@ -66,6 +68,6 @@ def routes_of(routes: Any) -> Iterator[APIRoute]:
 
 def _checks(dependant: Any) -> Iterator[str]:
     for d in dependant.dependencies:
-        if (needs := getattr(d.call, "needs", None)) is not None:
+        if (needs := _NEEDS.get(d.call)) is not None:
             yield needs
         yield from _checks(d)

@@ -46,5 +46,5 @@ def show(job_id: str, rt: RuntimeDep, caller: ViewerDep) -> JobView:
 
 
 @router.post("/{job_id}/cancel")
-def cancel(job_id: str, rt: RuntimeDep, caller: OperatorDep) -> dict:
+def cancel(job_id: str, rt: RuntimeDep, caller: OperatorDep) -> dict[str, str]:
     return {"state": rt.leases.cancel(jobs.check_id(job_id), caller.signed)}

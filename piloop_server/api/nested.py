@@ -68,7 +68,7 @@ def show(job_id: str, rt: RuntimeDep, state: StateDep, caller: CallerDep) -> Job
 
 
 @router.post("/jobs/{job_id}/cancel")
-def cancel(job_id: str, rt: RuntimeDep, state: StateDep, caller: CallerDep) -> dict:
+def cancel(job_id: str, rt: RuntimeDep, state: StateDep, caller: CallerDep) -> dict[str, str]:
     v = _child(rt, caller, job_id)
     return {"state": rt.nested.cancel(caller, v.id, v.pool, v.kind)}
 
@@ -83,7 +83,9 @@ def log_chunk(job_id: str, n: int, rt: RuntimeDep, state: StateDep, caller: Call
 
 
 @router.post("/blobs/{address}", status_code=201)
-async def put_blob(address: str, rt: RuntimeDep, caller: CallerDep, state: StateDep, request: Request) -> dict:
+async def put_blob(
+    address: str, rt: RuntimeDep, caller: CallerDep, state: StateDep, request: Request
+) -> dict[str, str]:
     """Put a blob (a child's arguments) in the server's CAS, up to what the relay forwards."""
     address = parse_address(address)
     data = await request.body()

@@ -83,7 +83,7 @@ def own_job(rt: RuntimeDep, state: StateDep, caller: CallerDep) -> JobView:
 
 
 @router.post("/progress")
-def progress(body: ProgressNote, state: StateDep, caller: CallerDep) -> dict:
+def progress(body: ProgressNote, state: StateDep, caller: CallerDep) -> dict[str, int]:
     """A short note appended to the job, shown by `piloop job show`."""
     return {"notes": state.progress(caller, body.note.strip() or body.note)}
 

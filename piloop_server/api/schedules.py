@@ -25,6 +25,6 @@ def listing(rt: RuntimeDep, caller: ViewerDep, response: Response) -> list[Sched
 
 
 @router.delete("/{name}")
-def remove(name: str, rt: RuntimeDep, caller: OperatorDep) -> dict:
+def remove(name: str, rt: RuntimeDep, caller: OperatorDep) -> dict[str, str]:
     schedules.remove(rt, name, caller.signed)
     return {"removed": name}

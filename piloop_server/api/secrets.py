@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,7 +28,7 @@ class SecretView(BaseModel):
 
 @router.get("", response_model=list[SecretView])
 def secret_list(rt: RuntimeDep, caller: AdminDep) -> list[SecretView]:
-    return [SecretView(**r) for r in rt.secrets.list()]
+    return [SecretView(**r) for r in rt.secrets.every()]
 
 
 class Rotated(BaseModel):
@@ -43,14 +45,14 @@ def secret_rotate_key(rt: RuntimeDep, caller: AdminDep) -> Rotated:
 
 
 @router.put("/{name}")
-def secret_set(name: str, body: SecretSet, rt: RuntimeDep, caller: AdminDep) -> dict:
-    info, replaced = rt.secrets.set(name, body.value, caller.signed)
+def secret_set(name: str, body: SecretSet, rt: RuntimeDep, caller: AdminDep) -> dict[str, Any]:
+    info, replaced = rt.secrets.put(name, body.value, caller.signed)
     rt.events.add("secret.set", caller.signed, name=name, replaced=replaced)
     return {"name": info.name, "replaced": replaced, "updated_ms": info.updated_ms, "by": info.by}
 
 
 @router.delete("/{name}")
-def secret_remove(name: str, rt: RuntimeDep, caller: AdminDep) -> dict:
+def secret_remove(name: str, rt: RuntimeDep, caller: AdminDep) -> dict[str, str]:
     rt.secrets.remove(name)
     rt.events.add("secret.removed", caller.signed, name=name)
     return {"name": name}

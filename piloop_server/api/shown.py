@@ -4,6 +4,8 @@ inbox, `status`'s escalations, and the secrets a job's spec names. A token still
 
 from __future__ import annotations
 
+from typing import Any
+
 from piloop_common.protocol.operator import JobView
 from piloop_server.auth import Caller, Role
 
@@ -16,7 +18,7 @@ def sees_names(caller: Caller) -> bool:
     return caller.role is not None and caller.role.reaches(Role.ADMIN)
 
 
-def events(caller: Caller, events: list[dict]) -> list[dict]:
+def events(caller: Caller, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`events` as `caller` may see them: a token's name, role and pool, a secret's name, and another token that
     signed a write (`by: token:<name>`; the caller's own it sees) hidden from all but an admin."""
     if sees_names(caller):

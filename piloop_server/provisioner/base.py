@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from piloop_common.config.docker import DockerCompute
 from piloop_common.config.provisioner import LocalCompute, ModalCompute
@@ -41,6 +41,8 @@ class Handle:
 
 
 class Provider(Protocol):
+    url: str  # the server's URL that its workers dial
+
     def start(self, name: str, token: str | None, env: dict[str, str]) -> Handle:
         """Start worker `name` with `token` (None on the proxy network: `env` holds the shared credential);
         StartRefused when the platform says no."""
@@ -63,7 +65,7 @@ def open_provider(
     url: str,
     home: Path,
     tag: str,
-    cas_plugins: dict,
+    cas_plugins: dict[str, Any],
 ) -> Provider:
     """The provider of a pool's `compute`; modal and docker are imported only when a pool uses them."""
     if isinstance(compute, LocalCompute):

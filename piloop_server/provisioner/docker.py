@@ -33,7 +33,7 @@ LOG_TAIL_LINES = 20
 
 
 class DockerProvider:
-    def __init__(self, pool: str, compute: DockerCompute, *, url: str, tag: str, cas_plugins: dict) -> None:
+    def __init__(self, pool: str, compute: DockerCompute, *, url: str, tag: str, cas_plugins: dict[str, Any]) -> None:
         self.pool, self.compute, self.url, self.tag, self.cas_plugins = pool, compute, url, tag, cas_plugins
         self.docker: Any = importlib.import_module("docker")
         self.errors: Any = importlib.import_module("docker.errors")
@@ -75,7 +75,8 @@ class DockerProvider:
                     raise StartRefused(f"docker: image {c.image} is not on the host, and pull = never") from None
         # by digest, by tag, else `latest`: never no tag, which the SDK reads as every tag of the repository
         last = c.image.rsplit("/", 1)[-1]
-        repo, tag = c.image, "latest"
+        repo = c.image
+        tag: str | None = "latest"
         if "@" in last:
             tag = None
         elif ":" in last:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -38,7 +39,9 @@ def homes(server_home: Path) -> Path:
 
 
 class LocalProvider:
-    def __init__(self, pool: str, compute: LocalCompute, *, url: str, home: Path, tag: str, cas_plugins: dict) -> None:
+    def __init__(
+        self, pool: str, compute: LocalCompute, *, url: str, home: Path, tag: str, cas_plugins: dict[str, Any]
+    ) -> None:
         self.pool, self.compute, self.url, self.home, self.tag = pool, compute, url, home, tag
         self.cas_plugins = cas_plugins
 
@@ -142,7 +145,7 @@ def _ours() -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["pid", "ppid", "uids"]) if (u := p.info.get("uids")) and u.real == me]
 
 
-def _plugins(cas: dict, env: dict[str, str]) -> str:
+def _plugins(cas: dict[str, Any], env: dict[str, str]) -> str:
     """The server's CAS, under the compute's own PILOOP_PLUGINS (such as the proxy network), which wins."""
     try:
         theirs = json.loads(env.get("PILOOP_PLUGINS") or "{}")

@@ -73,7 +73,7 @@ def provider(rt: Runtime, pool: str, url: str | None = None) -> Provider | None:
     cfg = pools(rt).get(pool)
     have = _providers.get(pool)
     if cfg is not None:
-        url = url if url is not None else (have[1].url if have else "")  # type: ignore[attr-defined]
+        url = url if url is not None else (have[1].url if have else "")
         sig = json.dumps([cfg.compute.model_dump(mode="json"), url], sort_keys=True)
         if have is None or have[0] != sig:
             _providers[pool] = (
@@ -96,7 +96,7 @@ def _cas(rt: Runtime) -> dict[str, Any]:
             return str(v)
         return v
 
-    out = plain(cas.model_dump())
+    out: dict[str, Any] = plain(cas.model_dump())
     if out.get("provider") == "local":
         # relative to the server's home, which is not the worker's
         out["path"] = str(rt.home / Path(out["path"]).expanduser() if out.get("path") else rt.home / "cas")

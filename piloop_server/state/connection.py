@@ -19,7 +19,7 @@ from piloop_server.state.failover import Watch
 from piloop_server.state.records.codec import text as _s
 
 # the errors that mean Redis is not answering (the API answers 503 for them)
-UNREACHABLE: tuple[type[Exception], ...] = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 TIMEOUTS = {"socket_timeout": 10, "socket_connect_timeout": 5, "health_check_interval": 30}
 
 

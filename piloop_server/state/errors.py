@@ -5,4 +5,4 @@ from __future__ import annotations
 import redis
 
 # a connection refused, reset or timed out: retrying may help (scripts raise piloop_common.errors.Unavailable)
-UNREACHABLE: tuple[type[Exception], ...] = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)

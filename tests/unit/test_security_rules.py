@@ -131,8 +131,8 @@ def test_values_are_sealed_with_a_fresh_nonce_and_their_name(tmp_path: Path):
     r, keys = FakeRedis(), Keys("t")
     s = Secrets(r, keys, tmp_path, env={})
     assert not (tmp_path / KEY_FILE).exists()  # made on first use, not before
-    s.set("A", "value-a", "human:me")
-    s.set("B", "value-a", "human:me")
+    s.put("A", "value-a", "human:me")
+    s.put("B", "value-a", "human:me")
     key_path = tmp_path / KEY_FILE
     assert stat.S_IMODE(key_path.stat().st_mode) == 0o600
     recs = {n: json.loads(v) for n, v in r.h[keys.secrets()].items()}
@@ -146,7 +146,7 @@ def test_values_are_sealed_with_a_fresh_nonce_and_their_name(tmp_path: Path):
     raw = AESGCM(key).decrypt(base64.b64decode(recs["A"]["nonce"]), base64.b64decode(recs["A"]["sealed"]), b"A")
     assert raw == b"value-a" and recs["A"]["key_id"] == key_id(key)
     assert s.names() == {"A", "B"}
-    listed = s.list()
+    listed = s.every()
     assert [x["name"] for x in listed] == ["A", "B"] and all(x["readable"] for x in listed)
     assert "value-a" not in json.dumps(listed)
     s.remove("A")
@@ -157,11 +157,11 @@ def test_values_are_sealed_with_a_fresh_nonce_and_their_name(tmp_path: Path):
 def test_a_key_in_env_wins_and_another_key_cannot_open_the_values(tmp_path: Path):
     r, keys = FakeRedis(), Keys("t")
     k1, k2 = base64.b64encode(os.urandom(32)).decode(), base64.urlsafe_b64encode(os.urandom(32)).decode()
-    Secrets(r, keys, tmp_path, env={"PILOOP_SECRET_KEY": k1}).set("A", "v", "human:me")
+    Secrets(r, keys, tmp_path, env={"PILOOP_SECRET_KEY": k1}).put("A", "v", "human:me")
     assert not (tmp_path / KEY_FILE).exists()
     other = Secrets(r, keys, tmp_path, env={"PILOOP_SECRET_KEY": k2})
     assert other.values(["A"]) == {}
-    assert other.list()[0]["readable"] is False
+    assert other.every()[0]["readable"] is False
     assert Secrets(r, keys, tmp_path, env={"PILOOP_SECRET_KEY": k1}).values(["A"]) == {"A": "v"}
 
 
@@ -196,6 +196,6 @@ def test_bad_keys_are_refused_at_start(tmp_path: Path, env, mode, says):
 )
 def test_bad_names_and_values_are_refused(tmp_path: Path, name, value, says):
     with pytest.raises(BadRequest) as e:
-        Secrets(FakeRedis(), Keys("t"), tmp_path, env={}).set(name, value, "human:me")
+        Secrets(FakeRedis(), Keys("t"), tmp_path, env={}).put(name, value, "human:me")
     assert says in e.value.message
     assert not (tmp_path / KEY_FILE).exists()

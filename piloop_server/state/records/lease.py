@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from piloop_common.bytecaps import LOG_MAX_BYTES, RESULT_MAX_BYTES
-from piloop_common.protocol.worker import JobSpec
+from piloop_common.protocol.worker import JobSpec, Kind
 from piloop_server.state.scripts import EventCap
 
-KINDS = ("agent", "evaluation")
+KINDS: tuple[Kind, ...] = ("agent", "evaluation")
 BACKOFF_LONGEST_SECONDS = 3600
 REPORT_ANSWER_SECONDS = 7 * 24 * 3600
 STALE_ADDRESSES = 16  # the CAS addresses a stale report's event names (its outputs first, then its log's ends)
