@@ -1,5 +1,5 @@
 -- enqueue: put a new job in its pool's queue.
--- @call KEYS 6 ARGV 7
+-- @call KEYS 6 ARGV 8
 -- KEYS[1] job hash   KEYS[2] queue (pool, kind)   KEYS[3] jobs index   KEYS[4] events   KEYS[5] delayed
 -- KEYS[6] expiring
 -- ARGV[1] job id  ARGV[2] kind  ARGV[3] pool  ARGV[4] campaign  ARGV[5] image
