@@ -18,7 +18,7 @@ def task() -> None:
 def push(obj, directory: Path) -> None:
     """Put a snapshot of DIRECTORY (a package, or a dir of modules) in the server's CAS and print its address,
     for `Client.submit(..., code=ADDRESS)` or a job spec's `code`. The same files print the same address."""
-    from piloop_common.sdk.tasks import Client
+    from piloop_common.sdk.taskclient import Client
 
     with obj.api() as api:
         click.echo(Client(api).push_code(directory))

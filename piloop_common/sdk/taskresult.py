@@ -1,4 +1,4 @@
-"""`AsyncResult`: a submitted task's handle, in Celery's words (`.get`, `.ready`, `.successful`, `.state`, `.result`,
+"""`AsyncResult`, a submitted task's handle, and `GroupResult`, a group's; `AsyncResult`, in Celery's words (`.get`, `.ready`, `.successful`, `.state`, `.result`,
 `.traceback`, `.cancel`, `.id`), read through the API (the job's view, its outputs from the server's CAS).
 
 `AsyncResult(job_id, client=…)` re-attaches to a job submitted earlier, or elsewhere: its serializer is read from
@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 import pickle
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+import time
+from typing import Any, Generic, TypeVar
 
-from piloop_common.errors import TaskFailed, TaskRevoked
+from piloop_common.errors import Conflict, TaskFailed, TaskRevoked, WaitTimeout
 from piloop_common.protocol.operator import JobView
 from piloop_common.protocol.worker import TERMINAL_STATES
 from piloop_common.sdk.client import part
-
-if TYPE_CHECKING:
-    from piloop_common.sdk.tasks import Client
+from piloop_common.sdk.taskclient import Client
 
 R = TypeVar("R")
 REVOKED = ("cancelled", "expired")  # withdrawn before it ran to its end: TaskRevoked
@@ -32,8 +31,6 @@ class AsyncResult(Generic[R]):
 
     def __init__(self, id: str, client: Client | None = None, serializer: str | None = None) -> None:
         if client is None:
-            from piloop_common.sdk.tasks import Client
-
             client = Client.from_env()
         self.id, self.client, self._serializer = id, client, serializer
         self._ended: JobView | None = None  # the view once the job ended: it never changes again
@@ -137,3 +134,61 @@ class AsyncResult(Generic[R]):
             error_type=raised,
             traceback=tb,
         )
+
+
+class GroupResult:
+    """The results of a group's jobs, in the group's order."""
+
+    def __init__(self, results: list[AsyncResult[Any]]) -> None:
+        self.results = results
+
+    def __repr__(self) -> str:
+        return f"<GroupResult of {len(self.results)}>"
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __iter__(self) -> Any:
+        return iter(self.results)
+
+    @property
+    def ids(self) -> list[str]:
+        return [r.id for r in self.results]
+
+    def _states(self) -> list[str]:
+        return [r.state for r in self.results]
+
+    def ready(self) -> bool:
+        """Every job has ended."""
+        return all(r.ready() for r in self.results)
+
+    def successful(self) -> bool:
+        """Every job has succeeded."""
+        return all(st == "succeeded" for st in self._states())
+
+    def completed_count(self) -> int:
+        """How many have succeeded."""
+        return self._states().count("succeeded")
+
+    def get(self, timeout: float | None = None) -> list[Any]:
+        """Each job's value, in order, once all have ended; `TaskFailed` for the first that failed (in order),
+        `WaitTimeout` when `timeout` (seconds, for the whole group) passes first."""
+        end = None if timeout is None else time.monotonic() + timeout
+        out = []
+        for r in self.results:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            try:
+                out.append(r.get(timeout=left))
+            except WaitTimeout as e:
+                raise WaitTimeout(f"group: {e.message}", job=r.id) from None
+        return out
+
+    def cancel(self) -> dict[str, str]:
+        """Cancel every job not ended yet; each job's state after (`cancelled`, `cancelling`, or its end)."""
+        out = {}
+        for r in self.results:
+            try:
+                out[r.id] = str(r.client.api.call("POST", f"/v1/jobs/{part(r.id)}/cancel")["state"])
+            except Conflict:  # it had ended
+                out[r.id] = r.state
+        return out
