@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from piloop_common.config.docker import DockerCompute
-from piloop_common.config.provisioner import LocalCompute, ModalCompute
 from piloop_common.errors import PiloopError
 
 # The environment a started worker gets beside its token: the server's id (so that two servers never stop each
@@ -56,26 +54,3 @@ class Provider(Protocol):
     def unused_homes(self) -> dict[str, Path]:
         """What the server keeps on its own disk for started workers that no process of theirs uses, by worker
         name: their homes (local), or nothing (a platform whose workers keep theirs)."""
-
-
-def open_provider(
-    pool: str,
-    compute: LocalCompute | ModalCompute | DockerCompute,
-    *,
-    url: str,
-    home: Path,
-    tag: str,
-    cas_plugins: dict[str, Any],
-) -> Provider:
-    """The provider of a pool's `compute`; modal and docker are imported only when a pool uses them."""
-    if isinstance(compute, LocalCompute):
-        from piloop_server.provisioner.local import LocalProvider
-
-        return LocalProvider(pool, compute, url=url, home=home, tag=tag, cas_plugins=cas_plugins)
-    if isinstance(compute, DockerCompute):
-        from piloop_server.provisioner.docker import DockerProvider
-
-        return DockerProvider(pool, compute, url=url, tag=tag, cas_plugins=cas_plugins)
-    from piloop_server.provisioner.modal import ModalProvider
-
-    return ModalProvider(pool, compute, url=url, tag=tag)

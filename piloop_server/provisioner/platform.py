@@ -25,8 +25,8 @@ from piloop_server.provisioner.base import (
     PlatformAuthError,
     Provider,
     StartRefused,
-    open_provider,
 )
+from piloop_server.provisioner.providers import open_provider
 from piloop_server.runtime import Runtime
 from piloop_server.state.provisioned import ProvisionedState
 
