@@ -14,7 +14,7 @@ from typing import Any
 
 from piloop_common.config.settings import ExecutorConfig
 from piloop_common.errors import PiloopError
-from piloop_server import campaigns, cas_gc, logfiles, schedules
+from piloop_server import campaigns, cas_gc, logfiles, schedules, tasks
 from piloop_server.leader import Leadership
 from piloop_server.runtime import Runtime
 from piloop_server.state.disruption import Policy
@@ -153,7 +153,9 @@ class Pass:
         self.still_leading()
         self.retain()
         self.cas_gc.tick(rt)  # queues the CAS garbage collection (an rq task) once every cas_gc_seconds
-        self.logs.tick(rt)  # copy-truncates the daemon's logs over log_max_bytes, at the first pass and once a minute
+        self.logs.tick(
+            rt, tasks.queues(rt)
+        )  # copy-truncates the daemon's logs over log_max_bytes, at the first pass and once a minute
         if moved:
             self.wake()
         self.count += 1
@@ -200,7 +202,7 @@ class Pass:
     def follow(self) -> None:
         """A follower's share: the limits its API applies, and its own logs' rotation."""
         self.rt.refresh_limits()
-        self.logs.tick(self.rt)
+        self.logs.tick(self.rt, tasks.queues(self.rt))
 
     def refused(self, e: Fenced) -> None:
         """A script refused this pass's token: another server leads; say so once, in the log and the events."""

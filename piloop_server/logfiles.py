@@ -106,8 +106,8 @@ class RotationSchedule:
     def __init__(self) -> None:
         self.checked_at: float | None = None  # monotonic
 
-    def tick(self, rt: Runtime) -> list[Path]:
-        """Rotate what is due; the files this call rotated."""
+    def tick(self, rt: Runtime, queues: Iterable[str]) -> list[Path]:
+        """Rotate what is due (the daemon's logs and those of the rq workers of `queues`); the files rotated."""
         now = time.monotonic()
         if self.checked_at is not None and now - self.checked_at < check_seconds():
             return []
@@ -115,10 +115,8 @@ class RotationSchedule:
         ret = rt.settings.plugins.retention
         if ret.log_max_bytes <= 0:
             return []
-        from piloop_server import tasks
-
         rotated = []
-        for path in known(rt.home, tasks.queues(rt)):
+        for path in known(rt.home, queues):
             try:
                 size = rotate(path, ret.log_max_bytes, ret.log_keep)
             except OSError as e:  # a full disk or a file made unreadable: the next check tries again
