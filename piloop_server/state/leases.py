@@ -10,6 +10,7 @@ import redis
 
 from piloop_common.bytecaps import LOG_MARKER_ROOM
 from piloop_common.errors import NotFound, PiloopError, Refused, TooLarge, Unavailable
+from piloop_common.protocol.operator import JobResult
 from piloop_server.state import logcap
 from piloop_server.state.errors import UNREACHABLE
 from piloop_server.state.failover import Watch
@@ -246,7 +247,7 @@ class LeasesState(Producers):
         token: str,
         worker: str,
         outcome: str,
-        result: dict[str, Any],
+        result: JobResult,
         reason: str = "",
         *,
         oom: bool = False,
@@ -280,7 +281,7 @@ class LeasesState(Producers):
                 JF["log_dropped"],
                 JF["log_truncated"],
             )
-            pipe.lrange(k.job_log(rep.job), -max(len(rep.result.get("log") or []), 1), -1)
+            pipe.lrange(k.job_log(rep.job), -max(len(rep.result.log), 1), -1)
         got = pipe.execute()
         rows = [got[i] for i in range(0, len(got), 2)]
         lives = [Live.of(row[3:], got[2 * i + 1]) for i, row in enumerate(rows)]
@@ -297,8 +298,8 @@ class LeasesState(Producers):
                 out[i] = NotFound(f"job {rep.job} does not exist")
                 continue
             rep = logcap.bounded(rep, logcap.spec_of(spec), live, known, self.caps)
-            result = json.dumps(rep.result)
-            body = len(result) - len(json.dumps(rep.result.get("log") or []))
+            result = rep.result.model_dump_json()
+            body = len(result) - len(json.dumps(rep.result.log, separators=(",", ":")))
             if body > self.caps.report_bytes:
                 out[i] = TooLarge(
                     f"job {rep.job}: the report's result is {body} bytes, over the cap of "
@@ -339,7 +340,7 @@ class LeasesState(Producers):
                         self.t.toleration_ms,
                         1 if rep.oom else 0,
                         *policy.args(),
-                        stale_summary(rep.result),
+                        stale_summary(rep.result, result),
                         " ".join(policy.retry_on),
                         " ".join(rep.error),
                         rep.owner,

@@ -98,8 +98,8 @@ def cut_log(log: list[str], live: Live, sizes: dict[str, int], most_chunks: int,
 
 def unsized(rep: Report, spec: Any, live: Live, caps: Caps) -> list[str]:
     """The blobs of a report whose sizes the CAS must tell: its log's tail, and a task's result."""
-    ask = tail(rep.result.get("log") or [], live, caps.log_chunks)
-    outputs = rep.result.get("outputs") or {}
+    ask = tail(rep.result.log, live, caps.log_chunks)
+    outputs = rep.result.outputs
     if (name := task_result(spec_of(spec), outputs)) is not None:
         ask.append(outputs[name])
     return ask
@@ -108,18 +108,21 @@ def unsized(rep: Report, spec: Any, live: Live, caps: Caps) -> list[str]:
 def bounded(rep: Report, spec: dict[str, Any], live: Live, sizes: dict[str, int], caps: Caps) -> Report:
     """The report as the job keeps it: its log within both caps (saying how many chunks it dropped, and where it
     was truncated), and a task whose result is over its cap failed, the result not named."""
-    result, outcome, reason = dict(rep.result), rep.outcome, rep.reason
-    cut = cut_log(result.get("log") or [], live, sizes, caps.log_chunks, caps.log_bytes)
+    outcome, reason = rep.outcome, rep.reason
+    update: dict[str, Any] = {}
+    cut = cut_log(rep.result.log, live, sizes, caps.log_chunks, caps.log_bytes)
     if cut.dropped or cut.truncated:
-        result["log"] = cut.log
+        update["log"] = cut.log
     if cut.dropped:
-        result["log_dropped"] = cut.dropped
+        update["log_dropped"] = cut.dropped
     if cut.truncated:
-        result["log_truncated"] = caps.log_bytes
-    if (name := task_result(spec, result.get("outputs") or {})) is not None:
-        why = result_refusal(sizes.get(result["outputs"][name], 0), caps.result_bytes)
+        update["log_truncated"] = caps.log_bytes
+    outputs = rep.result.outputs
+    if (name := task_result(spec, outputs)) is not None:
+        why = result_refusal(sizes.get(outputs[name], 0), caps.result_bytes)
         if why:
-            result["outputs"] = {n: a for n, a in result["outputs"].items() if n != name}
+            update["outputs"] = {n: a for n, a in outputs.items() if n != name}
             if outcome == "succeeded":
                 outcome, reason = "failed", why
+    result = rep.result.model_copy(update=update) if update else rep.result
     return replace(rep, result=result, outcome=outcome, reason=reason)

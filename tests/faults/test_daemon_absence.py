@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from piloop_common.protocol.operator import JobResult
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
 from piloop_server.state.leases import LeasesState
@@ -50,7 +51,7 @@ def test_a_heartbeat_before_the_first_pass_after_an_absence_keeps_the_lease(leas
 
 def test_a_report_before_the_first_pass_after_an_absence_is_on_time(leases):
     lease = _leased(leases, "j2")
-    answer = leases.report("r2", "j2", lease.token, "w1", "succeeded", {"exit_code": 0})
+    answer = leases.report("r2", "j2", lease.token, "w1", "succeeded", JobResult(exit_code=0))
     assert answer == {"answer": "accepted", "state": "succeeded"}
     assert not leases.r.exists(leases.k.lease("j2"))
     leases.expire()  # re-arms nothing for a finished job
@@ -68,4 +69,4 @@ def test_with_the_daemon_present_an_expired_lease_is_lost_and_a_late_report_stal
 
     wait_for(expired, TOLERATION_MS / 1000 + 2, interval=0.1, what="the pass to expire the lease")
     assert leases.heartbeat("w1", {}, [lease])[1] == {"j3": "lost"}
-    assert leases.report("r3", "j3", lease.token, "w1", "fenced", {})["answer"] == "stale"
+    assert leases.report("r3", "j3", lease.token, "w1", "fenced", JobResult())["answer"] == "stale"

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from piloop_common.errors import Conflict, LeaseLost
+from piloop_common.protocol.operator import JobResult
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
 from piloop_server.state.leases import LeasesState
@@ -138,9 +139,9 @@ class LeaseMachine(RuleBasedStateMachine):
         token = self.held[worker].pop(job)
         rid = f"r{next(self.reports)}"
         oom = oom and outcome == "failed"
-        first = self.l.report(rid, job, token, worker, outcome, {}, oom=oom, memory_caps={"p": 3072})
+        first = self.l.report(rid, job, token, worker, outcome, JobResult(), oom=oom, memory_caps={"p": 3072})
         if twice:
-            assert self.l.report(rid, job, token, worker, outcome, {}, oom=oom) == first
+            assert self.l.report(rid, job, token, worker, outcome, JobResult(), oom=oom) == first
 
     @rule()
     def due(self):
@@ -206,7 +207,7 @@ class LeaseMachine(RuleBasedStateMachine):
             _, statuses = self.l.heartbeat(thief, {}, [Lease(job, token)])
             assert statuses == {job: "lost"}
         elif call == "report":
-            got = self.l.report(f"x{next(self.reports)}", job, token, thief, "succeeded", {"exit_code": 0})
+            got = self.l.report(f"x{next(self.reports)}", job, token, thief, "succeeded", JobResult(exit_code=0))
             assert got == {"answer": "stale"}
         else:
             with pytest.raises(LeaseLost):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from piloop_common.errors import LeaseLost, NotFound
+from piloop_common.protocol.operator import JobResult
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
 from piloop_server.state.leases import LeasesState
@@ -134,11 +135,11 @@ def test_report_is_idempotent_and_stale_reports_are_kept(leases):
     _worker(leases)
     leases.enqueue("j", "evaluation", "p", {}, by="human:t")
     (lease,) = leases.claim("w1", "p", "evaluation", slots=1, image="").leases
-    a = leases.report("r1", "j", lease.token, "w1", "succeeded", {"exit": 0})
-    b = leases.report("r1", "j", lease.token, "w1", "succeeded", {"exit": 0})
+    a = leases.report("r1", "j", lease.token, "w1", "succeeded", JobResult(exit_code=0))
+    b = leases.report("r1", "j", lease.token, "w1", "succeeded", JobResult(exit_code=0))
     assert a == b == {"answer": "accepted", "state": "succeeded"}
     assert leases.r.hget(leases.k.job("j"), "attempts") == b"1"
-    stale = leases.report("r2", "j", lease.token, "w1", "failed", {"exit": 1})
+    stale = leases.report("r2", "j", lease.token, "w1", "failed", JobResult(exit_code=1))
     assert stale == {"answer": "stale"}
     events = [e[1] for e in leases.r.xrange(leases.k.events())]
     assert any(e[b"type"] == b"lease.stale_report" and e[b"job"] == b"j" for e in events)
@@ -151,17 +152,21 @@ def test_reports_in_one_batch_answer_each_in_order_and_one_error_leaves_the_othe
     for i, j in enumerate(("c", "a", "b")):
         leases.enqueue(j, "evaluation", "p", {}, by="human:t", now_ms=t0 + i)
     lc, la, lb = leases.claim("w1", "p", "evaluation", slots=3, image="", most=3).leases
-    assert leases.report("rc", "c", lc.token, "w1", "succeeded", {})["answer"] == "accepted"  # its SHA now known
+    assert (
+        leases.report("rc", "c", lc.token, "w1", "succeeded", JobResult())["answer"] == "accepted"
+    )  # its SHA now known
     leases.r.script_flush()  # as after a restart of Redis: every script of the batch meets NOSCRIPT, and runs once
     got = leases.report_many(
         [
-            Report("ra", "a", la.token, "w1", "succeeded", {"exit": 0}),
-            Report("rx", "nope", "1", "w1", "succeeded", {}),
-            Report("ra", "a", la.token, "w1", "succeeded", {"exit": 0}),  # the same report again: the same answer
+            Report("ra", "a", la.token, "w1", "succeeded", JobResult(exit_code=0)),
+            Report("rx", "nope", "1", "w1", "succeeded", JobResult()),
             Report(
-                "rb", "b", lb.token[:-1] + ("0" if lb.token[-1] != "0" else "1"), "w1", "failed", {"exit": 1}
+                "ra", "a", la.token, "w1", "succeeded", JobResult(exit_code=0)
+            ),  # the same report again: the same answer
+            Report(
+                "rb", "b", lb.token[:-1] + ("0" if lb.token[-1] != "0" else "1"), "w1", "failed", JobResult(exit_code=1)
             ),  # not b's lease
-            Report("rb2", "b", lb.token, "w1", "failed", {"exit": 1}, "boom"),
+            Report("rb2", "b", lb.token, "w1", "failed", JobResult(exit_code=1), "boom"),
         ]
     )
     assert got[0] == got[2] == {"answer": "accepted", "state": "succeeded"}
@@ -192,7 +197,7 @@ def test_expiry_requeues_evaluations_ends_agents_and_stops_after_max_lost(leases
     assert _state(leases, "e") == "queued"
     assert leases.r.hget(leases.k.campaign_live(), "c") == b"0"
     # a late report under the old token is stale
-    assert leases.report("late", "e", le.token, "w1", "succeeded", {})["answer"] == "stale"
+    assert leases.report("late", "e", le.token, "w1", "succeeded", JobResult())["answer"] == "stale"
     # the second loss in a row ends it lost (max_lost = 2)
     (le2,) = leases.claim("w1", "p", "evaluation", slots=1, image="").leases
     assert fence(le2.token) > fence(le.token)

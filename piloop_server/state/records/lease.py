@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from piloop_common.bytecaps import LOG_MAX_BYTES, RESULT_MAX_BYTES
+from piloop_common.protocol.operator import JobResult
 from piloop_common.protocol.worker import JobSpec, Kind
 from piloop_server.state.scripts import EventCap
 
@@ -90,23 +91,13 @@ class RetryPolicy:
         return [self.max_attempts, self.backoff_ms, self.factor, self.longest_ms, self.growth, self.memory_cap_mb]
 
 
-def stale_summary(result: dict[str, Any]) -> str:
-    """What a stale report is kept as: its size and the CAS addresses it names, never its body."""
-    named = [
-        a
-        for a in (
-            *(result.get("outputs") or {}).values(),
-            result.get("metrics"),
-            result.get("bundle"),
-            result.get("workspace"),
-        )
-        if isinstance(a, str) and a
-    ]
-    log = [a for a in result.get("log") or [] if isinstance(a, str)]
+def stale_summary(result: JobResult, stored: str) -> str:
+    """What a stale report is kept as: its size (`stored`: the result as the job would keep it) and the CAS
+    addresses it names, never its body."""
+    named = [a for a in (*result.outputs.values(), result.metrics, result.bundle, result.workspace) if a]
+    log = result.log
     ends = log[:2] + log[-2:] if len(log) > 4 else log
-    return json.dumps(
-        {"bytes": len(json.dumps(result)), "log_chunks": len(log), "addresses": (named + ends)[:STALE_ADDRESSES]}
-    )
+    return json.dumps({"bytes": len(stored), "log_chunks": len(log), "addresses": (named + ends)[:STALE_ADDRESSES]})
 
 
 @dataclass(frozen=True)
@@ -140,7 +131,7 @@ class Report:
     token: str
     worker: str
     outcome: str
-    result: dict[str, Any]
+    result: JobResult  # what the job keeps of the report (its `result` field)
     reason: str = ""
     oom: bool = False
     error: tuple[str, ...] = ()  # a task's exception classes, qualified, its own first (its MRO)
