@@ -155,8 +155,8 @@ def run_soak(rp: RedisProcess, home: Path, n: int, rate: float, retention: float
     rt = runtime(rp, home, retention)
     the_pass = Pass(rt, GenerationRecord(home / "generation.json"))
     spec = JobSpec(argv=["true"])
-    # past the longest horizon: the jobs', or their report answers'
-    longest = max(retention, rt.caps.report_answer_seconds)
+    # past the jobs' horizon (a report's answer is kept with its job, and goes with it)
+    longest = retention
     s = Soak(n, rate, retention, margin_seconds=max(2.0, longest / 4), horizon_seconds=longest)
     first = sample(rt.redis, 0, 0)
     s.base_used, s.base_keys = first.used, first.keys
@@ -192,16 +192,11 @@ def run_soak(rp: RedisProcess, home: Path, n: int, rate: float, retention: float
 
 
 def left_behind(rt: Runtime) -> dict[str, int]:
-    """What outlives the jobs: the report answers (their own TTL, `report_answer_seconds`) and the events stream (its
-    newest `events_max`), with the bytes each holds (MEMORY USAGE)."""
+    """What outlives the jobs: the events stream (its newest `events_max`), with the bytes it holds (MEMORY USAGE);
+    a report's answer is kept in its job's hash, and goes with it."""
     r, k = rt.redis, rt.keys
-    answers = list(r.scan_iter(match=k.report("*"), count=1000))
-    one = int(r.memory_usage(answers[0]) or 0) if answers else 0
     return {
         "job_keys": sum(1 for _ in r.scan_iter(match=k.job("*"), count=1000)),
-        "report_answers": len(answers),
-        "report_answer_bytes": one,
-        "report_answer_ttl_seconds": int(r.ttl(answers[0])) if answers else 0,
         "events": int(r.xlen(k.events())),
         "events_bytes": int(r.memory_usage(k.events(), samples=0) or 0),
     }
@@ -279,12 +274,11 @@ def table(f: dict[str, Any], every: float = 10.0) -> str:
     if f["slope_window"]:
         lines.append(
             f"(slopes over t = {f['slope_window'][0]:.0f}..{f['slope_window'][1]:.0f} s: the horizon and a "
-            "margin (the jobs' or their report answers', the longer) to the last job)"
+            "margin to the last job)"
         )
     left = f["left"]
     lines.append(
-        f"(left once retention removed every job: {left['job_keys']} job keys; {left['report_answers']:,} report "
-        f"answers of ~{left['report_answer_bytes']} B each, TTL {left['report_answer_ttl_seconds']:,} s; "
+        f"(left once retention removed every job: {left['job_keys']} job keys; "
         f"{left['events']:,} events, {left['events_bytes'] / MiB:.1f} MiB)"
     )
     for name, p in f["peers"].items():

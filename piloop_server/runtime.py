@@ -67,7 +67,7 @@ class Runtime:
     def __post_init__(self) -> None:
         self.keys = Keys(self.settings.namespace)
         self.executor = self.settings.plugins.executor
-        self.caps = Caps.from_state(self.settings.plugins.state, self.settings.plugins.retention)
+        self.caps = Caps.from_state(self.settings.plugins.state)
         self.leases = LeasesState(self.redis, self.keys, Timings.from_executor(self.executor), self.caps)
         self.disruption = DisruptionState(self.redis, self.keys, self.caps.events)
         self.tokens = TokenStore(self.redis, self.keys, cache_seconds=CACHE_SECONDS)

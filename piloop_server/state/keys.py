@@ -108,11 +108,6 @@ class Keys:
         """Sorted set schedule name -> its next tick (ms): the pass queues each due one once."""
         return self._k("schedules", "ticks")
 
-    def report(self, report_id: str) -> str:
-        """The answer given to a report id, so a second copy gets the first's answer."""
-        return self._k("report", report_id)
-
-    # workers
     def workers(self) -> str:
         return self._k("workers")
 

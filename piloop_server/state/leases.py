@@ -312,7 +312,6 @@ class LeasesState(Producers):
             calls.append(
                 (
                     [
-                        k.report(rep.report_id),
                         k.lease(rep.job),
                         k.job(rep.job),
                         k.worker_leases(rep.worker, kind),
@@ -333,7 +332,7 @@ class LeasesState(Producers):
                         rep.worker,
                         rep.outcome,
                         result,
-                        self.caps.report_answer_seconds,
+                        rep.report_id,
                         self.t.max_lost,
                         rep.reason,
                         self.t.grace_ms,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from piloop_common.errors import LeaseLost, NotFound
@@ -10,6 +12,7 @@ from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
 from piloop_server.state.leases import LeasesState
 from piloop_server.state.records.lease import Lease, Report, Timings, fence
+from piloop_server.state.retention import Horizons, RetentionState
 from tests.helpers.redis import wait_for
 
 
@@ -144,6 +147,36 @@ def test_report_is_idempotent_and_stale_reports_are_kept(leases):
     events = [e[1] for e in leases.r.xrange(leases.k.events())]
     assert any(e[b"type"] == b"lease.stale_report" and e[b"job"] == b"j" for e in events)
     assert _state(leases, "j") == "succeeded"
+
+
+def test_a_reports_answer_is_kept_in_its_job_and_goes_with_it(leases):
+    """Each lease's answer is a field of the job's hash: a copy of an earlier attempt's report still gets its answer
+    after the next lease was taken; once the job is removed, a copy is answered that the job does not exist, and
+    nothing of the report is left in Redis."""
+    _worker(leases)
+    leases.enqueue("j", "evaluation", "p", {"argv": ["x"], "max_attempts": 2, "backoff_seconds": 0}, by="human:t")
+    (one,) = leases.claim("w1", "p", "evaluation", slots=1, image="").leases
+    failed = leases.report("r1", "j", one.token, "w1", "failed", JobResult(exit_code=1))
+    assert failed == {"answer": "accepted", "state": "queued"}
+    leases.due()
+    (two,) = leases.claim("w1", "p", "evaluation", slots=1, image="").leases
+    assert leases.report("r1", "j", one.token, "w1", "failed", JobResult(exit_code=1)) == failed  # the first answer
+    done = leases.report("r2", "j", two.token, "w1", "succeeded", JobResult(exit_code=0))
+    assert done == {"answer": "accepted", "state": "succeeded"}
+    assert leases.report("r2", "j", two.token, "w1", "succeeded", JobResult(exit_code=0)) == done
+    kept = {f.decode() for f in leases.r.hkeys(leases.k.job("j")) if f.startswith(b"answer:")}
+    assert kept == {f"answer:{one.token}", f"answer:{two.token}"}
+    # a stale report under an older token is not kept: it is stale again at every copy
+    assert leases.report("r3", "j", one.token, "w1", "succeeded", JobResult())["answer"] == "stale"
+    assert len([f for f in leases.r.hkeys(leases.k.job("j")) if f.startswith(b"answer:")]) == 2
+    time.sleep(0.01)
+    assert RetentionState(leases.r, leases.k).prune(Horizons(1, 1)).removed == 1
+    with pytest.raises(NotFound):
+        leases.report("r2", "j", two.token, "w1", "succeeded", JobResult(exit_code=0))
+    left = [
+        k.decode() for k in leases.r.scan_iter(match=leases.k.prefix().replace("{", "\\{").replace("}", "\\}") + "*")
+    ]
+    assert not [k for k in left if "j" in k.removeprefix(leases.k.prefix()).split(":")], left
 
 
 def test_reports_in_one_batch_answer_each_in_order_and_one_error_leaves_the_others(leases):

@@ -67,10 +67,8 @@ def test_ended_jobs_leave_redis_past_their_horizon_and_job_show_says_why(retaini
         assert keys.job(bad).encode() in _job_keys(redis_client, keys, bad)
     wait_for(lambda: not _job_keys(redis_client, keys, bad), FAILED + 10, interval=0.2, what="the failed job's prune")
     assert since(failed["updated_ms"]) >= FAILED - 1
-    # nothing of them is left: no key of a job, no index naming one (the report answers expire on their own TTL)
+    # nothing of them is left: no key of a job, no index naming one (a report's answer went with its job's hash)
     assert not redis_client.zcard(keys.ended()) and not redis_client.zcard(keys.ended_kept())
-    for raw in redis_client.scan_iter(match=keys.report("*").replace("{", "\\{").replace("}", "\\}")):
-        assert 0 < redis_client.ttl(raw) <= 7 * 24 * 3600
     got = d.cli("job", "show", ok[0])
     assert got.returncode != 0 and len(got.stderr.strip().splitlines()) == 1, got.stderr
     assert f"no job {ok[0]}" in got.stderr and "[plugins.retention] finished_seconds" in got.stderr, got.stderr
@@ -231,3 +229,44 @@ def test_two_prunes_at_once_remove_each_job_once(redis_server, redis_client, nam
     assert sum(removed) == len(jobs), f"a job removed twice, or not at all: {removed}"
     assert not any(_job_keys(redis_client, keys, j) for j in jobs)
     assert RetentionState(redis_client, keys).retained() == 0
+
+
+# succeeded jobs go after 2 s; a report answer kept apart from its job would stay as long as the failed ones (30 days)
+SHORT = "\n[plugins.retention]\nfinished_seconds = 2\n"
+
+
+def test_a_reports_answer_lives_with_its_job_and_leaves_with_it(redis_server, redis_client, namespace):
+    """A report's answer is kept in its job's hash (test_leases.py), so nothing of the report is left once retention
+    removed the job: jobs run by the daemon's own worker leave Redis with the keys it held before them."""
+    from tests.helpers.keyspace import DAEMON_CHURN, keyspace, settled
+
+    keys = Keys(namespace)
+    d = Daemon(short_home(), config=FAST_EXECUTOR + SHORT, redis_url=redis_server.url, namespace=namespace)
+    d.start()
+    try:
+
+        def pruned(jobs: list[str]) -> bool:
+            return not any(_job_keys(redis_client, keys, j) for j in jobs)
+
+        def succeeded() -> set[str]:
+            return {
+                e[b"job"].decode()
+                for _, e in redis_client.xrange(keys.events())
+                if e.get(b"type") == b"job.succeeded" and b"job" in e
+            }
+
+        # the first job makes what every later one shares (the token counter); the events say each job's end, as a
+        # job view cannot once its job is gone
+        first = submit(d, "true", pool="serve")
+        wait_for(lambda: first in succeeded() and pruned([first]), 60, interval=0.2, what="the first job's prune")
+        before = set(settled(redis_client, keys))
+        jobs = [submit(d, "true", pool="serve") for _ in range(8)]
+        wait_for(lambda: set(jobs) <= succeeded(), 90, interval=0.2, what="the jobs to succeed")
+        wait_for(lambda: pruned(jobs), 60, interval=0.2, what="the jobs' prune")
+        after = set(keyspace(redis_client, keys, DAEMON_CHURN))
+        assert after == before, (sorted(after - before)[:10], sorted(before - after)[:10])
+        assert not [
+            k for k in redis_client.scan_iter(match=keys.prefix().replace("{", "\\{").replace("}", "\\}") + "report:*")
+        ]
+    finally:
+        d.cleanup()

@@ -91,17 +91,3 @@ def test_a_tasks_result_over_its_cap_is_refused_naming_the_key_and_the_size(tmp_
     assert kept == files[:1] and "result_max_bytes = 1 KiB" in why and "2.0 KiB" in why
     assert within_cap(job_record("j", runner="task"), files, 4096) == (files, "")
     assert within_cap(job_record("j", runner="process"), files, 1024) == (files, "")
-
-
-def test_a_report_answer_is_kept_a_week_or_the_jobs_retention_where_shorter():
-    from types import SimpleNamespace as R
-
-    from piloop_server.state.records.lease import REPORT_ANSWER_SECONDS, report_answer_seconds
-
-    week = 7 * 24 * 3600
-    assert week == REPORT_ANSWER_SECONDS and report_answer_seconds(None) == week
-    assert report_answer_seconds(R(finished_seconds=20, failed_seconds=40)) == 40  # as long as the longer
-    assert report_answer_seconds(R(finished_seconds=0.2, failed_seconds=0.5)) == 1  # an expiry Redis can set
-    assert report_answer_seconds(R(finished_seconds=600, failed_seconds=3600)) == 3600  # the longer horizon
-    assert report_answer_seconds(R(finished_seconds=7 * 86400, failed_seconds=30 * 86400)) == week  # the defaults
-    assert report_answer_seconds(R(finished_seconds=0, failed_seconds=60)) == week  # some kept forever

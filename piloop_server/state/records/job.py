@@ -96,6 +96,8 @@ class Job:
 
 # attribute -> the hash field it is stored under: every field of `Job`, each under its own name
 FIELDS: dict[str, str] = {f.name: f.name for f in fields(Job)}
+# a report's answer, kept in the job's hash for the report's copies: `answer:<lease token>` (report.lua)
+ANSWER_FIELD = "answer:"
 
 
 def queued_at(score: float) -> int:
@@ -104,9 +106,11 @@ def queued_at(score: float) -> int:
 
 
 def lua_include() -> str:
-    """The `job_fields` include: `JF.<attribute>` is the hash field's name; `PRIORITY_STEP` the queue score's."""
+    """The `job_fields` include: `JF.<attribute>` is the hash field's name; `PRIORITY_STEP` the queue score's;
+    `JF_ANSWER` the prefix of a report's answer's field."""
     pairs = ", ".join(f"{attr} = '{name}'" for attr, name in FIELDS.items())
     return (
         f"-- job_fields (generated from state/records/job.py): the job hash's field names\nlocal JF = {{{pairs}}}\n"
         f"local PRIORITY_STEP = {PRIORITY_STEP}\n"
+        f"local JF_ANSWER = '{ANSWER_FIELD}'\n"
     )

@@ -14,7 +14,6 @@ from piloop_server.state.scripts import EventCap
 
 KINDS: tuple[Kind, ...] = ("agent", "evaluation")
 BACKOFF_LONGEST_SECONDS = 3600
-REPORT_ANSWER_SECONDS = 7 * 24 * 3600
 STALE_ADDRESSES = 16  # the CAS addresses a stale report's event names (its outputs first, then its log's ends)
 
 
@@ -33,10 +32,9 @@ class Caps:
     progress_keep: int = 200  # the newest notes of a job that the server keeps
     log_bytes: int = LOG_MAX_BYTES
     result_bytes: int = RESULT_MAX_BYTES
-    report_answer_seconds: int = REPORT_ANSWER_SECONDS  # how long a report's answer is kept for its copies
 
     @classmethod
-    def from_state(cls, st: Any, retention: Any = None) -> Caps:
+    def from_state(cls, st: Any) -> Caps:
         return cls(
             EventCap(st.events_max, st.event_value_bytes, st.inbox_max),
             st.log_chunks_max,
@@ -44,18 +42,7 @@ class Caps:
             st.progress_keep,
             st.log_max_bytes,
             st.result_max_bytes,
-            report_answer_seconds(retention),
         )
-
-
-def report_answer_seconds(retention: Any = None) -> int:
-    """How long a report's answer is kept, so a copy of the report (a worker's resend) gets the same answer: 7 days,
-    or as long as its job is retained where that is shorter, so a short retention bounds Redis. A copy that comes
-    after the answer went meets no lease and is answered `stale`, which a worker takes as answered too."""
-    horizons = (retention.finished_seconds, retention.failed_seconds) if retention is not None else (0, 0)
-    if not all(horizons):  # some jobs are kept forever: their answers stay the week
-        return REPORT_ANSWER_SECONDS
-    return max(1, int(min(REPORT_ANSWER_SECONDS, max(horizons))))
 
 
 @dataclass(frozen=True)

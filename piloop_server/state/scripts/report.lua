@@ -1,12 +1,12 @@
 -- report: the holder finishes its lease; idempotent by report id.
--- @call KEYS 14 ARGV 21
--- KEYS[1] report answer  KEYS[2] lease  KEYS[3] job hash  KEYS[4] worker leases (kind)
--- KEYS[5] deadlines  KEYS[6] active (pool, kind)  KEYS[7] campaign live  KEYS[8] events
--- KEYS[9] queue (pool, kind)  KEYS[10] daemon hash  KEYS[11] campaign jobs to integrate
--- KEYS[12] worker hash  KEYS[13] delayed (failed jobs waiting out their backoff)  KEYS[14] ended
+-- @call KEYS 13 ARGV 21
+-- KEYS[1] lease  KEYS[2] job hash  KEYS[3] worker leases (kind)
+-- KEYS[4] deadlines  KEYS[5] active (pool, kind)  KEYS[6] campaign live  KEYS[7] events
+-- KEYS[8] queue (pool, kind)  KEYS[9] daemon hash  KEYS[10] campaign jobs to integrate
+-- KEYS[11] worker hash  KEYS[12] delayed (failed jobs waiting out their backoff)  KEYS[13] ended
 -- ARGV[1] job id  ARGV[2] token  ARGV[3] worker  ARGV[4] outcome: succeeded | failed |
 -- cancelled | fenced (the worker stopped it at its deadline, or lost it) | lost (its blobs are missing)
--- ARGV[5] result (JSON: exit, usage, log, outputs)  ARGV[6] answer TTL (s)  ARGV[7] max_lost
+-- ARGV[5] result (JSON: exit, usage, log, outputs)  ARGV[6] the report id  ARGV[7] max_lost
 -- ARGV[8] reason  ARGV[9] grace (ms)  ARGV[10] toleration (ms)  ARGV[11] 1 when the run ran out of memory
 -- ARGV[12..17] the job's retry policy, from its spec and its pool (state/records/lease.py RetryPolicy): max_attempts,
 -- backoff (ms), backoff factor, the longest backoff (ms), memory growth, the cap on a raised grant (MiB; 0: the
@@ -24,32 +24,40 @@
 -- Reply: the answer as JSON, the same for every copy of one report id: {"answer":"accepted","state":...} or
 -- {"answer":"stale"} (a late report: kept as one `lease.stale_report` event). A report from a worker that never
 -- held the lease under that token answers stale too, but is not kept (lease_check leaves `lease.foreign_token`).
+-- The answer is kept in the job's hash, field `answer:<token>` = `<report id> <answer>` (the accepted one, else
+-- the first given under that token): a copy of the report (the same id) gets it again, and it goes with the job (retention, prune.lua). Only
+-- an answer under the job's current token is kept (the one lease a later report could still change): a stale
+-- report under an older token is stale again at every copy, and is not kept.
 -- @include clock
 -- @include lease_check
 -- @include finish
-local prev = redis.call('GET', KEYS[1])
-if prev then return prev end
+local id, token, worker, outcome, report_id = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[6]
+local answer_field = JF_ANSWER .. token
+local prev = redis.call('HGET', KEYS[2], answer_field)
+if prev then
+  local sep = string.find(prev, ' ', 1, true)
+  if sep and string.sub(prev, 1, sep - 1) == report_id then return string.sub(prev, sep + 1) end
+end
 local now = clock_ms()
-local id, token, worker, outcome = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local last = tonumber(redis.call('HGET', KEYS[10], 'last_pass') or '0')
+local last = tonumber(redis.call('HGET', KEYS[9], 'last_pass') or '0')
 local rearm = 0
 if last > 0 and now - last > tonumber(ARGV[9]) then rearm = tonumber(ARGV[10]) end
-local held = lease_check(KEYS[2], KEYS[3], KEYS[8], id, token, worker, ARGV[21], rearm)
+local held = lease_check(KEYS[1], KEYS[2], KEYS[7], id, token, worker, ARGV[21], rearm)
 if held == 'foreign' then return cjson.encode({answer = 'stale'}) end
 local answer
 if held == 'stale' then
   answer = cjson.encode({answer = 'stale'})
-  emit(KEYS[8], 'lease.stale_report', 'worker:' .. worker, 'job', id, 'token', token, 'outcome', outcome,
+  emit(KEYS[7], 'lease.stale_report', 'worker:' .. worker, 'job', id, 'token', token, 'outcome', outcome,
     'result', ARGV[18])
 else
-  local f = redis.call('HMGET', KEYS[3], JF.kind, JF.campaign, JF.score, JF.lost, JF.cancel, JF.attempts,
+  local f = redis.call('HMGET', KEYS[2], JF.kind, JF.campaign, JF.score, JF.lost, JF.cancel, JF.attempts,
     JF.raises, JF.granted_mb)
   local kind = f[1]
-  redis.call('DEL', KEYS[2])
-  redis.call('ZREM', KEYS[5], id)
-  redis.call('SREM', KEYS[4], id)
-  redis.call('SREM', KEYS[6], id)
-  if kind == 'agent' then redis.call('HINCRBY', KEYS[7], f[2] or '', -1) end
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[4], id)
+  redis.call('SREM', KEYS[3], id)
+  redis.call('SREM', KEYS[5], id)
+  if kind == 'agent' then redis.call('HINCRBY', KEYS[6], f[2] or '', -1) end
   local state = outcome
   local reason = ARGV[8]
   if outcome == 'fenced' then
@@ -58,7 +66,7 @@ else
       state = 'worker_lost'
     else
       local lost = tonumber(f[4] or '0') + 1
-      redis.call('HSET', KEYS[3], JF.lost, lost)
+      redis.call('HSET', KEYS[2], JF.lost, lost)
       if lost >= tonumber(ARGV[7]) then
         state = 'lost'
         reason = 'lost ' .. lost .. ' times in a row'
@@ -79,7 +87,7 @@ else
     local growth, cap = num(ARGV[16]), num(ARGV[17])
     local attempts, raises, granted = num(f[6]) + 1, num(f[7]), num(f[8])
     if ARGV[11] == '1' and granted > 0 then
-      if cap <= 0 then cap = num(redis.call('HGET', KEYS[12], 'room_mb')) end
+      if cap <= 0 then cap = num(redis.call('HGET', KEYS[11], 'room_mb')) end
       local raised = math.min(math.ceil(granted * growth), cap)
       if raised > granted then
         grant, delay, raises = raised, 0, raises + 1
@@ -106,38 +114,42 @@ else
     end
     if delay ~= nil then
       state, etype = 'queued', 'job.retrying'
-      redis.call('HSET', KEYS[3], JF.state, 'queued', JF.worker, '', JF.token, '', JF.result, ARGV[5],
+      redis.call('HSET', KEYS[2], JF.state, 'queued', JF.worker, '', JF.token, '', JF.result, ARGV[5],
         JF.reason, reason, JF.attempts, attempts, JF.raises, raises, JF.lost, 0, JF.updated, now)
-      if grant then redis.call('HSET', KEYS[3], JF.grant_mb, grant) end
+      if grant then redis.call('HSET', KEYS[2], JF.grant_mb, grant) end
       if delay > 0 then
-        redis.call('ZADD', KEYS[13], now + delay, id)
-        redis.call('HSET', KEYS[3], JF.retry_at, now + delay)
+        redis.call('ZADD', KEYS[12], now + delay, id)
+        redis.call('HSET', KEYS[2], JF.retry_at, now + delay)
       else
-        redis.call('ZADD', KEYS[9], f[3], id)
+        redis.call('ZADD', KEYS[8], f[3], id)
       end
     end
   end
   if etype == 'job.retrying' then
-    emit(KEYS[8], etype, 'worker:' .. worker, 'job', id, 'token', token, 'reason', reason, 'delay_ms', delay,
+    emit(KEYS[7], etype, 'worker:' .. worker, 'job', id, 'token', token, 'reason', reason, 'delay_ms', delay,
       'memory_mb', grant or '')
   elseif state == 'queued' then
-    redis.call('ZADD', KEYS[9], f[3], id)
-    redis.call('HSET', KEYS[3], JF.state, 'queued', JF.worker, '', JF.token, '', JF.updated, now)
+    redis.call('ZADD', KEYS[8], f[3], id)
+    redis.call('HSET', KEYS[2], JF.state, 'queued', JF.worker, '', JF.token, '', JF.updated, now)
   else
-    finish(KEYS[3], KEYS[14], id, state, reason, now, JF.result, ARGV[5])
+    finish(KEYS[2], KEYS[13], id, state, reason, now, JF.result, ARGV[5])
     if state == 'succeeded' or state == 'failed' or state == 'cancelled' then
-      redis.call('HINCRBY', KEYS[3], JF.attempts, 1)
-      redis.call('HSET', KEYS[3], JF.lost, 0)
+      redis.call('HINCRBY', KEYS[2], JF.attempts, 1)
+      redis.call('HSET', KEYS[2], JF.lost, 0)
     end
   end
   if state == 'succeeded' and (f[2] or '') ~= '' then
     -- the campaign's side of it (an agent's commits, an evaluation's score) is done off the pass, by id
-    redis.call('SADD', KEYS[11], id)
+    redis.call('SADD', KEYS[10], id)
   end
   answer = cjson.encode({answer = 'accepted', state = state})
   if etype ~= 'job.retrying' then
-    emit(KEYS[8], etype, 'worker:' .. worker, 'job', id, 'token', token, 'reason', reason)
+    emit(KEYS[7], etype, 'worker:' .. worker, 'job', id, 'token', token, 'reason', reason)
   end
 end
-redis.call('SET', KEYS[1], answer, 'EX', ARGV[6])
+if held == 'ok' then
+  redis.call('HSET', KEYS[2], answer_field, report_id .. ' ' .. answer)
+elseif redis.call('HGET', KEYS[2], JF.token) == token then
+  redis.call('HSETNX', KEYS[2], answer_field, report_id .. ' ' .. answer)
+end
 return answer
