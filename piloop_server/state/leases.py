@@ -266,7 +266,7 @@ class LeasesState(Producers):
     def report_many(
         self, reports: list[Report], memory_caps: dict[str, int | None] | None = None, sizes: Sizes | None = None
     ) -> list[dict[str, Any] | PiloopError]:
-        """`report` for each, in order, in two round trips (the jobs' kind and pool, then the scripts) and one CAS
+        """`report` for each, in order, in two round trips (the jobs' kind and pool, then one script for all) and one CAS
         lookup (`sizes`: of the logs' chunks not sized at their append, and of the tasks' results): each answer, or
         the PiloopError that report met (an unknown job, a lease lost), the others standing."""
         k = self.k
@@ -292,7 +292,9 @@ class LeasesState(Producers):
         ]
         known = sizes(sorted(set(ask))) if sizes is not None and ask else {}
         out: list[Any] = [None] * len(reports)
-        calls, at = [], []
+        keys = [k.deadlines(), k.campaign_live(), k.events(), k.daemon(), k.campaign_pending(), k.delayed(), k.ended()]
+        args: list[Any] = [self.t.max_lost, self.t.grace_ms, self.t.toleration_ms]
+        at = []
         for i, (rep, (kind_b, pool_b, spec, *_), live) in enumerate(zip(reports, rows, lives, strict=True)):
             if kind_b is None:
                 out[i] = NotFound(f"job {rep.job} does not exist")
@@ -309,45 +311,32 @@ class LeasesState(Producers):
             kind, pool = _s(kind_b), _s(pool_b)
             policy = RetryPolicy.of(spec, (memory_caps or {}).get(pool))
             at.append(i)
-            calls.append(
-                (
-                    [
-                        k.lease(rep.job),
-                        k.job(rep.job),
-                        k.worker_leases(rep.worker, kind),
-                        k.deadlines(),
-                        k.active(pool, kind),
-                        k.campaign_live(),
-                        k.events(),
-                        k.queue(pool, kind),
-                        k.daemon(),
-                        k.campaign_pending(),
-                        k.worker(rep.worker),
-                        k.delayed(),
-                        k.ended(),
-                    ],
-                    [
-                        rep.job,
-                        rep.token,
-                        rep.worker,
-                        rep.outcome,
-                        result,
-                        rep.report_id,
-                        self.t.max_lost,
-                        rep.reason,
-                        self.t.grace_ms,
-                        self.t.toleration_ms,
-                        1 if rep.oom else 0,
-                        *policy.args(),
-                        stale_summary(rep.result, result),
-                        " ".join(policy.retry_on),
-                        " ".join(rep.error),
-                        rep.owner,
-                    ],
-                )
-            )
-        for i, reply in zip(at, self.scripts.run_many("report", calls) if calls else [], strict=True):
-            out[i] = reply if isinstance(reply, PiloopError) else json.loads(_s(reply))
+            keys += [
+                k.lease(rep.job),
+                k.job(rep.job),
+                k.worker_leases(rep.worker, kind),
+                k.active(pool, kind),
+                k.queue(pool, kind),
+                k.worker(rep.worker),
+            ]
+            args += [
+                rep.job,
+                rep.token,
+                rep.worker,
+                rep.outcome,
+                result,
+                rep.report_id,
+                rep.reason,
+                1 if rep.oom else 0,
+                *policy.args(),
+                stale_summary(rep.result, result),
+                " ".join(policy.retry_on),
+                " ".join(rep.error),
+                rep.owner,
+            ]
+        # one script for the batch (report.lua runs each report as if alone, in order): one EVALSHA, not one a report
+        for i, reply in zip(at, self.scripts.run("report", keys, args) if at else [], strict=True):
+            out[i] = json.loads(_s(reply))
         return out
 
     def due(self, fence: Fence | None = None) -> int:

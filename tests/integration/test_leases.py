@@ -149,6 +149,33 @@ def test_report_is_idempotent_and_stale_reports_are_kept(leases):
     assert _state(leases, "j") == "succeeded"
 
 
+def test_a_batch_of_reports_is_one_script_call(leases):
+    """report_many runs every report of the batch in one EVALSHA (report.lua takes n reports), each answered as if
+    alone: a copy in the same batch gets the first's answer."""
+    _worker(leases)
+    for j in ("a", "b", "c"):
+        leases.enqueue(j, "evaluation", "p", {}, by="human:t")
+    la, lb, lc = leases.claim("w1", "p", "evaluation", slots=3, image="", most=3).leases
+    assert leases.report("ra", "a", la.token, "w1", "succeeded", JobResult())["answer"] == "accepted"  # SHA known
+
+    def evalsha_calls() -> int:
+        return int(leases.r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+    before = evalsha_calls()
+    got = leases.report_many(
+        [
+            Report("rb", "b", lb.token, "w1", "succeeded", JobResult(exit_code=0)),
+            Report("rc", "c", lc.token, "w1", "failed", JobResult(exit_code=1), "boom"),
+            Report("rb", "b", lb.token, "w1", "succeeded", JobResult(exit_code=0)),
+            Report("ra", "a", la.token, "w1", "succeeded", JobResult()),
+        ]
+    )
+    assert evalsha_calls() - before == 1
+    assert got[0] == got[2] == {"answer": "accepted", "state": "succeeded"}
+    assert got[1] == {"answer": "accepted", "state": "failed"}
+    assert got[3] == {"answer": "accepted", "state": "succeeded"}  # a's copy: its first answer
+
+
 def test_a_reports_answer_is_kept_in_its_job_and_goes_with_it(leases):
     """Each lease's answer is a field of the job's hash: a copy of an earlier attempt's report still gets its answer
     after the next lease was taken; once the job is removed, a copy is answered that the job does not exist, and
