@@ -13,6 +13,16 @@ LOG_MAX_BYTES = 1024**3
 RESULT_MAX_BYTES = 64 * 1024**2
 LOG_MARKER_ROOM = 256  # the bytes past log_max_bytes the server keeps for the worker's marker (`log_marker`)
 RESULT_OUTPUTS = ("result.json", "result.pickle")  # a task's result, as it writes it among its outputs
+# A task's arguments up to this many bytes travel inline, in its spec (`JobSpec.inline_inputs`, base64) and so in its
+# claim's answer, never through the CAS; larger ones are put in the CAS and named as an input.
+INLINE_MAX_BYTES = 64 * 1024
+
+
+def inline(data: bytes) -> str | None:
+    """`data` as a spec carries it inline (base64), or None when it is over INLINE_MAX_BYTES (the CAS takes it)."""
+    import base64
+
+    return base64.b64encode(data).decode() if len(data) <= INLINE_MAX_BYTES else None
 
 
 def log_marker(cap: int) -> bytes:

@@ -69,7 +69,7 @@ def check_submit(rt: Runtime, req: SubmitRequest) -> None:
                 "secrets", missing, f"no secret named {', '.join(missing)} (`piloop secret list`)", flag="--secret"
             )
     given = [a for a in req.spec.inputs.values() if a != PIPE_PLACEHOLDER]  # a chain's: filled in at its release
-    missing_inputs = sorted(set(given) - rt.store.has_many(given))
+    missing_inputs = sorted(set(given) - rt.store.has_many(given)) if given else []  # inline ones: no CAS lookup
     if missing_inputs:
         raise bad_param("inputs", missing_inputs, "the CAS lacks them", flag="--input")
     if req.spec.code and not rt.store.has_many([req.spec.code]):

@@ -4,6 +4,7 @@ and the request to the shim host that forks its shim. A job this worker cannot s
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import logging
@@ -92,6 +93,12 @@ class JobStarts(Part):
                 dest = jd.inputs / name
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 self.store.get_file(addr, dest, durable=False, in_place=True)
+            for name, data in a.spec.inline_inputs.items():  # carried in the claim's answer: no CAS
+                if not _safe_name(name):
+                    raise ValueError(f"input name {name!r} is not a relative path inside the job's dir")
+                dest = jd.inputs / name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(base64.b64decode(data))
             stage = "code"
             code = self._code(a.spec.code) if a.spec.code else None
             stage = "repo"

@@ -1,7 +1,8 @@
 """The task runner: a Python function run in a process forked from the worker's warm interpreter.
 
 A task job's spec has `runner = "task"`, `argv = ["module:function"]`, and one input, `args.json` or
-`args.pickle` (`{"args": [...], "kwargs": {...}}`). The shim forks (never execs) a child that calls `run`:
+`args.pickle` (`{"args": [...], "kwargs": {...}}`; inline in the spec when small, which the job's start writes from
+the claim's answer without the CAS). The shim forks (never execs) a child that calls `run`:
 it imports the module (the shim host has usually imported it already, so this costs nothing), calls the
 function, and writes its value to `outputs/result.json` (`{"value": ...}`) or `outputs/result.pickle`.
 An exception prints its traceback to the job's log, writes `outputs/error.json`, and exits 1. A module that cannot

@@ -197,6 +197,14 @@ class JobSpec(Message):
     )
     secrets: list[str] = Field(default_factory=list, description="Names of the secrets the job gets as env.")
     inputs: dict[str, str] = Field(default_factory=dict, description="File name -> CAS address, put in the job's dir.")
+    inline_inputs: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "File name -> its bytes, base64: small inputs (a task's arguments) carried in the spec, and so in the "
+            "claim's answer, put in the job's dir like `inputs` without the CAS; at most 64 KiB in all, decoded "
+            "(`piloop_common.bytecaps.INLINE_MAX_BYTES`), and no name of `inputs`."
+        ),
+    )
     code: str | None = Field(
         None,
         pattern=r"^sha256:[0-9a-f]{64}$",
@@ -326,6 +334,8 @@ class JobSpec(Message):
         for name in self.inputs:
             if why := input_problem(name):
                 raise ValueError(f"input name {name[:80]!r}: {why}")
+        if self.inline_inputs:
+            _check_inline(self.inline_inputs, self.inputs)
         return self
 
     @model_validator(mode="after")
@@ -336,6 +346,29 @@ class JobSpec(Message):
                 "the cap on a raised grant cannot be under the first grant"
             )
         return self
+
+
+def _check_inline(inline: dict[str, str], inputs: dict[str, str]) -> None:
+    import base64
+    import binascii
+
+    from piloop_common.bytecaps import INLINE_MAX_BYTES
+
+    total = 0
+    for name, data in inline.items():
+        if why := input_problem(name):
+            raise ValueError(f"inline input name {name[:80]!r}: {why}")
+        if name in inputs:
+            raise ValueError(f"input {name!r} is both inline and a CAS address: give one")
+        try:
+            total += len(base64.b64decode(data, validate=True))
+        except (binascii.Error, ValueError):
+            raise ValueError(f"inline input {name!r}: not base64") from None
+    if total > INLINE_MAX_BYTES:
+        raise ValueError(
+            f"inline inputs of {total} bytes, over {INLINE_MAX_BYTES} (bytecaps.INLINE_MAX_BYTES): put them in the "
+            "CAS and name them in `inputs`"
+        )
 
 
 def input_problem(name: str) -> str:

@@ -121,6 +121,7 @@ class Client:
         kind: str = "evaluation",
         env: dict[str, str] | None = None,
         inputs: dict[str, str] | None = None,
+        inline_inputs: dict[str, str] | None = None,
         secrets: list[str] | None = None,
         timeout: float | None = None,
         memory_mb: int | None = None,
@@ -142,7 +143,8 @@ class Client:
         depends_on: list[str] | None = None,
         pipe: tuple[str, str] | None = None,
     ) -> str:
-        """Queue a job; its id. `inputs` maps a file name in the job's `inputs/` to a CAS address (`put_blob`).
+        """Queue a job; its id. `inputs` maps a file name in the job's `inputs/` to a CAS address (`put_blob`),
+        `inline_inputs` to its bytes in base64 (at most 64 KiB in all, `bytecaps.inline`).
         `memory` is its grant (`"4G"`, `"512M"`, or MiB); `max_attempts` and `backoff` (seconds) its retry policy;
         a bad value raises BadRequest before anything is queued. `code` is a code snapshot's address (`push_code`).
         `priority` (0..9, 9 first), `countdown`/`eta`, `expires` and `retry_on` are a task's (`TaskOptions`: a bad
@@ -176,6 +178,7 @@ class Client:
             ("backoff_seconds", backoff),
             ("memory_max_mb", parse_memory(memory_max, "memory_max") if memory_max is not None else None),
             ("code", code),
+            ("inline_inputs", dict(inline_inputs) if inline_inputs else None),
         ):
             if value is not None:
                 spec[key] = value

@@ -51,8 +51,9 @@ class AsyncResult(Generic[R]):
     @property
     def serializer(self) -> str:
         if self._serializer is None:
-            inputs = self._view().spec.get("inputs") or {}
-            self._serializer = "pickle" if "args.pickle" in inputs else "json"
+            spec = self._view().spec
+            names = {*(spec.get("inputs") or {}), *(spec.get("inline_inputs") or {})}
+            self._serializer = "pickle" if "args.pickle" in names else "json"
         return self._serializer
 
     @property

@@ -8,8 +8,9 @@
 
     add.delay(2, 3).get(timeout=60)      # 5, computed on a worker of the pool gpu
 
-A task's arguments and its value travel through the CAS, by the API's `/v1/cas` routes; its job's spec names
-`module:function` (runner `task`) and the argument blob as the input `args.<serializer>`. The worker runs it in a
+A task's job spec names `module:function` (runner `task`) and its arguments blob, the input `args.<serializer>`:
+carried in the spec itself (`inline_inputs`, base64) up to 64 KiB (`bytecaps.INLINE_MAX_BYTES`), else put in the
+CAS (the API's `/v1/cas` routes) and named by its address; its value comes back through the CAS. The worker runs it in a
 process forked from its warm interpreter (`piloop_worker.tasks`), and writes `result.<serializer>` as an output.
 """
 
@@ -22,6 +23,7 @@ import pickle
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
+from piloop_common.bytecaps import inline
 from piloop_common.sdk.canvas import Signature, queue_together
 from piloop_common.sdk.taskclient import Client
 from piloop_common.sdk.taskoptions import TaskOptions
@@ -123,13 +125,16 @@ class Task(Generic[R]):
         ).over(self.options)
         o.timing()  # a past expiry or eta: refused before the arguments are put
         c = client or self.client
-        address = c.put_blob(self.encode(args, kwargs))
+        # small arguments travel in the spec (and the claim's answer); larger ones through the CAS
+        blob, name = self.encode(args, kwargs), f"args.{self.serializer}"
+        carried = inline(blob)
         job = c.submit(
             [self.name],
             pool=o.pool or "serve",
             kind=self.kind,
             runner="task",
-            inputs={f"args.{self.serializer}": address},
+            inputs={} if carried is not None else {name: c.put_blob(blob)},
+            inline_inputs={name: carried} if carried is not None else None,
             timeout=o.timeout,
             memory_mb=o.memory_mb(),
             max_attempts=o.max_attempts(),

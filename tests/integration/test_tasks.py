@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from piloop_common.errors import TaskFailed, WaitTimeout
+from piloop_common.bytecaps import INLINE_MAX_BYTES
+from piloop_common.cas.address import hash_bytes
+from piloop_common.errors import BlobMissing, TaskFailed, WaitTimeout
 from piloop_common.tasks import Client
 from tests.helpers import tasks_mod
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
@@ -57,8 +59,28 @@ def test_a_task_returns_its_value(server, client, monkeypatch):
     assert r.get(timeout=scaled(60)) == 42
     view = client.show(r.id)
     assert view.spec["runner"] == "task" and view.spec["argv"] == ["tests.helpers.tasks_mod:add"]
-    assert list(view.spec["inputs"]) == ["args.json"] and "result.json" in view.result.outputs
+    # small arguments travel in the spec, never through the CAS
+    assert list(view.spec["inline_inputs"]) == ["args.json"] and not view.spec["inputs"]
+    assert "result.json" in view.result.outputs
     assert tasks_mod.pair.apply_async((7,), client=client).get(timeout=scaled(60)) == (7, {7})
+
+
+def test_small_arguments_skip_the_cas_and_large_ones_go_through_it(client):
+    """Arguments up to INLINE_MAX_BYTES ride in the spec and the claim's answer: the CAS never holds their blob;
+    a 100 KiB argument is put in the CAS and named as the input, as before."""
+    small = tasks_mod.add.encode((2, 40))
+    r = tasks_mod.add.apply_async((2, 40), client=client)
+    assert r.get(timeout=scaled(60)) == 42
+    with pytest.raises(BlobMissing):
+        client.get_blob(hash_bytes(small))
+    big_text = "x" * (100 * 1024)
+    big = tasks_mod.add.encode((big_text, "y"))
+    assert len(big) > INLINE_MAX_BYTES
+    r = tasks_mod.add.apply_async((big_text, "y"), client=client)
+    assert r.get(timeout=scaled(60)) == big_text + "y"
+    view = client.show(r.id)
+    assert view.spec["inputs"] == {"args.json": hash_bytes(big)} and not view.spec.get("inline_inputs")
+    assert client.get_blob(hash_bytes(big)) == big
 
 
 def test_a_task_that_raises_is_a_failed_job_with_its_traceback(client):

@@ -67,3 +67,25 @@ def test_input_names_that_leave_inputs(name):
 def test_a_cron_with_no_next_date_or_the_wrong_fields_is_refused(cron):
     with pytest.raises(BadRequest, match="not a cron"):
         check_cron(cron)
+
+
+def test_inline_inputs_are_base64_within_the_inline_cap_and_apart_from_the_cas_inputs():
+    import base64
+
+    from piloop_common.bytecaps import INLINE_MAX_BYTES, inline
+
+    def b64(n: int) -> str:
+        return base64.b64encode(b"x" * n).decode()
+
+    ok = JobSpec.model_validate({"argv": ["m:f"], "inline_inputs": {"args.json": b64(INLINE_MAX_BYTES)}})
+    assert base64.b64decode(ok.inline_inputs["args.json"]) == b"x" * INLINE_MAX_BYTES
+    assert inline(b"x" * INLINE_MAX_BYTES) is not None and inline(b"x" * (INLINE_MAX_BYTES + 1)) is None
+    for bad, says in (
+        ({"args.json": b64(INLINE_MAX_BYTES // 2), "more": b64(INLINE_MAX_BYTES // 2 + 1)}, "over 65536"),
+        ({"args.json": "not base64!"}, "not base64"),
+        ({"../args.json": b64(1)}, "inline input name"),
+    ):
+        with pytest.raises(ValidationError, match=says):
+            JobSpec.model_validate({"argv": ["m:f"], "inline_inputs": bad})
+    with pytest.raises(ValidationError, match="both inline and a CAS address"):
+        JobSpec.model_validate({"argv": ["m:f"], "inputs": {"args.json": ADDR}, "inline_inputs": {"args.json": b64(1)}})
