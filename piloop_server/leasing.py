@@ -201,6 +201,8 @@ def result_of(body: ReportRequest) -> JobResult:
         fields["score"] = body.score
     if body.error:
         fields["error"] = list(body.error)
+    if body.inline_outputs:
+        fields["inline_outputs"] = dict(body.inline_outputs)
     return JobResult.model_construct(**fields)
 
 

@@ -26,7 +26,7 @@ from piloop_worker.held import Held, report_id_for
 from piloop_worker.jobdir import JobDir, files_under
 from piloop_worker.parts import Part
 from piloop_worker.repos import parse_score
-from piloop_worker.results import within_cap
+from piloop_worker.results import carried, within_cap
 from piloop_worker.shimproto import ExitRecord, StopReason
 
 log = logging.getLogger("piloop.worker")
@@ -46,6 +46,7 @@ class Reporting(Part):
             files, too_big = within_cap(h.record, files_under(h.jd.outputs), self.timed.result_max_bytes)
             if too_big and outcome == "succeeded":
                 outcome, reason = "failed", too_big
+            files, inline = carried(h.record, files)
             outputs = {name: self.store.put_file(path) for name, path in files}
             metrics = self.store.put_file(h.jd.metrics) if h.jd.metrics.exists() else None
         except (StoreError, PiloopError, OSError) as e:
@@ -65,6 +66,7 @@ class Reporting(Part):
             usage=Usage(**rec.usage._asdict()),
             log=list(h.shipper.chunks),
             outputs=outputs,
+            inline_outputs=inline,
             metrics=metrics,
             duration_seconds=rec.duration_seconds,
             error=list(rec.error),

@@ -120,6 +120,8 @@ def show(obj, job_id, as_json) -> None:
         lines.append(("log cut", note))
     for name, addr in (r.get("outputs") or {}).items():
         lines.append((f"output {name}", addr))
+    for name, data in (r.get("inline_outputs") or {}).items():
+        lines.append((f"output {name}", f"inline, {len(data) * 3 // 4 - data[-2:].count('=')} bytes"))
     for n in j.get("progress") or []:
         lines.append(("progress", f"{when(n.get('at_ms'))}  {n.get('note', '')}"))
     width = max(len(k) for k, _ in lines)

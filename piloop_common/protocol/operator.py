@@ -76,6 +76,9 @@ class JobResult(Message):
     log_dropped: int = 0
     log_truncated: int = 0
     outputs: dict[str, str] = Field(default_factory=dict, description="Output name -> CAS address.")
+    inline_outputs: dict[str, str] = Field(
+        default_factory=dict, description="Output name -> its bytes, base64: a task's small result, kept here."
+    )
     metrics: str | None = None
     duration_seconds: float = 0.0
     at_ms: int = Field(0, description="When the server took the report (ms).")

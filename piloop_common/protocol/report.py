@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from piloop_common.exceptionnames import CLASSES_MOST, EXCEPTION_NAME
 from piloop_common.protocol.worker import (
@@ -18,6 +18,7 @@ from piloop_common.protocol.worker import (
     Message,
     Outcome,
     ReportId,
+    check_inline,
 )
 
 
@@ -39,6 +40,14 @@ class ReportRequest(Message):
     usage: Usage = Field(default_factory=Usage)
     log: list[Address] = Field(default_factory=list, description="CAS addresses of the log's chunks, in order.")
     outputs: dict[str, Address] = Field(default_factory=dict, description="Output name -> CAS address.")
+    inline_outputs: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Output name -> its bytes, base64: a task's small result (`result.json`, `result.pickle`) carried in the "
+            "report and kept with the job, never put in the CAS; at most 64 KiB in all, decoded "
+            "(`piloop_common.bytecaps.INLINE_MAX_BYTES`), and no name of `outputs`."
+        ),
+    )
     metrics: Address | None = Field(None, description="CAS address of metrics.jsonl.")
     duration_seconds: float = 0.0
     head: str = Field(
@@ -58,6 +67,12 @@ class ReportRequest(Message):
             "server's `retry_on` decision."
         ),
     )
+
+    @model_validator(mode="after")
+    def _inline(self) -> ReportRequest:
+        if self.inline_outputs:
+            check_inline(self.inline_outputs, self.outputs, "output")
+        return self
 
 
 class ReportResponse(Message):

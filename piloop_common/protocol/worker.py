@@ -84,6 +84,7 @@ MEMORY_MOST_MB = 1024**3  # the largest grant a job may ask for: 1 PiB, in MiB
 AFTER_MOST = 64
 PIPE_PLACEHOLDER = "sha256:" + "0" * 64
 PIPE_INPUTS = ("parent.json", "parent.pickle")
+INLINE_PREFIX = "inline:"  # a chain's input filled with its parent's inline result (include/dependencies.lua)
 HELD_MOST = 1024  # the jobs one heartbeat may name
 WANT_MOST = 100_000  # the most a claim may name for a kind whatever the config ([plugins.state] claim_want_max)
 LOG_CHUNKS_PER_CALL = 256  # a log append's chunks (the worker sends a few every few seconds)
@@ -282,6 +283,23 @@ class JobSpec(Message):
         description="Not started (leased) within this long of being queued: it never runs and ends `expired`.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _piped_inline(cls, data: Any) -> Any:
+        # a chain's input whose parent's result was inline: the server put it in place of the placeholder as
+        # `inline:<base64>` (include/dependencies.lua); it is an inline input
+        inputs = data.get("inputs") if isinstance(data, dict) else None
+        if isinstance(inputs, dict) and any(
+            isinstance(v, str) and v.startswith(INLINE_PREFIX) for v in inputs.values()
+        ):
+            inline = dict(data.get("inline_inputs") or {})
+            for name, v in list(inputs.items()):
+                if isinstance(v, str) and v.startswith(INLINE_PREFIX):
+                    inline[name] = v.removeprefix(INLINE_PREFIX)
+            kept = {n: v for n, v in inputs.items() if n not in inline}
+            data = {**data, "inputs": kept, "inline_inputs": inline}
+        return data
+
     @model_validator(mode="after")
     def _timing(self) -> JobSpec:
         if self.expires_seconds is not None and self.expires_seconds <= (self.countdown_seconds or 0):
@@ -310,7 +328,7 @@ class JobSpec(Message):
 
     @model_validator(mode="after")
     def _pipe_is_a_parent(self) -> JobSpec:
-        piped = [name for name in PIPE_INPUTS if name in self.inputs]
+        piped = [name for name in PIPE_INPUTS if name in self.inputs or name in self.inline_inputs]
         if self.pipe is not None and (self.pipe not in self.after or len(piped) != 1):
             raise ValueError(f"pipe {self.pipe}: a chain's parent is one of `after`, its input parent.json or .pickle")
         if self.pipe is None and PIPE_PLACEHOLDER in self.inputs.values():
@@ -335,7 +353,7 @@ class JobSpec(Message):
             if why := input_problem(name):
                 raise ValueError(f"input name {name[:80]!r}: {why}")
         if self.inline_inputs:
-            _check_inline(self.inline_inputs, self.inputs)
+            check_inline(self.inline_inputs, self.inputs)
         return self
 
     @model_validator(mode="after")
@@ -348,7 +366,9 @@ class JobSpec(Message):
         return self
 
 
-def _check_inline(inline: dict[str, str], inputs: dict[str, str]) -> None:
+def check_inline(inline: dict[str, str], named: dict[str, str], what: str = "input") -> None:
+    """Refuse inline files (name -> base64) that are over INLINE_MAX_BYTES in all, not base64, or also in `named`
+    (the same files' CAS addresses)."""
     import base64
     import binascii
 
@@ -357,17 +377,17 @@ def _check_inline(inline: dict[str, str], inputs: dict[str, str]) -> None:
     total = 0
     for name, data in inline.items():
         if why := input_problem(name):
-            raise ValueError(f"inline input name {name[:80]!r}: {why}")
-        if name in inputs:
-            raise ValueError(f"input {name!r} is both inline and a CAS address: give one")
+            raise ValueError(f"inline {what} name {name[:80]!r}: {why}")
+        if name in named:
+            raise ValueError(f"{what} {name!r} is both inline and a CAS address: give one")
         try:
             total += len(base64.b64decode(data, validate=True))
         except (binascii.Error, ValueError):
-            raise ValueError(f"inline input {name!r}: not base64") from None
+            raise ValueError(f"inline {what} {name!r}: not base64") from None
     if total > INLINE_MAX_BYTES:
         raise ValueError(
-            f"inline inputs of {total} bytes, over {INLINE_MAX_BYTES} (bytecaps.INLINE_MAX_BYTES): put them in the "
-            "CAS and name them in `inputs`"
+            f"inline {what}s of {total} bytes, over {INLINE_MAX_BYTES} (bytecaps.INLINE_MAX_BYTES): put them in the "
+            "CAS and name their addresses"
         )
 
 

@@ -8,6 +8,7 @@ docs/jobs.md maps Celery's).
 
 from __future__ import annotations
 
+import base64
 import json
 import pickle
 import time
@@ -115,7 +116,9 @@ class AsyncResult(Generic[R]):
     def _outcome(self, view: JobView) -> R:
         outputs = view.result.outputs
         if view.state == "succeeded":
-            raw = self.client.get_blob(outputs[f"result.{self.serializer}"])
+            name = f"result.{self.serializer}"
+            carried = view.result.inline_outputs.get(name)  # a small result, kept with the job: no CAS
+            raw = base64.b64decode(carried) if carried is not None else self.client.get_blob(outputs[name])
             value: R = json.loads(raw)["value"] if self.serializer == "json" else pickle.loads(raw)
             return value
         if view.state in REVOKED:

@@ -8,8 +8,8 @@ from typing import Any
 
 import redis
 
-from piloop_common.bytecaps import LOG_MARKER_ROOM
-from piloop_common.errors import NotFound, PiloopError, Refused, TooLarge, Unavailable
+from piloop_common.bytecaps import INLINE_MAX_BYTES, LOG_MARKER_ROOM
+from piloop_common.errors import NotFound, PiloopError, Refused, TooLarge, Unavailable, from_payload
 from piloop_common.protocol.operator import JobResult
 from piloop_server.state import logcap
 from piloop_server.state.errors import UNREACHABLE
@@ -293,7 +293,7 @@ class LeasesState(Producers):
         known = sizes(sorted(set(ask))) if sizes is not None and ask else {}
         out: list[Any] = [None] * len(reports)
         keys = [k.deadlines(), k.campaign_live(), k.events(), k.daemon(), k.campaign_pending(), k.delayed(), k.ended()]
-        args: list[Any] = [self.t.max_lost, self.t.grace_ms, self.t.toleration_ms]
+        args: list[Any] = [self.t.max_lost, self.t.grace_ms, self.t.toleration_ms, INLINE_MAX_BYTES]
         at = []
         for i, (rep, (kind_b, pool_b, spec, *_), live) in enumerate(zip(reports, rows, lives, strict=True)):
             if kind_b is None:
@@ -336,7 +336,8 @@ class LeasesState(Producers):
             ]
         # one script for the batch (report.lua runs each report as if alone, in order): one EVALSHA, not one a report
         for i, reply in zip(at, self.scripts.run("report", keys, args) if at else [], strict=True):
-            out[i] = json.loads(_s(reply))
+            got = json.loads(_s(reply))
+            out[i] = from_payload(got, 400) if "error" in got else got  # refused by report.lua, nothing changed
         return out
 
     def due(self, fence: Fence | None = None) -> int:

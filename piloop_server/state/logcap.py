@@ -105,9 +105,14 @@ def unsized(rep: Report, spec: Any, live: Live, caps: Caps) -> list[str]:
     return ask
 
 
+def inline_size(data: str) -> int:
+    """The bytes of an inline output (base64, checked at the door)."""
+    return len(data) * 3 // 4 - data[-2:].count("=")
+
+
 def bounded(rep: Report, spec: dict[str, Any], live: Live, sizes: dict[str, int], caps: Caps) -> Report:
     """The report as the job keeps it: its log within both caps (saying how many chunks it dropped, and where it
-    was truncated), and a task whose result is over its cap failed, the result not named."""
+    was truncated), and a task whose result (in the CAS or inline) is over its cap failed, the result not kept."""
     outcome, reason = rep.outcome, rep.reason
     update: dict[str, Any] = {}
     cut = cut_log(rep.result.log, live, sizes, caps.log_chunks, caps.log_bytes)
@@ -122,6 +127,13 @@ def bounded(rep: Report, spec: dict[str, Any], live: Live, sizes: dict[str, int]
         why = result_refusal(sizes.get(outputs[name], 0), caps.result_bytes)
         if why:
             update["outputs"] = {n: a for n, a in outputs.items() if n != name}
+            if outcome == "succeeded":
+                outcome, reason = "failed", why
+    carried = rep.result.inline_outputs
+    if (name := task_result(spec, carried)) is not None:
+        why = result_refusal(inline_size(carried[name]), caps.result_bytes)
+        if why:
+            update["inline_outputs"] = {n: a for n, a in carried.items() if n != name}
             if outcome == "succeeded":
                 outcome, reason = "failed", why
     result = rep.result.model_copy(update=update) if update else rep.result

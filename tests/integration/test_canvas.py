@@ -53,9 +53,18 @@ def test_a_chain_passes_each_result_on_as_the_next_ones_first_argument(client):
     assert first.get(timeout=5) == 5 and second.get(timeout=5) == 10
     view = client.show(r.id)
     assert view.spec["after"] == [second.id] and view.spec["pipe"] == second.id
-    # the server filled in the parent's result as the link's input
-    assert view.spec["inputs"]["parent.json"] == client.show(second.id).result.outputs["result.json"]
+    # the server filled in the parent's result as the link's input: a small one, kept with the parent, inline
+    parent = client.show(second.id).result
+    assert "result.json" not in parent.outputs
+    assert view.spec["inputs"]["parent.json"] == "inline:" + parent.inline_outputs["result.json"]
     assert (ct.add.s(1, 1) | ct.double.s()).apply_async(client=client).get(timeout=scaled(60)) == 4
+    # a parent's result past the inline cap goes through the CAS, and its address is the link's input
+    big = "x" * (100 * 1024)
+    r = chain(ct.add.s(big, "y"), ct.add.s("z")).apply_async(client=client)
+    assert r.get(timeout=scaled(90)) == big + "yz"
+    (parent,) = r.parents
+    address = client.show(parent.id).result.outputs["result.json"]
+    assert client.show(r.id).spec["inputs"]["parent.json"] == address
 
 
 def test_a_failed_parent_ends_its_children_with_the_reason_down_the_tree_and_none_runs(server, client, tmp_path):

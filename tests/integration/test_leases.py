@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
-from piloop_common.errors import LeaseLost, NotFound
+from piloop_common.errors import BadRequest, LeaseLost, NotFound, TooLarge
 from piloop_common.protocol.operator import JobResult
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
@@ -147,6 +148,41 @@ def test_report_is_idempotent_and_stale_reports_are_kept(leases):
     events = [e[1] for e in leases.r.xrange(leases.k.events())]
     assert any(e[b"type"] == b"lease.stale_report" and e[b"job"] == b"j" for e in events)
     assert _state(leases, "j") == "succeeded"
+
+
+def test_report_lua_refuses_inline_outputs_over_the_cap_and_changes_nothing(leases):
+    """The state facade's own check (report.lua): an inline result over INLINE_MAX_BYTES, or named in outputs too,
+    is refused for that report alone, which changes nothing; the others of its batch stand."""
+    import base64
+
+    from piloop_common.bytecaps import INLINE_MAX_BYTES
+
+    _worker(leases)
+    for j in ("a", "b"):
+        leases.enqueue(j, "evaluation", "p", {}, by="human:t")
+    la, lb = leases.claim("w1", "p", "evaluation", slots=2, image="", most=2).leases
+    over = base64.b64encode(b"x" * (INLINE_MAX_BYTES + 1)).decode()
+    small = base64.b64encode(b'{"value": 1}').decode()
+    before = leases.r.hgetall(leases.k.job("a"))
+    got = leases.report_many(
+        [
+            Report("ra", "a", la.token, "w1", "succeeded", JobResult(inline_outputs={"result.json": over})),
+            Report(
+                "ra2",
+                "a",
+                la.token,
+                "w1",
+                "succeeded",
+                JobResult(inline_outputs={"result.json": small}, outputs={"result.json": "sha256:" + "ab" * 32}),
+            ),
+            Report("rb", "b", lb.token, "w1", "succeeded", JobResult(inline_outputs={"result.json": small})),
+        ]
+    )
+    assert isinstance(got[0], TooLarge) and "over 65536" in got[0].message
+    assert isinstance(got[1], BadRequest) and "both inline and a CAS address" in got[1].message
+    assert got[2] == {"answer": "accepted", "state": "succeeded"}
+    assert leases.r.hgetall(leases.k.job("a")) == before and leases.r.get(leases.k.lease("a")) is not None
+    assert json.loads(leases.r.hget(leases.k.job("b"), "result"))["inline_outputs"] == {"result.json": small}
 
 
 def test_a_batch_of_reports_is_one_script_call(leases):

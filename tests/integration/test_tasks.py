@@ -3,6 +3,9 @@ processes forked from its warm shim host (never a new interpreter), their values
 
 from __future__ import annotations
 
+import base64
+import json
+import re
 import sys
 import uuid
 from pathlib import Path
@@ -61,18 +64,23 @@ def test_a_task_returns_its_value(server, client, monkeypatch):
     assert view.spec["runner"] == "task" and view.spec["argv"] == ["tests.helpers.tasks_mod:add"]
     # small arguments travel in the spec, never through the CAS
     assert list(view.spec["inline_inputs"]) == ["args.json"] and not view.spec["inputs"]
-    assert "result.json" in view.result.outputs
+    assert list(view.result.inline_outputs) == ["result.json"] and "result.json" not in view.result.outputs
     assert tasks_mod.pair.apply_async((7,), client=client).get(timeout=scaled(60)) == (7, {7})
 
 
-def test_small_arguments_skip_the_cas_and_large_ones_go_through_it(client):
-    """Arguments up to INLINE_MAX_BYTES ride in the spec and the claim's answer: the CAS never holds their blob;
-    a 100 KiB argument is put in the CAS and named as the input, as before."""
+def test_small_arguments_skip_the_cas_and_large_ones_go_through_it(server, client):
+    """Arguments and results up to INLINE_MAX_BYTES ride in the spec and the claim's answer, and in the report and
+    the job's record: the CAS never holds their blobs; a 100 KiB argument and result go through the CAS, as before."""
     small = tasks_mod.add.encode((2, 40))
     r = tasks_mod.add.apply_async((2, 40), client=client)
     assert r.get(timeout=scaled(60)) == 42
-    with pytest.raises(BlobMissing):
-        client.get_blob(hash_bytes(small))
+    result = base64.b64decode(client.show(r.id).result.inline_outputs["result.json"])
+    assert json.loads(result) == {"value": 42}
+    shown = server.cli("job", "show", r.id, check=True).stdout
+    assert re.search(rf"output result\.json +inline, {len(result)} bytes", shown), shown
+    for blob in (small, result):
+        with pytest.raises(BlobMissing):
+            client.get_blob(hash_bytes(blob))
     big_text = "x" * (100 * 1024)
     big = tasks_mod.add.encode((big_text, "y"))
     assert len(big) > INLINE_MAX_BYTES
@@ -81,6 +89,8 @@ def test_small_arguments_skip_the_cas_and_large_ones_go_through_it(client):
     view = client.show(r.id)
     assert view.spec["inputs"] == {"args.json": hash_bytes(big)} and not view.spec.get("inline_inputs")
     assert client.get_blob(hash_bytes(big)) == big
+    assert "result.json" in view.result.outputs and not view.result.inline_outputs
+    assert json.loads(client.get_blob(view.result.outputs["result.json"])) == {"value": big_text + "y"}
 
 
 def test_a_task_that_raises_is_a_failed_job_with_its_traceback(client):

@@ -88,3 +88,41 @@ def test_reports_carry_a_claim_into_the_slots_they_free(server):
         plain = api.call("POST", "/v1/worker/reports", {"protocol": 1, "reports": [one]})
         assert plain["claim"] is None and plain["answers"][0]["answer"] == "accepted"  # a resend: the same answer
     assert state(d, first)["state"] == "succeeded"
+
+
+def test_a_forged_report_with_a_too_large_inline_result_is_refused_and_changes_nothing(server):
+    """An inline result over INLINE_MAX_BYTES (or also named as a CAS address) is refused at the door with a 400
+    naming the cap; the job stays leased under its token, and its report sent right then is accepted."""
+    import base64
+
+    from piloop_common.bytecaps import INLINE_MAX_BYTES
+    from piloop_common.errors import PiloopError
+
+    d = server
+    tok = token(d, "wf")
+    with d.api() as api:
+        cas_id = api.call("GET", "/v1/status")["cas"]["id"]
+    jobs = [submit(d, "true"), submit(d, "true")]
+    with worker_api(d, tok) as api:
+        _, held = _holding_two(api, cas_id)
+        a = jobs[0]
+        big = base64.b64encode(b"x" * (INLINE_MAX_BYTES + 1)).decode()
+        both = base64.b64encode(b"{}").decode()
+        for forged, says in (
+            ({"inline_outputs": {"result.json": big}}, "over 65536"),
+            (
+                {"inline_outputs": {"result.json": both}, "outputs": {"result.json": "sha256:" + "ab" * 32}},
+                "both inline and a CAS address",
+            ),
+        ):
+            for path, body in (
+                ("/v1/worker/report", _report(a, held[a]) | forged),
+                ("/v1/worker/reports", {"protocol": 1, "reports": [_report(a, held[a]) | forged]}),
+            ):
+                with pytest.raises(PiloopError) as e:
+                    api.call("POST", path, body)
+                assert e.value.status == 400 and says in e.value.message, (path, e.value.message)
+                assert view(d, a)["state"] in ("leased", "running")
+        ok = _report(a, held[a]) | {"inline_outputs": {"result.json": both}}
+        assert api.call("POST", "/v1/worker/report", ok) == {"answer": "accepted", "state": "succeeded"}
+    assert view(d, a)["result"]["inline_outputs"] == {"result.json": both}

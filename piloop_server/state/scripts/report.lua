@@ -1,10 +1,11 @@
 -- report: holders finish their leases, n reports in one call, each idempotent by its report id.
--- @call KEYS 7+6n ARGV 3+18n
--- The call's KEYS: 7 shared, then 6 for each report; its ARGV: 3 shared, then 18 for each report. Each report is
+-- @call KEYS 7+6n ARGV 4+18n
+-- The call's KEYS: 7 shared, then 6 for each report; its ARGV: 4 shared, then 18 for each report. Each report is
 -- run as if alone, in order, with the KEYS and ARGV below (K[i] and A[i] in `report_one`):
 -- shared: KEYS[4] deadlines  KEYS[6] campaign live  KEYS[7] events  KEYS[9] daemon hash  KEYS[10] campaign jobs
 -- to integrate  KEYS[12] delayed (failed jobs waiting out their backoff)  KEYS[13] ended, in this order first;
--- ARGV[7] max_lost  ARGV[9] grace (ms)  ARGV[10] toleration (ms), in this order first
+-- ARGV[7] max_lost  ARGV[9] grace (ms)  ARGV[10] toleration (ms), then the most bytes a report's inline outputs
+-- may hold in all (bytecaps.INLINE_MAX_BYTES), in this order first
 -- each report's: KEYS[1] lease  KEYS[2] job hash  KEYS[3] worker leases (kind)  KEYS[5] active (pool, kind)
 -- KEYS[8] queue (pool, kind)  KEYS[11] worker hash, in this order; ARGV[1..6], ARGV[8], ARGV[11..21], in order
 -- ARGV[1] job id  ARGV[2] token  ARGV[3] worker  ARGV[4] outcome: succeeded | failed |
@@ -24,9 +25,13 @@
 -- only an attempt whose exception is (a subclass of) one of its classes is retried: any other failure ends the job.
 -- Cancel wins: a job whose cancel was asked for ends `cancelled` whatever the run's outcome (it may have exited on
 -- its own once its relayed calls were refused, before its worker heard of the cancel); the result is kept.
--- Reply: one answer a report, in order: the answer as JSON, the same for every copy of one report id: {"answer":"accepted","state":...} or
--- {"answer":"stale"} (a late report: kept as one `lease.stale_report` event). A report from a worker that never
--- held the lease under that token answers stale too, but is not kept (lease_check leaves `lease.foreign_token`).
+-- A result's inline outputs (name -> base64, a task's small result kept with the job instead of the CAS) are checked:
+-- over the cap in all, or a name that is also a CAS address in its outputs, and the report is refused, nothing
+-- changed: its answer is {"error":"too_large"|"bad_request","message":...}, never kept.
+-- Reply: one answer a report, in order: the answer as JSON, the same for every copy of one report id:
+-- {"answer":"accepted","state":...} or {"answer":"stale"} (a late report: kept as one `lease.stale_report` event).
+-- A report from a worker that never held the lease under that token answers stale too, but is not kept
+-- (lease_check leaves `lease.foreign_token`).
 -- The answer is kept in the job's hash, field `answer:<token>` = `<report id> <answer>` (the accepted one, else
 -- the first given under that token): a copy of the report (the same id, in this call or a later one) gets it again,
 -- and it goes with the job (retention, prune.lua). Only an answer under the job's current token is kept (the one
@@ -34,6 +39,29 @@
 -- @include clock
 -- @include lease_check
 -- @include finish
+local INLINE_MOST = tonumber(ARGV[4])
+
+-- why a result's inline outputs are refused ('' when they are not); its error code
+local function inline_refusal(result)
+  if not string.find(result, '"inline_outputs"', 1, true) then return '' end
+  local ok, r = pcall(cjson.decode, result)
+  if not ok or type(r) ~= 'table' or type(r.inline_outputs) ~= 'table' then return '' end
+  local total = 0
+  for name, data in pairs(r.inline_outputs) do
+    if type(data) ~= 'string' then return 'bad_request', 'inline output ' .. tostring(name) .. ': not base64' end
+    if type(r.outputs) == 'table' and r.outputs[name] ~= nil then
+      return 'bad_request', 'output ' .. name .. ' is both inline and a CAS address: give one'
+    end
+    local pad = select(2, string.gsub(string.sub(data, -2), '=', ''))
+    total = total + math.floor(#data * 3 / 4) - pad
+  end
+  if total > INLINE_MOST then
+    return 'too_large', 'inline outputs of ' .. total .. ' bytes, over ' .. INLINE_MOST ..
+      ' (bytecaps.INLINE_MAX_BYTES): put them in the CAS and name their addresses'
+  end
+  return ''
+end
+
 local function report_one(K, A)
   local id, token, worker, outcome, report_id = A[1], A[2], A[3], A[4], A[6]
   local answer_field = JF_ANSWER .. token
@@ -42,6 +70,8 @@ local function report_one(K, A)
     local sep = string.find(prev, ' ', 1, true)
     if sep and string.sub(prev, 1, sep - 1) == report_id then return string.sub(prev, sep + 1) end
   end
+  local code, why = inline_refusal(A[5])
+  if code ~= '' then return cjson.encode({error = code, message = 'job ' .. id .. ': ' .. why}) end
   local now = clock_ms()
   local last = tonumber(redis.call('HGET', K[9], 'last_pass') or '0')
   local rearm = 0
@@ -159,7 +189,7 @@ local function report_one(K, A)
   return answer
 end
 
-local shared_keys, shared_args = 7, 3
+local shared_keys, shared_args = 7, 4
 local answers = {}
 local n = (#KEYS - shared_keys) / 6
 for i = 0, n - 1 do

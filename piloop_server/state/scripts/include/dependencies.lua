@@ -3,7 +3,8 @@
 -- the parent has ended); settle(prefix, events key, ended key, id, by, now) decides a waiting job:
 --   a parent failed, was cancelled, lost or expired (or is gone): the job ends `cancelled`, "parent <id> <state>";
 --   every parent succeeded: the job is queued at its own queue score (its place in line since it was submitted),
---     a chain's input (`pipe`) first filled in with the address of the parent's result;
+--     a chain's input (`pipe`) first filled in with the address of the parent's result (or, for a result kept
+--     inline, `inline:<base64>`);
 --   else it keeps waiting.  Returns the job's state after (false: no such job).
 -- @include finish
 -- @include events
@@ -40,6 +41,11 @@ local function settle(prefix, events_key, ended_key, id, by, now)
     local result = redis.call('HGET', prefix .. 'job:' .. spec.pipe, JF.result)
     local ok, got = pcall(cjson.decode, result or '')
     local address = ok and type(got) == 'table' and type(got.outputs) == 'table' and got.outputs['result.' .. ser]
+    if type(address) ~= 'string' and ok and type(got) == 'table' and type(got.inline_outputs) == 'table' and
+        type(got.inline_outputs['result.' .. ser]) == 'string' then
+      -- a small result kept with the parent: in its place, `inline:<base64>` (JobSpec takes it as an inline input)
+      address = 'inline:' .. got.inline_outputs['result.' .. ser]
+    end
     local at = string.find(raw, PIPE_PLACEHOLDER, 1, true)
     if type(address) ~= 'string' or not at then
       why = 'parent ' .. spec.pipe .. ' left no result.' .. ser .. ' to pass on (a chain links tasks)'
