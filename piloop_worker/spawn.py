@@ -193,11 +193,18 @@ def spawn_python(
         os.close(told_w)
         told_w = -1
         step, _, err = os.read(told_r, 64).decode().partition(" ")
+        if not err:  # raised by something other than a system call: a bug of this module's, not of the job
+            raise
         raise SpawnError(argv[0], STEPS[int(step)], int(err)) from None
     except OSError as e:
         path = os.fspath(cwd) if cwd is not None else None
-        at_cwd = path is not None and e.filename is not None and os.fspath(e.filename) == path != argv[0]
-        raise SpawnError(argv[0], "chdir" if at_cwd else "exec", e.errno or errno.EIO, path) from None
+        if e.filename is None:  # before the chdir: its group or session, or its fds
+            where = "setsid" if new_session else "setpgid"
+        elif path is not None and os.fspath(e.filename) == path != argv[0]:
+            where = "chdir"
+        else:
+            where = "exec"
+        raise SpawnError(argv[0], where, e.errno or errno.EIO, path) from None
     finally:
         os.close(told_r)
         if told_w >= 0:
