@@ -14,7 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from piloop_common.bytecaps import LOG_MAX_BYTES, RESULT_MAX_BYTES
 from piloop_common.exceptionnames import CLASSES_MOST, EXCEPTION_NAME
 
-PROTOCOL = 1
+# 2: a task's small arguments and value inline (spec.inline_inputs, a report's inline_outputs), a report's
+# answer kept with its job; a worker of 1 would drop what 2 sends inline
+PROTOCOL = 2
 API = "/v1"
 # A job's relay (on its worker) names the job and its lease on every call it forwards.
 RELAY_JOB_HEADER = "x-piloop-job"

@@ -25,7 +25,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from piloop_common.cas.local import LocalStore
-from piloop_common.protocol.worker import JOB_ID, RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
+from piloop_common.protocol.worker import JOB_ID, PROTOCOL, RELAY_JOB_HEADER, RELAY_TOKEN_HEADER
 from piloop_server.state.keys import Keys
 from piloop_server.state.records.secret import SecretRecord
 from tests.helpers.adversary import PROXY_NETWORK, executor, pool
@@ -143,7 +143,7 @@ def test_a_proxy_claim_header_given_twice_is_refused(redis_server, redis_client,
     keys = Keys(namespace)
     try:
         d.start(listen=f"127.0.0.1:{free_port()}")
-        claim = {"protocol": 1, "want": {"evaluation": 1}}
+        claim = {"protocol": PROTOCOL, "want": {"evaluation": 1}}
         org, principal, worker = ("x-org-id", "acme"), ("x-principal", "key-0123"), ("x-piloop-worker", "w1")
         before = settled(redis_client, keys)
         with httpx.Client(base_url=f"http://{d.listen}", timeout=10) as c:

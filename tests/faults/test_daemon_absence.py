@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from piloop_common.protocol.operator import JobResult
+from piloop_common.protocol.worker import PROTOCOL
 from piloop_server.state.generation import GenerationRecord, ensure_generation
 from piloop_server.state.keys import Keys
 from piloop_server.state.leases import LeasesState
@@ -24,7 +25,7 @@ def leases(redis_client, namespace, tmp_path):
 
 
 def _leased(leases: LeasesState, job: str) -> Lease:
-    leases.register("w1", "p", "", "cas1", {}, protocol=1, by="worker:w1")
+    leases.register("w1", "p", "", "cas1", {}, protocol=PROTOCOL, by="worker:w1")
     leases.enqueue(job, "evaluation", "p", {"argv": ["true"]}, by="human:t")
     (lease,) = leases.claim("w1", "p", "evaluation", slots=1, image="").leases
     assert not leases.expire().rearmed  # the daemon's pass ran once: it is present
@@ -59,7 +60,7 @@ def test_a_report_before_the_first_pass_after_an_absence_is_on_time(leases):
 
 
 def test_with_the_daemon_present_an_expired_lease_is_lost_and_a_late_report_stale(leases):
-    leases.register("w1", "p", "", "cas1", {}, protocol=1, by="worker:w1")
+    leases.register("w1", "p", "", "cas1", {}, protocol=PROTOCOL, by="worker:w1")
     leases.enqueue("j3", "evaluation", "p", {"argv": ["true"]}, by="human:t")
     (lease,) = leases.claim("w1", "p", "evaluation", slots=1, image="").leases
 

@@ -14,6 +14,7 @@ import pytest
 from fastapi.routing import APIRoute
 
 from piloop_common.config.load import load_settings
+from piloop_common.protocol.worker import PROTOCOL
 from piloop_common.sdk.client import SOCKET_NAME
 from piloop_server.app import create_app
 from tests.helpers.redis import free_port
@@ -146,7 +147,9 @@ def test_bodies_over_the_limit_are_refused_declared_or_chunked(server):
 
     r = httpx.post(d.url + "/v1/worker/claim", content=chunks(), headers=headers)
     assert r.status_code == 413 and r.json()["error"] == "too_large"
-    r = httpx.post(d.url + "/v1/worker/claim", content=iter([b'{"protocol": 1,', b' "want": {}}']), headers=headers)
+    r = httpx.post(
+        d.url + "/v1/worker/claim", content=iter([b'{"protocol": %d,' % PROTOCOL, b' "want": {}}']), headers=headers
+    )
     assert r.status_code == 404 and "not registered" in r.json()["message"]  # a small chunked body goes through
 
 

@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 
+from piloop_common.protocol.worker import PROTOCOL
 from tests.helpers.simworker import SimWorker
 from tests.helpers.workers import kill_tree_of, state, submit, tcp_server, token, view, worker_api
 
@@ -23,7 +24,7 @@ def server(redis_server, namespace):
 
 def _report(job: str, tok: str, report_id: str | None = None) -> dict:
     return {
-        "protocol": 1,
+        "protocol": PROTOCOL,
         "report_id": report_id or uuid.uuid4().hex,
         "job": job,
         "token": tok,
@@ -55,7 +56,7 @@ def test_reports_in_one_call_are_answered_one_by_one_and_a_resend_gets_the_same_
         assert set(held) == set(jobs), held
         a, b = jobs
         batch = {
-            "protocol": 1,
+            "protocol": PROTOCOL,
             "reports": [_report(a, held[a]), _report(b, "0." + "0" * 32, report_id="wrong-token"), _report(b, held[b])],
         }
         got = api.call("POST", "/v1/worker/reports", batch)["answers"]
@@ -75,17 +76,17 @@ def test_reports_carry_a_claim_into_the_slots_they_free(server):
     with worker_api(d, tok) as api:
         w, held = _holding_two(api, cas_id)
         assert len(held) == 2, held
-        claim = {"protocol": 1, "want": {"evaluation": 2}, "wait_seconds": 30}
+        claim = {"protocol": PROTOCOL, "want": {"evaluation": 2}, "wait_seconds": 30}
         # both slots full: a claim alone gets nothing, as a claim carried by reports that free no slot
         assert w.claim(evaluation=2)["reason"] == "slots"
         first = next(iter(held))
         one = _report(first, held[first])
-        got = api.call("POST", "/v1/worker/reports", {"protocol": 1, "reports": [one], "claim": claim})
+        got = api.call("POST", "/v1/worker/reports", {"protocol": PROTOCOL, "reports": [one], "claim": claim})
         assert [x["answer"] for x in got["answers"]] == ["accepted"], got
         (lease,) = got["claim"]["leases"]  # the slot the report freed, taken in the same call; no wait (30 s asked)
         (third,) = set(jobs) - set(held)
         assert lease["job"] == third and view(d, third)["state"] == "leased"
-        plain = api.call("POST", "/v1/worker/reports", {"protocol": 1, "reports": [one]})
+        plain = api.call("POST", "/v1/worker/reports", {"protocol": PROTOCOL, "reports": [one]})
         assert plain["claim"] is None and plain["answers"][0]["answer"] == "accepted"  # a resend: the same answer
     assert state(d, first)["state"] == "succeeded"
 
@@ -117,7 +118,7 @@ def test_a_forged_report_with_a_too_large_inline_result_is_refused_and_changes_n
         ):
             for path, body in (
                 ("/v1/worker/report", _report(a, held[a]) | forged),
-                ("/v1/worker/reports", {"protocol": 1, "reports": [_report(a, held[a]) | forged]}),
+                ("/v1/worker/reports", {"protocol": PROTOCOL, "reports": [_report(a, held[a]) | forged]}),
             ):
                 with pytest.raises(PiloopError) as e:
                     api.call("POST", path, body)
