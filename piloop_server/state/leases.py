@@ -268,7 +268,8 @@ class LeasesState(Producers):
     ) -> list[dict[str, Any] | PiloopError]:
         """`report` for each, in order, in two round trips (the jobs' kind and pool, then one script for all) and one CAS
         lookup (`sizes`: of the logs' chunks not sized at their append, and of the tasks' results): each answer, or
-        the PiloopError that report met (an unknown job, a lease lost), the others standing."""
+        the PiloopError that report met (a cap, a malformed result), the others standing; a job that no
+        longer exists answers stale."""
         k = self.k
         pipe = self.r.pipeline(transaction=False)
         for rep in reports:
@@ -297,7 +298,9 @@ class LeasesState(Producers):
         at = []
         for i, (rep, (kind_b, pool_b, spec, *_), live) in enumerate(zip(reports, rows, lives, strict=True)):
             if kind_b is None:
-                out[i] = NotFound(f"job {rep.job} does not exist")
+                # pruned by retention since it ended (or never was): the report changes nothing, and the worker
+                # drops it from its spool rather than try it forever in front of the ones behind it
+                out[i] = {"answer": "stale"}
                 continue
             rep = logcap.bounded(rep, logcap.spec_of(spec), live, known, self.caps)
             result = rep.result.model_dump_json()

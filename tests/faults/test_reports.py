@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import uuid
 from pathlib import Path
 
 from piloop_common.cas.local import LocalStore
@@ -91,6 +92,23 @@ def test_the_same_report_twice_the_second_gets_the_first_answer(server, workers)
     wait_for(lambda: not w.spool("w1") and "answer=accepted" in w.output(), 20, what="the spool to empty")
     assert view(d, job)["state"] == "succeeded"
     assert [e["job"] for e in events(d, "job.succeeded")].count(job) == 1
+
+
+def test_a_spooled_report_for_a_job_retention_pruned_is_dropped_and_the_ones_behind_it_go_out(server, workers):
+    d = server
+    w = workers(d, token(d, "w1")).start()
+    job, report = _spooled_report(d, w, "w1", "sleep 1; echo done")
+    # a report older in the spool for a job no longer kept (pruned while its worker was away): first in line
+    pruned = {**report, "job": "j" + "0" * 12, "report_id": str(uuid.uuid4())}
+    first = w.home / "spool" / "w1" / f"{pruned['report_id']}.json"
+    first.write_text(json.dumps(pruned))
+    os.utime(first, (1, 1))
+    d.start(listen=d.listen)
+    w.start()
+    v = state(d, job)
+    assert v["state"] == "succeeded", v  # the pruned job's report did not hold the real one back
+    wait_for(lambda: not w.spool("w1"), 10, what="the spool to empty")
+    assert not list((w.home / "spool" / "w1").glob("*.bad"))  # answered stale, not set aside as malformed
 
 
 def test_a_report_naming_blobs_the_cas_lacks_loses_the_job_naming_them(server, workers):
