@@ -270,3 +270,25 @@ def test_a_reports_answer_lives_with_its_job_and_leaves_with_it(redis_server, re
         ]
     finally:
         d.cleanup()
+
+
+def test_a_child_submitted_after_its_parent_ended_leaves_no_children_set_behind(retaining, redis_client, namespace):
+    """The dependency pass reads a parent's `children` set once the parent ended, and deletes it; a child submitted
+    after the pass read past its parent is settled at its submission, and must not leave a set no pass reads again
+    (it would outlive the parent's prune: a key a dependency, forever)."""
+    d, keys = retaining, Keys(namespace)
+    parent = submit(d, "true", pool="serve")
+    assert state(d, parent)["state"] == "succeeded"
+    ended_at = float(redis_client.zscore(keys.ended(), parent) or 0)
+    fillers: list[str] = []
+
+    def read_past_parent() -> bool:
+        if float(redis_client.get(keys.dependencies_cursor()) or 0) > ended_at:
+            return True
+        fillers.append(submit(d, "true", pool="serve"))  # a later end moves the pass's cursor on
+        return False
+
+    wait_for(read_past_parent, 60, interval=1.0, what="the dependency pass to read past the parent")
+    child = submit(d, "true", pool="serve", opts=("--after", parent))
+    assert state(d, child)["state"] == "succeeded"
+    assert not redis_client.exists(keys.job_children(parent))

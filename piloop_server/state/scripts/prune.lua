@@ -3,7 +3,7 @@
 -- KEYS[1] ended  KEYS[2] ended kept  KEYS[3] jobs index
 -- ARGV[1] key prefix  ARGV[2] the shorter horizon (ms)  ARGV[3] the states it applies to (space-separated)
 -- ARGV[4] the longer horizon (ms; -1: those jobs are kept forever)  ARGV[5] batch size
--- A job in `ended` past the shorter horizon is removed (its hash, log and progress notes, its place in the jobs
+-- A job in `ended` past the shorter horizon is removed (its hash, log, progress notes and children set, its place in the jobs
 -- index) when its state is one of ARGV[3]; a job of another state moves to `kept`, whence the longer horizon
 -- removes it. A job of a campaign that still exists is never removed: it moves to the campaign's `kept` set, which
 -- `piloop campaign rm` hands back to `ended`. Reply: {removed, kept for a campaign, moved to kept}.
@@ -31,7 +31,7 @@ end
 
 local function remove(index, id)
   local job = prefix .. 'job:' .. id
-  redis.call('DEL', job, job .. ':log', job .. ':progress')
+  redis.call('DEL', job, job .. ':log', job .. ':progress', job .. ':children')
   redis.call('ZREM', KEYS[3], id)
   redis.call('ZREM', index, id)
   removed = removed + 1

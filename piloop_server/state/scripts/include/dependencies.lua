@@ -1,5 +1,5 @@
 -- dependencies (included): the one place a job that waits on its parents (its spec's `after`) is settled.
--- wait_on(prefix, job key, id, spec) adds a new waiting job to each parent's `children` set (the pass reads it once
+-- wait_on(prefix, job key, id, spec) adds a new waiting job to each unended parent's `children` set (the pass reads it once
 -- the parent has ended); settle(prefix, events key, ended key, id, by, now) decides a waiting job:
 --   a parent failed, was cancelled, lost or expired (or is gone): the job ends `cancelled`, "parent <id> <state>";
 --   every parent succeeded: the job is queued at its own queue score (its place in line since it was submitted),
@@ -11,9 +11,14 @@
 local DEPENDENCY_ENDS = {failed = true, cancelled = true, lost = true, worker_lost = true, expired = true}
 local PIPE_PLACEHOLDER = 'sha256:' .. string.rep('0', 64)
 
+local ENDED = {succeeded = true, failed = true, cancelled = true, lost = true, worker_lost = true, expired = true}
+
+-- only a parent yet to end gets the set: one that ended (or is gone) is settled by the caller's `settle` at once,
+-- and a set made for it would outlive it (the pass read past it already)
 local function wait_on(prefix, id, spec)
   for _, p in ipairs(spec.after or {}) do
-    redis.call('SADD', prefix .. 'job:' .. p .. ':children', id)
+    local st = redis.call('HGET', prefix .. 'job:' .. p, JF.state)
+    if st and not ENDED[st] then redis.call('SADD', prefix .. 'job:' .. p .. ':children', id) end
   end
 end
 
