@@ -7,7 +7,7 @@ spawn to the last job's end (so each side pays its workers' start-up once).
   piloop        `piloop serve --listen 127.0.0.1:<port>` (its `serve` worker given no slots) and two remote
                 `piloop worker --pool bench` over loopback TCP, 8 evaluation slots each, production timings (renew
                 10 s). A process job runs `/bin/true` under its own self-fencing shim; a task job (runner `task`)
-                runs `bench.noop:noop` in a process forked from the shim (its args and result through the CAS).
+                runs `bench.noop:noop` in the shim's warm process (its args and value inline in the claim and the report).
   rq            two `rq worker --burst`: `Worker` forks a work horse per job, `SimpleWorker` runs it in-process.
   Celery        prefork: one `celery worker --concurrency 2`; solo: two `celery worker --pool solo`. Redis
                 broker, no result backend (a finished task INCRs a counter, so the bench knows when all are done).
@@ -60,7 +60,7 @@ from bench.measure import (
     wait_until,
 )
 from bench.peers import CELERY_TASK, PY_JOB, RQ_CLASSES, celery_drain, rq_drain
-from piloop_common.cas.address import hash_bytes
+from piloop_common.bytecaps import inline
 from piloop_server.state.keys import Keys
 from piloop_server.tokens import TokenStore
 from tests.helpers.redis import RedisProcess, free_port
@@ -139,7 +139,10 @@ class PiloopSide:
     def api(self, timeout: float = 30):
         return self.daemon.api(timeout=timeout)
 
-    def spawn_workers(self, n: int = 2, task_processes: str = "warm") -> list[subprocess.Popen]:
+    def spawn_workers(
+        self, n: int = 2, task_processes: str = "warm", wrap: Sequence[str] = ()
+    ) -> list[subprocess.Popen]:
+        """`n` remote workers; `wrap`: a command each runs under (`strace ...`, bench/syscalls.py)."""
         procs = []
         for _ in range(n):
             i = self.n_workers
@@ -162,7 +165,7 @@ class PiloopSide:
                 cmd = [str(ROOT / "bench" / "profiled.py"), profiler, str(self.profile / f"worker-{i}.prof"), *cmd]
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, *cmd],
+                    [*wrap, sys.executable, *cmd],
                     env=env,
                     stdout=log,
                     stderr=log,
@@ -180,19 +183,16 @@ class PiloopSide:
         q, a = pipe.execute()
         return q + a
 
-    def args_blob(self, api, args: list[Any]) -> str:
-        data = json.dumps({"args": args, "kwargs": {}}).encode()
-        address = hash_bytes(data)
-        api.call_bytes("PUT", f"/v1/cas/blobs/{address}", content=data)
-        return address
-
     def spec(self, api, what: str, stamp: Path | None = None) -> dict[str, Any]:
         if what == "task":
             args = [str(stamp)] if stamp else []
+            # small arguments ride in the spec, as the SDK sends them (`bytecaps.inline`)
+            carried = inline(json.dumps({"args": args, "kwargs": {}}).encode())
+            assert carried is not None
             return {
                 "runner": "task",
                 "argv": ["bench.noop:stamp" if stamp else "bench.noop:noop"],
-                "inputs": {"args.json": self.args_blob(api, args)},
+                "inline_inputs": {"args.json": carried},
             }
         if stamp:
             return {"argv": ["sh", "-c", f"date +%s.%N > {stamp}.tmp && mv {stamp}.tmp {stamp}"]}
