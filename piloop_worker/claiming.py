@@ -19,23 +19,11 @@ LONG_POLL_MAX = 5.0  # the longest an idle worker's claim waits at the server
 class Claiming(Part):
     """The worker's claims (a part of `loop.Worker`)."""
 
-    def granted_mb(self) -> int:
-        """The grants of the jobs this worker holds (re-attached ones from their job.json)."""
-        total = 0
-        held = self.snapshot()
-        for h in held:
-            if h.job not in self.grants:
-                self.grants[h.job] = (h.record.memory_mb if h.record else None) or 0
-            total += self.grants[h.job]
-        for job in set(self.grants) - {h.job for h in held}:
-            del self.grants[job]
-        return total
-
     def room_mb(self) -> int:
         """What this worker can grant: its available memory less the pool's reserve (`room.Room`)."""
         assert self.timing is not None
-        granted = self.granted_mb()
-        return self.room.measure(available_mb(), granted, self.timed.memory_reserve_mb, idle=not self.grants)
+        granted = self.holdings.granted_mb()
+        return self.room.measure(available_mb(), granted, self.timed.memory_reserve_mb, idle=not self.holdings.granting)
 
     def _claim_ask(
         self, wait: float | None = None, most: int = EVALUATIONS_PER_CLAIM
@@ -49,8 +37,7 @@ class Claiming(Part):
             return None
         sent = clock.now()
         if wait is None:
-            with self.lock:
-                wait = 0.0 if self.held else min(self.timed.renew_seconds, LONG_POLL_MAX)
+            wait = 0.0 if self.holdings else min(self.timed.renew_seconds, LONG_POLL_MAX)
         room = self.room_mb()
         return (
             ClaimRequest(protocol=PROTOCOL, want={"agent": 1, "evaluation": most}, wait_seconds=wait, room_mb=room),
@@ -92,8 +79,7 @@ class Claiming(Part):
         for a in resp.leases:
             self.start_job(a, sent, room)
             room -= a.memory_mb or 0
-        with self.lock:
-            idle = not self.held
+        idle = not self.holdings
         if resp.leases:
             self.next_claim = sent + 0.05
         elif resp.reason == "nothing" and (req.wait_seconds or idle):

@@ -53,7 +53,7 @@ def orphaned(w: Worker) -> bool:
     grace = w.timing.grace_seconds if w.timing else DEFAULT_GRACE_SECONDS
     after = orphan_after(grace)
     down = w.reach.down_since
-    if after is None or down is None or clock.now() - down < after or w.snapshot():
+    if after is None or down is None or clock.now() - down < after or w.holdings.snapshot():
         return False
     log.warning(
         "event=worker.orphaned worker=%s after_seconds=%g (the server is unreachable and this worker "
@@ -135,7 +135,7 @@ class Heartbeat(threading.Thread):
 
     def beat(self) -> bool:
         w = self.worker
-        held = w.snapshot()
+        held = w.holdings.snapshot()
         hello = w.hello(held)
         sent, sent_wall = clock.now(), time.time()
         try:

@@ -64,7 +64,7 @@ class JobStarts(Part):
                 # the server matched the job to an image we do not have: its record of ours is wrong, so
                 # register again (it filters claims by that record) rather than be handed the job again
                 with contextlib.suppress(PiloopError, OSError):
-                    self.register_with(self.api, self.snapshot())
+                    self.register_with(self.api, self.holdings.snapshot())
             return
         jd = JobDir.for_lease(self.workdir, a.job, a.token)
         relay_at = self.relay.path_for(jd.root) if self.relay is not None else socket_path(jd.root)
@@ -81,8 +81,7 @@ class JobStarts(Part):
             self.next_claim = clock.now() + 10 * self.timed.renew_seconds
             return
         h = Held(a.job, a.token, a.kind, jd, LogShipper(jd), record=record)
-        with self.lock:
-            self.held[a.job] = h
+        self.holdings.add(h)
         self._relay_for(a.job, a.token, relay_at, jd)
         log.info("event=job.started job=%s token=%s kind=%s worker=%s", a.job, a.token, a.kind, self.name)
         stage = "inputs"
@@ -108,7 +107,7 @@ class JobStarts(Part):
             jd.write_exit(ExitRecord(reason=f"{stage}: {msg}"))
             return
         cgroup = None
-        self.grants[a.job] = a.memory_mb or 0
+        self.holdings.grant(a.job, a.memory_mb or 0)
         if self.cgroups.available:
             # its grant is its limit; a job without one is limited to the worker's room
             limit = a.memory_mb or max(room, 1)

@@ -39,6 +39,7 @@ from piloop_worker.dirlock import hold_dir
 from piloop_worker.fencing import apply_statuses, bury, fence_deadline
 from piloop_worker.heartbeat import Heartbeat, Reachability, orphaned
 from piloop_worker.held import Held
+from piloop_worker.holdings import Holdings
 from piloop_worker.jobstart import JobStarts
 from piloop_worker.reattach import find_held
 from piloop_worker.relay import Relay, socket_path
@@ -100,8 +101,7 @@ class Worker(Claiming, JobStarts, Reporting):
         self.repos = Repos(home / "repos", store)
         self.api = api_factory()
         self.reach = Reachability(where)
-        self.lock = threading.RLock()
-        self.held: dict[str, Held] = {}
+        self.holdings = Holdings()
         self.timing: Timing | None = None
         self.spool: Spool | None = None
         self.sampler = Sampler(workdir or home)
@@ -116,13 +116,8 @@ class Worker(Claiming, JobStarts, Reporting):
         self.heartbeat: Heartbeat | None = None
         self.register_sent = 0.0
         self.room = Room()
-        self.grants: dict[str, int] = {}  # job -> its grant (MiB), 0 for none
 
     # -- what the server hears --------------------------------------------------------------
-    def snapshot(self) -> list[Held]:
-        with self.lock:
-            return list(self.held.values())
-
     def host_sample(self) -> HostSample:
         """The cached host sample, with memory pressure read now (a small read that never blocks on /proc)."""
         return self.sampler.get().model_copy(update={"memory_pressure": memory_pressure(self.psi_path)})
@@ -170,9 +165,8 @@ class Worker(Claiming, JobStarts, Reporting):
         reported while the word was on its way is no longer the server's (it answers `lost`), and its dir may be a
         spare by now, or a later job's: under the lock that reporting takes to give the dir away, it is left alone."""
         assert self.timing is not None
-        with self.lock:
-            still = [h for h in held if self.held.get(h.job) is h]
-            apply_statuses(still, statuses, fence_deadline(sent, self.timing), self.name)
+        deadline = fence_deadline(sent, self.timing)
+        self.holdings.while_held(held, lambda still: apply_statuses(still, statuses, deadline, self.name))
 
     # -- start -------------------------------------------------------------------------------
     def _call_until_answered(self, fn: Callable[[], Any]) -> Any:
@@ -241,9 +235,8 @@ class Worker(Claiming, JobStarts, Reporting):
             log.info(
                 "event=worker.cgroups_removed worker=%s count=%d (left by an earlier worker)", self.name, len(swept)
             )
-        with self.lock:
-            for h in found:
-                self.held[h.job] = h
+        for h in found:
+            self.holdings.add(h)
         self.apply(statuses, sent, found)
         for h in found:
             st = statuses.get(h.job, "lost")
@@ -265,7 +258,7 @@ class Worker(Claiming, JobStarts, Reporting):
             self._check_stop()
             now = clock.now()
             ready: list[Held] = []
-            for h in self.snapshot():
+            for h in self.holdings.snapshot():
                 self._tend(h, now, ready)
             self._send_all(ready)
             if now - last_spool > max(self.timed.renew_seconds, 1.0):
@@ -327,7 +320,7 @@ class Worker(Claiming, JobStarts, Reporting):
         if self.heartbeat is not None:
             self.heartbeat.stop.set()
         end = clock.now() + budget
-        for h in self.snapshot():
+        for h in self.holdings.snapshot():
             if clock.now() > end:
                 break
             if h.report is None and h.jd.exit_json.exists():
@@ -341,7 +334,7 @@ class Worker(Claiming, JobStarts, Reporting):
         """Stop every job (its shim kills its process group) and wait for them to end."""
         if self.heartbeat is not None:
             self.heartbeat.stop.set()
-        held = self.snapshot()
+        held = self.holdings.snapshot()
         for h in held:
             with contextlib.suppress(OSError):
                 h.jd.request_stop(why)

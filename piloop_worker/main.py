@@ -272,7 +272,7 @@ def _run(
                 return _fail(f"cannot start: {e.filename or ''}: {e.strerror or e}", EXIT_USAGE)
             w.loop()
         except ShutdownRequested:
-            log.info("event=worker.detaching worker=%s jobs=%d", w.name, len(w.held))
+            log.info("event=worker.detaching worker=%s jobs=%d", w.name, len(w.holdings))
             w.detach(budget=(w.timing.request_timeout_seconds * 2) if w.timing else 0.0)
             return EXIT_OK
         except DirInUse as e:

@@ -13,6 +13,7 @@ from piloop_common.sdk.client import ApiClient
 from piloop_worker.cgroups import Cgroups
 from piloop_worker.heartbeat import Reachability
 from piloop_worker.held import Held
+from piloop_worker.holdings import Holdings
 from piloop_worker.relay import Relay
 from piloop_worker.repos import Repos
 from piloop_worker.room import Room
@@ -24,9 +25,7 @@ from piloop_worker.spool import Spool
 class Part:
     api: ApiClient
     timing: Timing | None  # the server's, from registration on (`timed`)
-    lock: threading.RLock
-    held: dict[str, Held]  # job -> what the worker holds of it, under `lock`
-    grants: dict[str, int]  # job -> its grant (MiB), 0 for none
+    holdings: Holdings
     room: Room
     next_claim: float
     name: str
@@ -52,7 +51,6 @@ class Part:
 
     if TYPE_CHECKING:  # defined by Worker and the other parts; only named here
 
-        def snapshot(self) -> list[Held]: ...
         def host_sample(self) -> HostSample: ...
         def refuse(self, reason: str) -> None: ...
         def register_with(self, api: ApiClient, held: list[Held], sent: float | None = None) -> RegisterResponse: ...

@@ -120,9 +120,8 @@ class Reporting(Part):
             h.tries += 1
             h.next_try = clock.now() + min(0.5 * 2**h.tries, 30.0)
             return
-        with self.lock:  # the heartbeat's answers act only on held jobs, under this lock (`Worker.apply`)
-            self.held.pop(h.job, None)
-            h.jd.remove(self.spare)
+        spare = self.spare
+        self.holdings.remove(h, lambda: h.jd.remove(spare))  # the heartbeat's answers act only on held jobs
         if self.relay is not None:
             self.relay.remove(h.job)
         if h.cgroup is not None:
@@ -193,8 +192,7 @@ class Reporting(Part):
     def send_spool(self) -> None:
         """Send every spooled report that no job of ours is sending right now."""
         assert self.spool is not None
-        with self.lock:
-            mine = {h.report.report_id for h in self.held.values() if h.report is not None}
+        mine = self.holdings.report_ids()
         for report in self.spool.pending():
             if report.report_id in mine:
                 continue

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 from piloop_common.protocol.worker import Timing
 from piloop_worker.held import Held
+from piloop_worker.holdings import Holdings
 from piloop_worker.jobdir import JobDir
 from piloop_worker.logs import LogShipper
 from piloop_worker.loop import Worker
@@ -29,9 +29,16 @@ def _held(root: Path, job: str) -> Held:
     return Held(job, "1000000000001.ab", "evaluation", jd, LogShipper(jd))
 
 
+def _holding(*held: Held) -> Holdings:
+    out = Holdings()
+    for h in held:
+        out.add(h)
+    return out
+
+
 def test_a_lost_answer_for_a_job_reported_meanwhile_writes_nothing_and_a_held_one_is_stopped(tmp_path):
     kept, reported = _held(tmp_path, "j1"), _held(tmp_path, "j2")
-    w = SimpleNamespace(lock=threading.RLock(), held={"j1": kept}, timing=TIMING, name="w1")
+    w = SimpleNamespace(holdings=_holding(kept), timing=TIMING, name="w1")
     Worker.apply(w, {"j1": "lost", "j2": "lost"}, sent=0.0, held=[kept, reported])  # type: ignore[arg-type]
     assert kept.jd.stop_reason() is not None
     assert reported.jd.stop_reason() is None and not any(reported.jd.root.iterdir())
@@ -39,6 +46,6 @@ def test_a_lost_answer_for_a_job_reported_meanwhile_writes_nothing_and_a_held_on
 
 def test_a_held_job_named_ok_gets_its_deadline(tmp_path):
     kept = _held(tmp_path, "j1")
-    w = SimpleNamespace(lock=threading.RLock(), held={"j1": kept}, timing=TIMING, name="w1")
+    w = SimpleNamespace(holdings=_holding(kept), timing=TIMING, name="w1")
     Worker.apply(w, {"j1": "ok"}, sent=100.0, held=[kept])  # type: ignore[arg-type]
     assert kept.jd.read_deadline() is not None and kept.jd.stop_reason() is None

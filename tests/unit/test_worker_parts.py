@@ -22,6 +22,7 @@ from piloop_worker import spool as spool_module
 from piloop_worker.claiming import EVALUATIONS_PER_CLAIM
 from piloop_worker.heartbeat import Reachability
 from piloop_worker.held import Held, report_id_for
+from piloop_worker.holdings import Holdings
 from piloop_worker.jobdir import JobDir, files_under, scan
 from piloop_worker.logs import LogShipper
 from piloop_worker.loop import Worker
@@ -412,7 +413,7 @@ class _Api:
 def _busy_worker(tmp_path: Path, held: int) -> tuple[Worker, list[Held]]:
     """A worker's loop state without its processes: `held` jobs that have ended, each with its report spooled."""
     w = object.__new__(Worker)  # no shim host, no cgroups, no server: only what sending reports touches
-    w.stopping, w.refused, w.lock, w.held, w.grants = threading.Event(), None, threading.RLock(), {}, {}
+    w.stopping, w.refused, w.holdings = threading.Event(), None, Holdings()
     w.timing = Timing(
         renew_seconds=10,
         grace_seconds=30,
@@ -432,7 +433,7 @@ def _busy_worker(tmp_path: Path, held: int) -> tuple[Worker, list[Held]]:
         jd.create(job_record(f"j{i}"))
         h = Held(f"j{i}", "5", "evaluation", jd, LogShipper(jd), report=_report(f"j{i}"))
         w.spool.write(h.report)
-        w.held[h.job] = h
+        w.holdings.add(h)
         ready.append(h)
     return w, ready
 
@@ -446,4 +447,4 @@ def test_the_reports_of_a_round_carry_a_claim_for_every_slot_they_free(tmp_path:
     ((path, body),) = w.api.calls
     assert path == "/v1/worker/reports" and [r.job for r in body.reports] == [h.job for h in ready]
     assert body.claim is not None and body.claim.want["evaluation"] == asked and body.claim.wait_seconds == 0
-    assert not w.held and w.spool.pending() == []  # each answered: its job let go, its spooled report gone
+    assert not w.holdings and w.spool.pending() == []  # each answered: its job let go, its spooled report gone
