@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from piloop_common.protocol.worker import Timing
+from piloop_common.protocol.worker import LeaseStatus, Timing
 from piloop_worker.cgroups import Cgroups, JobCgroup
 from piloop_worker.held import Held
 from piloop_worker.jobdir import JobDir
@@ -33,20 +33,20 @@ def fence_deadline(sent: float, timing: Timing) -> float:
     return sent + timing.toleration_seconds - margin
 
 
-def apply_statuses(held: Iterable[Held], statuses: dict[str, str], deadline: float, worker: str) -> None:
+def apply_statuses(held: Iterable[Held], statuses: dict[str, LeaseStatus], deadline: float, worker: str) -> None:
     """Act on the server's word about each job named to it: move its deadline to `deadline`, or stop it. A job the
     server did not name is lost."""
     for h in held:
-        st = statuses.get(h.job, "lost")
+        st = statuses.get(h.job, LeaseStatus.LOST)
         try:
-            if st == "ok":
+            if st is LeaseStatus.OK:
                 if h.jd.root.exists():
                     h.jd.write_deadline(deadline)
-            elif st == "cancel":
+            elif st is LeaseStatus.CANCEL:
                 h.jd.request_stop(StopReason.CANCELLED)
             else:
                 if not h.jd.exit_json.exists():
-                    log.warning("event=job.lost job=%s token=%s worker=%s", h.job, h.token, worker)
+                    log.warning("event=job.lost job=%s token=%s worker=%s", *h.lease, worker)
                 h.jd.request_stop(StopReason.LOST)
         except FileNotFoundError:
             pass  # reported and removed meanwhile

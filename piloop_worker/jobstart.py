@@ -24,6 +24,7 @@ from piloop_worker.fencing import fence_deadline
 from piloop_worker.held import Held
 from piloop_worker.jobdir import JobDir
 from piloop_worker.jobrecord import JobRecord
+from piloop_worker.lease import HeldLease
 from piloop_worker.logs import LogShipper
 from piloop_worker.parts import Part
 from piloop_worker.relay import socket_path
@@ -66,7 +67,8 @@ class JobStarts(Part):
                 with contextlib.suppress(PiloopError, OSError):
                     self.register_with(self.api, self.holdings.snapshot())
             return
-        jd = JobDir.for_lease(self.workdir, a.job, a.token)
+        lease = HeldLease(a.job, a.token)
+        jd = JobDir.for_lease(self.workdir, lease.job, lease.token)
         relay_at = self.relay.path_for(jd.root) if self.relay is not None else socket_path(jd.root)
         record = JobRecord.from_assignment(a, relay_at, time.time())
         try:
@@ -80,10 +82,10 @@ class JobStarts(Part):
             self._release(a, f"{why}: {e.strerror}")
             self.next_claim = clock.now() + 10 * self.timed.renew_seconds
             return
-        h = Held(a.job, a.token, a.kind, jd, LogShipper(jd), record=record)
+        h = Held(lease, a.kind, jd, LogShipper(jd), record=record)
         self.holdings.add(h)
-        self._relay_for(a.job, a.token, relay_at, jd)
-        log.info("event=job.started job=%s token=%s kind=%s worker=%s", a.job, a.token, a.kind, self.name)
+        self._relay_for(lease, relay_at, jd)
+        log.info("event=job.started job=%s token=%s kind=%s worker=%s", *lease, a.kind, self.name)
         stage = "inputs"
         try:
             for name, addr in a.spec.inputs.items():
@@ -125,7 +127,7 @@ class JobStarts(Part):
             **a.spec.env,
             **secrets,
             "PILOOP_JOB": a.job,
-            "PILOOP_LEASE_TOKEN": a.token,
+            "PILOOP_LEASE_TOKEN": lease.token,
             "PILOOP_JOB_DIR": str(jd.root),
             "PILOOP_RELAY": str(relay_at),
             "PILOOP_HOME": str(self.home),
@@ -205,10 +207,11 @@ class JobStarts(Part):
         )
         return env
 
-    def _relay_for(self, job: str, token: str, path: Path, jd: JobDir) -> None:
+    def _relay_for(self, lease: HeldLease, path: Path, jd: JobDir) -> None:
         assert self.relay is not None
+        job = lease.job
         try:
-            self.relay.add(job, token, path)
+            self.relay.add(lease, path)
         except OSError as e:
             # the job runs; its own `piloop` calls fail, saying the relay does not answer, and its log says why
             why = e.strerror or str(e)

@@ -24,8 +24,10 @@ from piloop_common.host.sample import Sampler, memory_pressure
 from piloop_common.protocol.report import LogAppend
 from piloop_common.protocol.worker import (
     PROTOCOL,
+    HeartbeatResponse,
     HeldJob,
     HostSample,
+    LeaseStatus,
     RegisterRequest,
     RegisterResponse,
     Timing,
@@ -131,7 +133,7 @@ class Worker(Claiming, JobStarts, Reporting):
             image=self.image,
             cas_id=self.cas_id,
             sample=sample,
-            jobs=[HeldJob(job=h.job, token=h.token) for h in held],
+            jobs=[HeldJob(job=h.lease.job, token=h.lease.token) for h in held],  # the one place a lease is wired
             admission=adm,
         )
 
@@ -160,7 +162,7 @@ class Worker(Claiming, JobStarts, Reporting):
         self.refused = reason
         self.stopping.set()
 
-    def apply(self, statuses: dict[str, str], sent: float, held: list[Held]) -> None:
+    def apply(self, statuses: dict[str, LeaseStatus], sent: float, held: list[Held]) -> None:
         """Act on the server's word about each job we named that we still hold: renew its deadline, or stop it. A job
         reported while the word was on its way is no longer the server's (it answers `lost`), and its dir may be a
         spare by now, or a later job's: under the lock that reporting takes to give the dir away, it is left alone."""
@@ -218,16 +220,22 @@ class Worker(Claiming, JobStarts, Reporting):
             if found:
                 sent = clock.now()
                 statuses = self._call_until_answered(
-                    lambda: self.api.call(
-                        "POST", "/v1/worker/heartbeat", self.hello(found), timeout=self.timed.request_timeout_seconds
-                    )["jobs"]
+                    lambda: (
+                        self.api.call(
+                            "POST",
+                            "/v1/worker/heartbeat",
+                            self.hello(found),
+                            model=HeartbeatResponse,
+                            timeout=self.timed.request_timeout_seconds,
+                        ).jobs
+                    )
                 )
         self.relay = Relay(self.api_factory, self.timed.request_timeout_seconds, user=self.host.user)
         self._reattach(found, statuses, sent)
         self.heartbeat = Heartbeat(self, self.api_factory())
         self.heartbeat.start()
 
-    def _reattach(self, found: list[Held], statuses: dict[str, str], sent: float) -> None:
+    def _reattach(self, found: list[Held], statuses: dict[str, LeaseStatus], sent: float) -> None:
         """Hold again the jobs an earlier worker left (`reattach.find_held`), as the server's `statuses` of them say."""
         # the groups of jobs an earlier worker reported, or left ended: the jobs found keep theirs until reported
         swept = self.cgroups.sweep({h.cgroup.path for h in found if h.cgroup is not None})
@@ -239,11 +247,11 @@ class Worker(Claiming, JobStarts, Reporting):
             self.holdings.add(h)
         self.apply(statuses, sent, found)
         for h in found:
-            st = statuses.get(h.job, "lost")
-            if st == "ok" and not h.jd.exit_json.exists():
+            st = statuses.get(h.job, LeaseStatus.LOST)
+            if st is LeaseStatus.OK and not h.jd.exit_json.exists():
                 relay_at = Path(h.record.relay) if h.record and h.record.relay else socket_path(h.jd.root)
-                self._relay_for(h.job, h.token, relay_at, h.jd)
-            log.info("event=job.reattached job=%s token=%s status=%s", h.job, h.token, st)
+                self._relay_for(h.lease, relay_at, h.jd)
+            log.info("event=job.reattached job=%s token=%s status=%s", *h.lease, st.value)
 
     # -- the loop ----------------------------------------------------------------------------
     def _check_stop(self) -> None:
@@ -302,12 +310,12 @@ class Worker(Claiming, JobStarts, Reporting):
                 self.api.call(
                     "POST",
                     "/v1/worker/log",
-                    LogAppend(protocol=PROTOCOL, job=h.job, token=h.token, chunks=new),
+                    LogAppend(protocol=PROTOCOL, job=h.lease.job, token=h.lease.token, chunks=new),
                     timeout=self.timed.request_timeout_seconds,
                 )
                 h.shipper.mark_posted(len(new))
         except LeaseLost:
-            log.warning("event=job.lease_lost job=%s token=%s worker=%s", h.job, h.token, self.name)
+            log.warning("event=job.lease_lost job=%s token=%s worker=%s", *h.lease, self.name)
             h.jd.request_stop(StopReason.LEASE_LOST)
         except Refused as e:
             self.refuse(e.message)

@@ -13,6 +13,7 @@ from piloop_worker.fencing import bury, cgroup_of
 from piloop_worker.held import Held
 from piloop_worker.jobdir import scan
 from piloop_worker.jobrecord import BadJobRecord
+from piloop_worker.lease import HeldLease
 from piloop_worker.logs import LogShipper
 
 
@@ -31,8 +32,7 @@ def find_held(workdir: Path, cgroups: Cgroups) -> list[Held]:
             bury(jd, cgroups)
         out.append(
             Held(
-                rec.job,
-                rec.token,
+                HeldLease(rec.job, rec.token),
                 rec.kind,
                 jd,
                 LogShipper(jd),

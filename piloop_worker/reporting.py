@@ -22,7 +22,7 @@ from piloop_common.protocol.report import (
 from piloop_common.protocol.worker import PROTOCOL, ClaimRequest, ClaimResponse
 from piloop_worker import clock
 from piloop_worker.claiming import EVALUATIONS_PER_CLAIM
-from piloop_worker.held import Held, report_id_for
+from piloop_worker.held import Held
 from piloop_worker.jobdir import JobDir, files_under
 from piloop_worker.parts import Part
 from piloop_worker.repos import parse_score
@@ -55,9 +55,9 @@ class Reporting(Part):
             return
         report = ReportRequest(
             protocol=PROTOCOL,
-            report_id=report_id_for(h.job, h.token),
-            job=h.job,
-            token=h.token,
+            report_id=h.lease.report_id,
+            job=h.lease.job,
+            token=h.lease.token,
             outcome=outcome,
             exit_code=rec.exit_code,
             signal=rec.signal,

@@ -21,9 +21,10 @@ from piloop_common.protocol.worker import PROTOCOL, ClaimResponse, HostSample, T
 from piloop_worker import spool as spool_module
 from piloop_worker.claiming import EVALUATIONS_PER_CLAIM
 from piloop_worker.heartbeat import Reachability
-from piloop_worker.held import Held, report_id_for
+from piloop_worker.held import Held
 from piloop_worker.holdings import Holdings
 from piloop_worker.jobdir import JobDir, files_under, scan
+from piloop_worker.lease import HeldLease, report_id_for
 from piloop_worker.logs import LogShipper
 from piloop_worker.loop import Worker
 from piloop_worker.pressure import admission
@@ -431,7 +432,7 @@ def _busy_worker(tmp_path: Path, held: int) -> tuple[Worker, list[Held]]:
     for i in range(held):
         jd = JobDir(tmp_path / "jobs" / f"j{i}.5")
         jd.create(job_record(f"j{i}"))
-        h = Held(f"j{i}", "5", "evaluation", jd, LogShipper(jd), report=_report(f"j{i}"))
+        h = Held(HeldLease(f"j{i}", "5"), "evaluation", jd, LogShipper(jd), report=_report(f"j{i}"))
         w.spool.write(h.report)
         w.holdings.add(h)
         ready.append(h)
