@@ -19,6 +19,7 @@ import psutil
 from piloop_common.protocol.worker import LeaseStatus, Timing
 from piloop_worker.cgroups import Cgroups, JobCgroup
 from piloop_worker.held import Held
+from piloop_worker.holdings import Holdings
 from piloop_worker.jobdir import JobDir
 from piloop_worker.shimproto import ExitRecord, ShimRecord, StopReason
 
@@ -54,6 +55,17 @@ def apply_statuses(held: Iterable[Held], statuses: dict[str, LeaseStatus], deadl
             # a full disk: this job's deadline stays where it was (its shim fences it there, the safe side),
             # and the other jobs still get theirs
             log.warning("event=job.deadline_unwritten job=%s worker=%s error=%s", h.job, worker, e)
+
+
+def apply_answer(
+    holdings: Holdings, statuses: dict[str, LeaseStatus], sent: float, held: list[Held], timing: Timing, worker: str
+) -> None:
+    """Act on the server's word about each job of `held` (named in a call sent at `sent`) that is still held: renew
+    its deadline, or stop it. A job reported while the word was on its way is no longer the server's (it answers
+    `lost`), and its dir may be a spare by now, or a later job's: under the lock that reporting takes to give the dir
+    away, it is left alone."""
+    deadline = fence_deadline(sent, timing)
+    holdings.while_held(held, lambda still: apply_statuses(still, statuses, deadline, worker))
 
 
 def cgroup_of(cgroups: Cgroups, shim: ShimRecord | None) -> JobCgroup | None:

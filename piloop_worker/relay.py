@@ -153,6 +153,21 @@ class Relay:
                 self.loop.call_soon_threadsafe(self._stop, old)
             self.loop.call_soon_threadsafe(self._listen, le)
 
+    def add_or_say(self, lease: HeldLease, path: Path, output_log: Path) -> None:
+        """`add`, or (the socket cannot be bound) let the job run, its own `piloop` calls failing, and say why in its
+        log, `output_log`."""
+        try:
+            self.add(lease, path)
+        except OSError as e:
+            why = e.strerror or str(e)
+            log.warning("event=relay.unavailable job=%s path=%s error=%s", lease.job, path, why)
+            line = f"piloop: this job's relay is not available: {path}: {why}; piloop commands will fail\n"
+            try:
+                with open(output_log, "ab") as f:
+                    f.write(line.encode(errors="replace"))
+            except OSError as e2:
+                log.warning("event=relay.unsaid job=%s error=%s", lease.job, e2)
+
     def remove(self, job: str) -> None:
         with self.lock:
             old = self.leases.pop(job, None)

@@ -4,15 +4,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 from piloop_common.protocol.worker import LeaseStatus, Timing
+from piloop_worker.fencing import apply_answer
 from piloop_worker.held import Held
 from piloop_worker.holdings import Holdings
 from piloop_worker.jobdir import JobDir
 from piloop_worker.lease import HeldLease
 from piloop_worker.logs import LogShipper
-from piloop_worker.loop import Worker
 
 TIMING = Timing(
     renew_seconds=1,
@@ -39,14 +38,12 @@ def _holding(*held: Held) -> Holdings:
 
 def test_a_lost_answer_for_a_job_reported_meanwhile_writes_nothing_and_a_held_one_is_stopped(tmp_path):
     kept, reported = _held(tmp_path, "j1"), _held(tmp_path, "j2")
-    w = SimpleNamespace(holdings=_holding(kept), timing=TIMING, name="w1")
-    Worker.apply(w, {"j1": LeaseStatus.LOST, "j2": LeaseStatus.LOST}, sent=0.0, held=[kept, reported])  # type: ignore[arg-type]
+    apply_answer(_holding(kept), {"j1": LeaseStatus.LOST, "j2": LeaseStatus.LOST}, 0.0, [kept, reported], TIMING, "w1")
     assert kept.jd.stop_reason() is not None
     assert reported.jd.stop_reason() is None and not any(reported.jd.root.iterdir())
 
 
 def test_a_held_job_named_ok_gets_its_deadline(tmp_path):
     kept = _held(tmp_path, "j1")
-    w = SimpleNamespace(holdings=_holding(kept), timing=TIMING, name="w1")
-    Worker.apply(w, {"j1": LeaseStatus.OK}, sent=100.0, held=[kept])  # type: ignore[arg-type]
+    apply_answer(_holding(kept), {"j1": LeaseStatus.OK}, 100.0, [kept], TIMING, "w1")
     assert kept.jd.read_deadline() is not None and kept.jd.stop_reason() is None
