@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from piloop_common.protocol.worker import LeaseStatus, Timing
+from piloop_common.protocol.worker import HeartbeatResponse, LeaseStatus, Timing
 from piloop_worker.fencing import apply_answer
 from piloop_worker.held import Held
 from piloop_worker.holdings import Holdings
@@ -47,3 +47,19 @@ def test_a_held_job_named_ok_gets_its_deadline(tmp_path):
     kept = _held(tmp_path, "j1")
     apply_answer(_holding(kept), {"j1": LeaseStatus.OK}, 100.0, [kept], TIMING, "w1")
     assert kept.jd.read_deadline() is not None and kept.jd.stop_reason() is None
+
+
+def test_the_servers_word_is_parsed_once_and_a_word_this_worker_does_not_know_is_lost() -> None:
+    answer = HeartbeatResponse.model_validate({"jobs": {"a": "ok", "b": "cancel", "c": "lost", "d": "paused"}})
+    assert answer.jobs == {"a": LeaseStatus.OK, "b": LeaseStatus.CANCEL, "c": LeaseStatus.LOST, "d": LeaseStatus.LOST}
+    assert HeartbeatResponse(jobs={"a": "ok"}).model_dump(mode="json")["jobs"] == {"a": "ok"}  # the server's side
+
+
+def test_a_held_lease_names_its_report_and_its_dir_by_the_pair(tmp_path: Path) -> None:
+    lease = HeldLease("j1", "1000000000001.ab")
+    assert (
+        lease.report_id
+        == HeldLease("j1", "1000000000001.ab").report_id
+        != HeldLease("j1", "1000000000002.ab").report_id
+    )
+    assert JobDir.for_lease(tmp_path, *lease).root.name == lease.name == "j1.1000000000001"
