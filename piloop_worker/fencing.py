@@ -16,9 +16,10 @@ from pathlib import Path
 
 import psutil
 
-from piloop_common.protocol.worker import Timing
+from piloop_common.protocol.worker import LeaseStatus, Timing
 from piloop_worker.cgroups import Cgroups, JobCgroup
 from piloop_worker.held import Held
+from piloop_worker.holdings import Holdings
 from piloop_worker.jobdir import JobDir
 from piloop_worker.shimproto import ExitRecord, ShimRecord, StopReason
 
@@ -33,20 +34,20 @@ def fence_deadline(sent: float, timing: Timing) -> float:
     return sent + timing.toleration_seconds - margin
 
 
-def apply_statuses(held: Iterable[Held], statuses: dict[str, str], deadline: float, worker: str) -> None:
+def apply_statuses(held: Iterable[Held], statuses: dict[str, LeaseStatus], deadline: float, worker: str) -> None:
     """Act on the server's word about each job named to it: move its deadline to `deadline`, or stop it. A job the
     server did not name is lost."""
     for h in held:
-        st = statuses.get(h.job, "lost")
+        st = statuses.get(h.job, LeaseStatus.LOST)
         try:
-            if st == "ok":
+            if st is LeaseStatus.OK:
                 if h.jd.root.exists():
                     h.jd.write_deadline(deadline)
-            elif st == "cancel":
+            elif st is LeaseStatus.CANCEL:
                 h.jd.request_stop(StopReason.CANCELLED)
             else:
                 if not h.jd.exit_json.exists():
-                    log.warning("event=job.lost job=%s token=%s worker=%s", h.job, h.token, worker)
+                    log.warning("event=job.lost job=%s token=%s worker=%s", *h.lease, worker)
                 h.jd.request_stop(StopReason.LOST)
         except FileNotFoundError:
             pass  # reported and removed meanwhile
@@ -54,6 +55,17 @@ def apply_statuses(held: Iterable[Held], statuses: dict[str, str], deadline: flo
             # a full disk: this job's deadline stays where it was (its shim fences it there, the safe side),
             # and the other jobs still get theirs
             log.warning("event=job.deadline_unwritten job=%s worker=%s error=%s", h.job, worker, e)
+
+
+def apply_answer(
+    holdings: Holdings, statuses: dict[str, LeaseStatus], sent: float, held: list[Held], timing: Timing, worker: str
+) -> None:
+    """Act on the server's word about each job of `held` (named in a call sent at `sent`) that is still held: renew
+    its deadline, or stop it. A job reported while the word was on its way is no longer the server's (it answers
+    `lost`), and its dir may be a spare by now, or a later job's: under the lock that reporting takes to give the dir
+    away, it is left alone."""
+    deadline = fence_deadline(sent, timing)
+    holdings.while_held(held, lambda still: apply_statuses(still, statuses, deadline, worker))
 
 
 def cgroup_of(cgroups: Cgroups, shim: ShimRecord | None) -> JobCgroup | None:

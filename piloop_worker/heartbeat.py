@@ -17,7 +17,7 @@ import os
 import random
 import threading
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from piloop_common.config.settings import ExecutorConfig
 from piloop_common.errors import NotFound, PiloopError, Refused
@@ -26,9 +26,10 @@ from piloop_common.host.health import WorkerHealth
 from piloop_common.protocol.worker import HeartbeatResponse
 from piloop_common.sdk.client import ApiClient
 from piloop_worker import clock
-
-if TYPE_CHECKING:
-    from piloop_worker.loop import Worker
+from piloop_worker.context import WorkerContext
+from piloop_worker.fencing import apply_answer
+from piloop_worker.holdings import Holdings
+from piloop_worker.registration import Registrar
 
 log = logging.getLogger("piloop.worker")
 ORPHAN_ENV = "PILOOP_ORPHAN_EXIT_SECONDS"
@@ -47,64 +48,32 @@ def orphan_after(grace_seconds: float) -> float | None:
         return None
 
 
-def orphaned(w: Worker) -> bool:
+def orphaned(ctx: WorkerContext, holdings: Holdings) -> bool:
     """Whether this worker, holding no job, has not reached its server for its orphan time (logged once, when it
     has). Before it ever registered it knows no `grace_seconds` from the server: then the default's."""
-    grace = w.timing.grace_seconds if w.timing else DEFAULT_GRACE_SECONDS
+    grace = ctx.timing.grace_seconds if ctx.timing else DEFAULT_GRACE_SECONDS
     after = orphan_after(grace)
-    down = w.reach.down_since
-    if after is None or down is None or clock.now() - down < after or w.snapshot():
+    down = ctx.reach.down_since
+    if after is None or down is None or clock.now() - down < after or holdings:
         return False
     log.warning(
         "event=worker.orphaned worker=%s after_seconds=%g (the server is unreachable and this worker "
         "holds no job: it exits)",
-        w.name or "-",
+        ctx.name or "-",
         after,
     )
     return True
 
 
-class Reachability:
-    """Logs `event=worker.unreachable` at the first failure, then at most once a minute, and the way back."""
-
-    EVERY = 60.0
-
-    def __init__(self, server: str) -> None:
-        self.server = server
-        self.lock = threading.Lock()
-        self.down_since: float | None = None
-        self.logged_at = 0.0
-
-    def failed(self, error: BaseException, who: str) -> None:
-        now = clock.now()
-        with self.lock:
-            first = self.down_since is None
-            if first:
-                self.down_since = now
-            if first or now - self.logged_at >= self.EVERY:
-                self.logged_at = now
-                msg = getattr(error, "message", None) or str(error)
-                log.warning(
-                    "event=worker.unreachable worker=%s server=%s error=%s", who, self.server, msg.replace("\n", " ")
-                )
-
-    def ok(self, who: str) -> None:
-        with self.lock:
-            if self.down_since is not None:
-                log.info(
-                    "event=worker.reachable worker=%s server=%s after_seconds=%.1f",
-                    who,
-                    self.server,
-                    clock.now() - self.down_since,
-                )
-                self.down_since = None
-
-
 class Heartbeat(threading.Thread):
-    def __init__(self, worker: Worker, api: ApiClient) -> None:
+    """Renews what `holdings` holds every renew period with its own `api` client (registering again through
+    `registrar` when the server forgot the worker), and records each acknowledged beat in `workdir`'s health."""
+
+    def __init__(
+        self, ctx: WorkerContext, api: ApiClient, *, holdings: Holdings, registrar: Registrar, workdir: Path
+    ) -> None:
         super().__init__(name="heartbeat", daemon=True)
-        self.worker = worker
-        self.api = api
+        self.ctx, self.api, self.holdings, self.registrar, self.workdir = ctx, api, holdings, registrar, workdir
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -120,11 +89,11 @@ class Heartbeat(threading.Thread):
         self.api.close()
 
     def _check_orphan(self) -> None:
-        if orphaned(self.worker):
-            self.worker.stopping.set()
+        if orphaned(self.ctx, self.holdings):
+            self.ctx.stopping.set()
 
     def _period(self) -> float:
-        renew = self.worker.timed.renew_seconds
+        renew = self.ctx.timed.renew_seconds
         return renew * random.uniform(0.9, 1.1)
 
     _fails = 0
@@ -134,46 +103,52 @@ class Heartbeat(threading.Thread):
         return min(0.25 * 2.0 ** (self._fails - 1), 30.0)
 
     def beat(self) -> bool:
-        w = self.worker
-        held = w.snapshot()
-        hello = w.hello(held)
+        ctx = self.ctx
+        held = self.holdings.snapshot()
+        hello = self.registrar.hello(held)
         sent, sent_wall = clock.now(), time.time()
         try:
             resp = self.api.call(
-                "POST", "/v1/worker/heartbeat", hello, model=HeartbeatResponse, timeout=w.timed.request_timeout_seconds
+                "POST",
+                "/v1/worker/heartbeat",
+                hello,
+                model=HeartbeatResponse,
+                timeout=ctx.timed.request_timeout_seconds,
             )
             statuses = resp.jobs
             if resp.timing is not None:
-                w.timing = resp.timing  # the renewal's own: the fence below must not outlast the lease it renewed
+                ctx.timing = resp.timing  # the renewal's own: the fence below must not outlast the lease it renewed
         except Refused as e:
-            w.refuse(e.message)
+            ctx.refuse(e.message)
             return False
         except NotFound:
             # the server forgot this worker (its state was lost or it expired): register again, same jobs
             try:
-                statuses = w.register_with(self.api, held, sent).jobs
+                statuses = self.registrar.register(self.api, held, sent).jobs
             except Refused as e:
-                w.refuse(e.message)
+                ctx.refuse(e.message)
                 return False
             except PiloopError as e:
-                w.reach.failed(e, w.name)
+                ctx.unreachable(e)
                 return False
         except PiloopError as e:
-            w.reach.failed(e, w.name)
+            ctx.unreachable(e)
             return False
         self._fails = 0
-        w.reach.ok(w.name)
-        w.apply(statuses, sent, held)
+        ctx.reach.ok(ctx.name)
+        apply_answer(self.holdings, statuses, sent, held, ctx.timed, ctx.name)
         self._record_health(sent_wall)
         return True
 
     def _record_health(self, sent_wall: float) -> None:
         """`<dir>/health.json` for `piloop worker check`: this heartbeat, sent at `sent_wall`, was acknowledged."""
-        w = self.worker
-        if w.workdir is None or w.timing is None:
+        timing = self.ctx.timing
+        if timing is None:
             return
-        record = WorkerHealth(worker=w.name, pid=os.getpid(), acked_at=sent_wall, grace_seconds=w.timing.grace_seconds)
+        record = WorkerHealth(
+            worker=self.ctx.name, pid=os.getpid(), acked_at=sent_wall, grace_seconds=timing.grace_seconds
+        )
         try:
-            health.write(w.workdir, record)
+            health.write(self.workdir, record)
         except OSError as e:  # a full disk: the check then says the record is old, which it is
-            log.warning("event=worker.health_unwritten worker=%s error=%s", w.name, e.strerror)
+            log.warning("event=worker.health_unwritten worker=%s error=%s", self.ctx.name, e.strerror)

@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 
 from piloop_common.protocol.report import ReportRequest
 from piloop_worker.cgroups import JobCgroup
 from piloop_worker.jobdir import JobDir
 from piloop_worker.jobrecord import JobRecord
+from piloop_worker.lease import HeldLease
 from piloop_worker.logs import LogShipper
-
-REPORT_NS = uuid.UUID("5d1b7c3e-8f0a-4e4b-9c55-7a1f0c2d9e61")
-
-
-def report_id_for(job: str, token: str) -> str:
-    """One report id per lease, so a report rebuilt after a crash is the same report to the server."""
-    return str(uuid.uuid5(REPORT_NS, f"{job}/{token}"))
 
 
 @dataclass
 class Held:
-    job: str
-    token: str
+    lease: HeldLease
     kind: str
     jd: JobDir
     shipper: LogShipper
@@ -35,3 +27,7 @@ class Held:
     disk_error: bool = False
     cgroup: JobCgroup | None = None  # given back (`Cgroups.give`) with its dir, once the job is reported
     record: JobRecord | None = None  # its job.json, as written at its start or read at re-attach
+
+    @property
+    def job(self) -> str:
+        return self.lease.job

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from piloop_common.files import read_file, temp_beside, write_all, write_file
+from piloop_worker.lease import HeldLease
 from piloop_worker.shimproto import ExitRecord, ShimRecord, StopReason
 from piloop_worker.sparedirs import SpareDirs, rmtree
 
@@ -119,10 +120,10 @@ class JobDir:
 
     @classmethod
     def for_lease(cls, workdir: Path, job: str, token: str) -> JobDir:
-        """Named by the job and its token's fencing part (`<generation><counter>`, unique per lease): the token's
-        random part would push the relay's socket path past AF_UNIX's 108 bytes sooner, and a job then pays a temp
-        dir for it (a process job's drain fell from 259 to 144 jobs/s, docs/performance.md)."""
-        return cls.named(workdir, f"{job}.{token.partition('.')[0]}")
+        """Named by the lease's name (`HeldLease.name`): with the token's random part the relay's socket path would
+        pass AF_UNIX's limit sooner, and a job then pays a temp dir for it (a process job's drain fell from 259 to 144
+        jobs/s, docs/performance.md)."""
+        return cls.named(workdir, HeldLease(job, token).name)
 
     @classmethod
     def named(cls, workdir: Path, name: str) -> JobDir:

@@ -12,22 +12,31 @@ import os
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from piloop_common import envnames
+from piloop_common.cas import Store
 from piloop_common.errors import PiloopError
 from piloop_common.protocol.campaign import BundleRequest, BundleResponse
 from piloop_common.protocol.worker import PROTOCOL, Assignment, ReleaseRequest
+from piloop_common.sdk.client import ApiClient
 from piloop_common.sdk.taskcode import CodeCache
 from piloop_worker import clock
+from piloop_worker.cgroups import Cgroups
+from piloop_worker.context import WorkerContext
 from piloop_worker.fencing import fence_deadline
 from piloop_worker.held import Held
+from piloop_worker.holdings import Holdings
 from piloop_worker.jobdir import JobDir
 from piloop_worker.jobrecord import JobRecord
+from piloop_worker.lease import HeldLease
 from piloop_worker.logs import LogShipper
-from piloop_worker.parts import Part
-from piloop_worker.relay import socket_path
+from piloop_worker.relay import Relay
+from piloop_worker.repos import Repos
+from piloop_worker.shimhost import ShimHost
 from piloop_worker.shimproto import CgroupGrant, ExitRecord, ShimRequest
+from piloop_worker.sparedirs import SpareDirs
 
 log = logging.getLogger("piloop.worker")
 
@@ -51,40 +60,61 @@ def _safe_name(name: str) -> bool:
     return bool(name) and not p.is_absolute() and ".." not in p.parts and name not in (".",)
 
 
-class JobStarts(Part):
-    """The worker's job starts (a part of `loop.Worker`)."""
+class Starter:
+    """The worker's job starts: each job a claim leased, in its dir under `workdir`, handed to the shim host."""
 
-    def start_job(self, a: Assignment, sent: float, room: int) -> None:
+    def __init__(
+        self,
+        ctx: WorkerContext,
+        *,
+        api: ApiClient,
+        holdings: Holdings,
+        store: Store,
+        repos: Repos,
+        cgroups: Cgroups,
+        host: ShimHost,
+        relay: Relay,
+        workdir: Path,
+        spare: SpareDirs | None,
+        home: Path,
+        image: str,
+        register: Callable[[], None],
+    ) -> None:
+        self.ctx, self.api, self.holdings = ctx, api, holdings
+        self.store, self.repos, self.cgroups, self.host, self.relay = store, repos, cgroups, host, relay
+        self.workdir, self.spare, self.home, self.image = workdir, spare, home, image
+        self.register = register  # registers again holding what the worker holds
+
+    def start(self, a: Assignment, sent: float, room: int) -> None:
         """Start `a`, leased by a claim sent at `sent` when this worker could grant `room` MiB (less the grants of
         the jobs that claim started before this one)."""
-        assert self.timing is not None and self.workdir is not None
+        timed = self.ctx.timed
         if a.image and a.image != self.image:
             log.info("event=job.released job=%s reason=image wants=%s have=%s", a.job, a.image, self.image or "-")
             if self._release(a, "image"):
                 # the server matched the job to an image we do not have: its record of ours is wrong, so
                 # register again (it filters claims by that record) rather than be handed the job again
                 with contextlib.suppress(PiloopError, OSError):
-                    self.register_with(self.api, self.snapshot())
+                    self.register()
             return
-        jd = JobDir.for_lease(self.workdir, a.job, a.token)
-        relay_at = self.relay.path_for(jd.root) if self.relay is not None else socket_path(jd.root)
+        lease = HeldLease(a.job, a.token)
+        jd = JobDir.for_lease(self.workdir, lease.job, lease.token)
+        relay_at = self.relay.path_for(jd.root)
         record = JobRecord.from_assignment(a, relay_at, time.time())
         try:
             # the claim renewed nothing yet: the lease's clock started at most when the claim was sent
-            jd.create(record, fence_deadline(sent, self.timing), self.spare)
+            jd.create(record, fence_deadline(sent, timed), self.spare)
         except OSError as e:
-            # a full --dir: nothing ran, so give the job back (not an attempt) and claim nothing for a while
+            # a full --dir: nothing ran, so give the job back (not an attempt)
             jd.remove()
             why = "disk_full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "dir"
-            log.warning("event=job.released job=%s reason=%s worker=%s error=%s", a.job, why, self.name, e)
+            log.warning("event=job.released job=%s reason=%s worker=%s error=%s", a.job, why, self.ctx.name, e)
             self._release(a, f"{why}: {e.strerror}")
-            self.next_claim = clock.now() + 10 * self.timed.renew_seconds
             return
-        h = Held(a.job, a.token, a.kind, jd, LogShipper(jd), record=record)
-        with self.lock:
-            self.held[a.job] = h
-        self._relay_for(a.job, a.token, relay_at, jd)
-        log.info("event=job.started job=%s token=%s kind=%s worker=%s", a.job, a.token, a.kind, self.name)
+        h = Held(lease, a.kind, jd, LogShipper(jd), record=record)
+        self.holdings.add(h)
+        self.relay.add_or_say(lease, relay_at, jd.output_log)
+        log.info("event=job.started job=%s token=%s kind=%s worker=%s", *lease, a.kind, self.ctx.name)
         stage = "inputs"
         try:
             for name, addr in a.spec.inputs.items():
@@ -108,13 +138,13 @@ class JobStarts(Part):
             jd.write_exit(ExitRecord(reason=f"{stage}: {msg}"))
             return
         cgroup = None
-        self.grants[a.job] = a.memory_mb or 0
+        self.holdings.grant(a.job, a.memory_mb or 0)
         if self.cgroups.available:
             # its grant is its limit; a job without one is limited to the worker's room
             limit = a.memory_mb or max(room, 1)
             try:
                 h.cgroup = cg = self.cgroups.take(limit)
-                cgroup = CgroupGrant(str(cg.path), cg.version, limit, self.timed.memory_held_seconds)
+                cgroup = CgroupGrant(str(cg.path), cg.version, limit, timed.memory_held_seconds)
             except OSError as e:
                 log.warning("event=job.no_cgroup job=%s error=%s", a.job, e)
         # what the job adds to the worker's environment, which the shim host has (`shim.job_env`); never a secret
@@ -126,7 +156,7 @@ class JobStarts(Part):
             **a.spec.env,
             **secrets,
             "PILOOP_JOB": a.job,
-            "PILOOP_LEASE_TOKEN": a.token,
+            "PILOOP_LEASE_TOKEN": lease.token,
             "PILOOP_JOB_DIR": str(jd.root),
             "PILOOP_RELAY": str(relay_at),
             "PILOOP_HOME": str(self.home),
@@ -143,12 +173,12 @@ class JobStarts(Part):
                 dir=str(jd.root),
                 argv=a.spec.argv,
                 env=env,
-                kill_grace=self.timed.kill_grace_seconds,
+                kill_grace=timed.kill_grace_seconds,
                 timeout=a.spec.timeout_seconds,
                 cgroup=cgroup,
                 task=a.spec.argv[0] if a.spec.runner == "task" else None,
                 code=str(code) if code is not None else None,
-                worker=self.name or "",
+                worker=self.ctx.name or "",
                 warm_max_tasks=warm[0] if warm else 0,
                 warm_max_rss_mb=warm[1] if warm else 0,
             )
@@ -156,7 +186,6 @@ class JobStarts(Part):
 
     def _code(self, address: str) -> Path:
         """The dir of a shipped code snapshot, fetched from the CAS and unpacked once per address under --dir."""
-        assert self.workdir is not None
 
         def fetch(addr: str, dest: Path) -> None:
             self.store.get_file(addr, dest, durable=False)
@@ -165,13 +194,12 @@ class JobStarts(Part):
 
     def _release(self, a: Assignment, reason: str) -> bool:
         """Give `a` back to the server unrun (not an attempt); whether the server heard it."""
-        assert self.timing is not None
         try:
             self.api.call(
                 "POST",
                 "/v1/worker/release",
                 ReleaseRequest(protocol=PROTOCOL, job=a.job, token=a.token, reason=reason),
-                timeout=self.timed.request_timeout_seconds,
+                timeout=self.ctx.timed.request_timeout_seconds,
             )
         except (PiloopError, OSError):
             return False  # its lease expires and it runs elsewhere, as if this worker had died
@@ -180,7 +208,7 @@ class JobStarts(Part):
     def _prepare_campaign(self, a: Assignment, jd: JobDir) -> dict[str, str]:
         """A campaign job's clone (its cwd) and, for an agent, its workspace copy; the env that says where."""
         camp = a.spec.campaign
-        assert camp is not None and self.timing is not None
+        assert camp is not None
 
         def newer(have: list[str]) -> BundleResponse:
             return self.api.call(
@@ -188,7 +216,7 @@ class JobStarts(Part):
                 "/v1/worker/bundle",
                 BundleRequest(protocol=PROTOCOL, job=a.job, token=a.token, have=have),
                 model=BundleResponse,
-                timeout=self.timed.request_timeout_seconds * 3,
+                timeout=self.ctx.timed.request_timeout_seconds * 3,
             )
 
         fetched = self.repos.checkout(camp, jd.work, newer)
@@ -205,18 +233,3 @@ class JobStarts(Part):
             fetched,
         )
         return env
-
-    def _relay_for(self, job: str, token: str, path: Path, jd: JobDir) -> None:
-        assert self.relay is not None
-        try:
-            self.relay.add(job, token, path)
-        except OSError as e:
-            # the job runs; its own `piloop` calls fail, saying the relay does not answer, and its log says why
-            why = e.strerror or str(e)
-            log.warning("event=relay.unavailable job=%s path=%s error=%s", job, path, why)
-            line = f"piloop: this job's relay is not available: {path}: {why}; piloop commands will fail\n"
-            try:
-                with open(jd.output_log, "ab") as f:
-                    f.write(line.encode(errors="replace"))
-            except OSError as e2:
-                log.warning("event=relay.unsaid job=%s error=%s", job, e2)

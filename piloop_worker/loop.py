@@ -1,8 +1,9 @@
 """The worker's main loop: register, send the spool, re-attach, claim, start jobs, ship logs, report.
 
 Threads: this loop (the main thread) and the heartbeat (`heartbeat.py`). Jobs run under shims forked by the shim
-host, a process started before either thread existed. The loop's parts are modules of their own, each a part of
-`Worker`: `claiming`, `jobstart`, `reporting`; `reattach` and `fencing` are functions it calls.
+host, a process started before either thread existed. `Worker` composes its parts, each handed what it uses: the
+`Registrar` (its hello, registering), `Holdings` (what it holds), a `Claimer`, a `Starter`, a `Reporter`, the
+`Heartbeat`; `reattach` and `fencing` are functions it calls. It owns their order: start, the loop, and the ends.
 """
 
 from __future__ import annotations
@@ -11,40 +12,35 @@ import contextlib
 import logging
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from piloop_common import __version__
 from piloop_common.cas import Store
 from piloop_common.errors import BadRequest, LeaseLost, PiloopError, Refused, Unavailable
-from piloop_common.host.sample import Sampler, memory_pressure
+from piloop_common.host.sample import Sampler
 from piloop_common.protocol.report import LogAppend
-from piloop_common.protocol.worker import (
-    PROTOCOL,
-    HeldJob,
-    HostSample,
-    RegisterRequest,
-    RegisterResponse,
-    Timing,
-    WorkerHello,
-)
+from piloop_common.protocol.worker import PROTOCOL, HeartbeatResponse
 from piloop_common.sdk.client import ApiClient
-from piloop_worker import clock, pressure
+from piloop_worker import clock
 from piloop_worker.cgroups import Cgroups
-from piloop_worker.claiming import Claiming
+from piloop_worker.claiming import Claimer
+from piloop_worker.context import WorkerContext
 from piloop_worker.dirlock import hold_dir
-from piloop_worker.fencing import apply_statuses, bury, fence_deadline
-from piloop_worker.heartbeat import Heartbeat, Reachability, orphaned
+from piloop_worker.fencing import bury
+from piloop_worker.heartbeat import Heartbeat, orphaned
 from piloop_worker.held import Held
-from piloop_worker.jobstart import JobStarts
-from piloop_worker.reattach import find_held
-from piloop_worker.relay import Relay, socket_path
-from piloop_worker.reporting import Reporting
+from piloop_worker.holdings import Holdings
+from piloop_worker.jobstart import Starter
+from piloop_worker.reachability import Reachability
+from piloop_worker.reattach import find_held, reattach
+from piloop_worker.registration import Registrar
+from piloop_worker.relay import Relay
+from piloop_worker.reporting import Reporter
 from piloop_worker.repos import Repos
-from piloop_worker.room import Room
 from piloop_worker.shimhost import ShimHost
 from piloop_worker.shimproto import StopReason
 from piloop_worker.sparedirs import SpareDirs
@@ -75,7 +71,17 @@ class ServerUntrusted(BaseException):
         self.message = message
 
 
-class Worker(Claiming, JobStarts, Reporting):
+@dataclass
+class Crew:
+    """The parts that run jobs, made at start once the worker is registered and knows its dir."""
+
+    claimer: Claimer
+    starter: Starter
+    reporter: Reporter
+    relay: Relay
+
+
+class Worker:
     """One worker: its registration, its loop over the jobs it holds, and its ends (detach, stop, close)."""
 
     def __init__(
@@ -91,54 +97,23 @@ class Worker(Claiming, JobStarts, Reporting):
         store: Store,
         host: ShimHost,
     ) -> None:
-        self.api_factory, self.pool, self.image, self.home = api_factory, pool, image, home
-        self.name = name or ""
+        self.api_factory, self.home = api_factory, home
+        self.ctx = WorkerContext(name or "", Reachability(where))
         self.workdir_arg = workdir
         self.workdir: Path | None = workdir or (home / "work" / name if name else None)
-        self.spare: SpareDirs | None = None
         self.store, self.host = store, host
+        self.image = image
         self.repos = Repos(home / "repos", store)
         self.api = api_factory()
-        self.reach = Reachability(where)
-        self.lock = threading.RLock()
-        self.held: dict[str, Held] = {}
-        self.timing: Timing | None = None
-        self.spool: Spool | None = None
+        self.holdings = Holdings()
         self.sampler = Sampler(workdir or home)
-        self.psi_path = pressure.psi_path()
-        self.relay: Relay | None = None
-        self.cas_id = store.identity()
         # found before registering, so `info` can say; job cgroups are named by their dir, so any base name will do
         self.cgroups = Cgroups(name or socket.gethostname())
-        self.refused: str | None = None
-        self.stopping = threading.Event()
-        self.next_claim = 0.0
-        self.heartbeat: Heartbeat | None = None
-        self.register_sent = 0.0
-        self.room = Room()
-        self.grants: dict[str, int] = {}  # job -> its grant (MiB), 0 for none
-
-    # -- what the server hears --------------------------------------------------------------
-    def snapshot(self) -> list[Held]:
-        with self.lock:
-            return list(self.held.values())
-
-    def host_sample(self) -> HostSample:
-        """The cached host sample, with memory pressure read now (a small read that never blocks on /proc)."""
-        return self.sampler.get().model_copy(update={"memory_pressure": memory_pressure(self.psi_path)})
-
-    def hello(self, held: list[Held]) -> WorkerHello:
-        sample = self.host_sample()
-        adm = pressure.admission(sample, self.timing.memory_pressure_max) if self.timing else ""
-        return WorkerHello(
-            protocol=PROTOCOL,
-            pool=self.pool,
-            image=self.image,
-            cas_id=self.cas_id,
-            sample=sample,
-            jobs=[HeldJob(job=h.job, token=h.token) for h in held],
-            admission=adm,
+        self.registrar = Registrar(
+            self.ctx, pool=pool, image=image, cas_id=store.identity(), sampler=self.sampler, info=self.info
         )
+        self.crew: Crew | None = None
+        self.heartbeat: Heartbeat | None = None
 
     def info(self) -> dict[str, Any]:
         return {
@@ -148,31 +123,6 @@ class Worker(Claiming, JobStarts, Reporting):
             "cgroups": f"v{self.cgroups.version}" if self.cgroups.available else f"none: {self.cgroups.reason}",
             "shim_host": self.host.pid,
         }
-
-    def register_with(self, api: ApiClient, held: list[Held], sent: float | None = None) -> RegisterResponse:
-        hello = self.hello(held)
-        req = RegisterRequest(**hello.model_dump(), name=self.name or None, info=self.info())
-        sent = clock.now() if sent is None else sent
-        self.register_sent = sent
-        timeout = self.timing.request_timeout_seconds if self.timing else None
-        resp: RegisterResponse = api.call("POST", "/v1/worker/register", req, model=RegisterResponse, timeout=timeout)
-        self.timing = resp.timing
-        self.name = resp.worker
-        log.info("event=worker.registered worker=%s pool=%s jobs=%d", self.name, self.pool, len(held))
-        return resp
-
-    def refuse(self, reason: str) -> None:
-        self.refused = reason
-        self.stopping.set()
-
-    def apply(self, statuses: dict[str, str], sent: float, held: list[Held]) -> None:
-        """Act on the server's word about each job we named that we still hold: renew its deadline, or stop it. A job
-        reported while the word was on its way is no longer the server's (it answers `lost`), and its dir may be a
-        spare by now, or a later job's: under the lock that reporting takes to give the dir away, it is left alone."""
-        assert self.timing is not None
-        with self.lock:
-            still = [h for h in held if self.held.get(h.job) is h]
-            apply_statuses(still, statuses, fence_deadline(sent, self.timing), self.name)
 
     # -- start -------------------------------------------------------------------------------
     def _call_until_answered(self, fn: Callable[[], Any]) -> Any:
@@ -188,138 +138,176 @@ class Worker(Claiming, JobStarts, Reporting):
                     raise
                 if isinstance(e, Unavailable) and e.details.get("tls") in ("untrusted", "plain_http"):
                     raise ServerUntrusted(e.message) from e  # only at start: once running, it is an outage
-                self.reach.failed(e, self.name or "-")
-                if orphaned(self):  # a server gone before this worker registered: no heartbeat thread to see it
-                    self.stopping.set()
-            self.stopping.wait(backoff)
+                self.ctx.unreachable(e)
+                if orphaned(self.ctx, self.holdings):  # a server gone before this worker registered: no heartbeat
+                    self.ctx.stopping.set()
+            self.ctx.stopping.wait(backoff)
             backoff = min(backoff * 2, 10.0)
 
     def start(self) -> None:
         found = find_held(self.workdir, self.cgroups) if self.workdir else []
-        resp = self._call_until_answered(lambda: self.register_with(self.api, found))
-        self.reach.ok(self.name)
+        resp = self._call_until_answered(lambda: self.registrar.register(self.api, found))
+        ctx = self.ctx
+        ctx.reach.ok(ctx.name)
         if self.workdir is None:
-            self.dir_lock = hold_dir(self.home / "work" / self.name)  # before anything looks in it (DirInUse)
-            self.workdir = self.home / "work" / self.name
+            self.dir_lock = hold_dir(self.home / "work" / ctx.name)  # before anything looks in it (DirInUse)
+            self.workdir = self.home / "work" / ctx.name
             self.sampler.disk_path = self.workdir
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        workdir = self.workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        spare = None
         with contextlib.suppress(OSError):  # a dir it cannot make there: each job dir is made and removed, as before
-            self.spare = SpareDirs(self.workdir)
+            spare = SpareDirs(workdir)
         if self.cgroups.available:
             log.info(
-                "event=worker.cgroups worker=%s version=%d base=%s", self.name, self.cgroups.version, self.cgroups.base
+                "event=worker.cgroups worker=%s version=%d base=%s", ctx.name, self.cgroups.version, self.cgroups.base
             )
         else:
             log.warning(
                 "event=worker.no_cgroups worker=%s reason=%r: jobs' memory grants are not enforced",
-                self.name,
+                ctx.name,
                 self.cgroups.reason,
             )
-        self.spool = Spool(self.home / "spool" / self.name)
-        self.send_spool()
+        spool = Spool(self.home / "spool" / ctx.name)
+        self.crew = crew = self._crew(workdir, spare, spool)
+        crew.reporter.send_spool()
         statuses = resp.jobs
-        sent = self.register_sent
+        sent = self.registrar.sent
         if self.workdir_arg is None and not found:
-            found = find_held(self.workdir, self.cgroups)
+            found = find_held(workdir, self.cgroups)
             if found:
                 sent = clock.now()
                 statuses = self._call_until_answered(
-                    lambda: self.api.call(
-                        "POST", "/v1/worker/heartbeat", self.hello(found), timeout=self.timed.request_timeout_seconds
-                    )["jobs"]
+                    lambda: (
+                        self.api.call(
+                            "POST",
+                            "/v1/worker/heartbeat",
+                            self.registrar.hello(found),
+                            model=HeartbeatResponse,
+                            timeout=ctx.timed.request_timeout_seconds,
+                        ).jobs
+                    )
                 )
-        self.relay = Relay(self.api_factory, self.timed.request_timeout_seconds, user=self.host.user)
-        self._reattach(found, statuses, sent)
-        self.heartbeat = Heartbeat(self, self.api_factory())
+        reattach(
+            found,
+            statuses,
+            sent,
+            holdings=self.holdings,
+            cgroups=self.cgroups,
+            relay=crew.relay,
+            timing=ctx.timed,
+            worker=ctx.name,
+        )
+        self.heartbeat = Heartbeat(
+            ctx, self.api_factory(), holdings=self.holdings, registrar=self.registrar, workdir=workdir
+        )
         self.heartbeat.start()
 
-    def _reattach(self, found: list[Held], statuses: dict[str, str], sent: float) -> None:
-        """Hold again the jobs an earlier worker left (`reattach.find_held`), as the server's `statuses` of them say."""
-        # the groups of jobs an earlier worker reported, or left ended: the jobs found keep theirs until reported
-        swept = self.cgroups.sweep({h.cgroup.path for h in found if h.cgroup is not None})
-        if swept:
-            log.info(
-                "event=worker.cgroups_removed worker=%s count=%d (left by an earlier worker)", self.name, len(swept)
-            )
-        with self.lock:
-            for h in found:
-                self.held[h.job] = h
-        self.apply(statuses, sent, found)
-        for h in found:
-            st = statuses.get(h.job, "lost")
-            if st == "ok" and not h.jd.exit_json.exists():
-                relay_at = Path(h.record.relay) if h.record and h.record.relay else socket_path(h.jd.root)
-                self._relay_for(h.job, h.token, relay_at, h.jd)
-            log.info("event=job.reattached job=%s token=%s status=%s", h.job, h.token, st)
+    def _crew(self, workdir: Path, spare: SpareDirs | None, spool: Spool) -> Crew:
+        ctx, api, holdings = self.ctx, self.api, self.holdings
+        relay = Relay(self.api_factory, ctx.timed.request_timeout_seconds, user=self.host.user)
+        starter = Starter(
+            ctx,
+            api=api,
+            holdings=holdings,
+            store=self.store,
+            repos=self.repos,
+            cgroups=self.cgroups,
+            host=self.host,
+            relay=relay,
+            workdir=workdir,
+            spare=spare,
+            home=self.home,
+            image=self.image,
+            register=self._register_again,
+        )
+        claimer = Claimer(ctx, api=api, holdings=holdings, sample=self.registrar.host_sample, start=starter.start)
+        reporter = Reporter(
+            ctx,
+            api=api,
+            holdings=holdings,
+            claimer=claimer,
+            store=self.store,
+            spool=spool,
+            repos=self.repos,
+            cgroups=self.cgroups,
+            host=self.host,
+            relay=relay,
+            workdir=workdir,
+            spare=spare,
+        )
+        return Crew(claimer, starter, reporter, relay)
+
+    def _register_again(self) -> None:
+        """Register again holding what the worker holds: the server's record of this worker is wrong."""
+        self.registrar.register(self.api, self.holdings.snapshot())
 
     # -- the loop ----------------------------------------------------------------------------
     def _check_stop(self) -> None:
-        if self.refused is not None:
-            raise WorkerRefused(self.refused)
-        if self.stopping.is_set():
+        if self.ctx.refused is not None:
+            raise WorkerRefused(self.ctx.refused)
+        if self.ctx.stopping.is_set():
             raise ShutdownRequested()
 
     def loop(self) -> None:
+        assert self.crew is not None, "the worker has not started"
+        claimer, reporter = self.crew.claimer, self.crew.reporter
         last_spool = clock.now()
         while True:
             self._check_stop()
             now = clock.now()
             ready: list[Held] = []
-            for h in self.snapshot():
-                self._tend(h, now, ready)
-            self._send_all(ready)
-            if now - last_spool > max(self.timed.renew_seconds, 1.0):
+            for h in self.holdings.snapshot():
+                self._tend(reporter, h, now, ready)
+            reporter.send_all(ready)
+            if now - last_spool > max(self.ctx.timed.renew_seconds, 1.0):
                 last_spool = now
-                self.send_spool()
-            if now >= self.next_claim:
-                self.claim()
-            if not self.stopping.is_set():
+                reporter.send_spool()
+            if claimer.due(now):
+                claimer.claim()
+            if not self.ctx.stopping.is_set():
                 self.host.wait_exit(TICK)  # a shim whose job ended wakes the loop at once
 
-    def _tend(self, h: Held, now: float, ready: list[Held] | None = None) -> None:
+    def _tend(self, reporter: Reporter, h: Held, now: float, ready: list[Held]) -> None:
         try:
-            self._tend_one(h, now, ready)
+            self._tend_one(reporter, h, now, ready)
         except OSError as e:
             # a full or broken --dir fails this job's step, not the worker: it is tried again next tick
             if not h.disk_error:
-                log.warning("event=job.disk_error job=%s worker=%s error=%s", h.job, self.name, e)
+                log.warning("event=job.disk_error job=%s worker=%s error=%s", h.job, self.ctx.name, e)
             h.disk_error = True
 
-    def _tend_one(self, h: Held, now: float, ready: list[Held] | None = None) -> None:
-        """One step for one job; a report due to be sent goes on `ready` (sent with the others that ended), or at once
-        without one."""
+    def _tend_one(self, reporter: Reporter, h: Held, now: float, ready: list[Held]) -> None:
+        """One step for one job; a report due to be sent goes on `ready`, sent with the others that ended."""
         if h.report is None:
             if h.jd.exit_json.exists():
-                self._build_report(h)
+                reporter.build(h)
             elif now > h.shim_due and not h.jd.shim_alive() and not h.jd.exit_json.exists():
                 bury(h.jd, self.cgroups)
             elif h.shipper.due(now):
                 self._ship_log(h)
         if h.report is not None and now >= h.next_try:
-            if ready is None:
-                self._send(h)
-            else:
-                ready.append(h)
+            ready.append(h)
 
     def _ship_log(self, h: Held) -> None:
         try:
-            new = h.shipper.upload(self.store, self.timed.log_max_bytes)
+            new = h.shipper.upload(self.store, self.ctx.timed.log_max_bytes)
             if new:
                 self.store.flush()  # chunks a cached CAS kept while its remote was away: the server checks them
                 self.api.call(
                     "POST",
                     "/v1/worker/log",
-                    LogAppend(protocol=PROTOCOL, job=h.job, token=h.token, chunks=new),
-                    timeout=self.timed.request_timeout_seconds,
+                    LogAppend(protocol=PROTOCOL, job=h.lease.job, token=h.lease.token, chunks=new),
+                    timeout=self.ctx.timed.request_timeout_seconds,
                 )
                 h.shipper.mark_posted(len(new))
         except LeaseLost:
-            log.warning("event=job.lease_lost job=%s token=%s worker=%s", h.job, h.token, self.name)
+            log.warning("event=job.lease_lost job=%s token=%s worker=%s", *h.lease, self.ctx.name)
             h.jd.request_stop(StopReason.LEASE_LOST)
         except Refused as e:
-            self.refuse(e.message)
+            self.ctx.refuse(e.message)
         except (PiloopError, OSError) as e:
-            self.reach.failed(e, self.name)
+            self.ctx.unreachable(e)
 
     # -- ends --------------------------------------------------------------------------------
     def detach(self, budget: float) -> None:
@@ -327,13 +315,15 @@ class Worker(Claiming, JobStarts, Reporting):
         if self.heartbeat is not None:
             self.heartbeat.stop.set()
         end = clock.now() + budget
-        for h in self.snapshot():
-            if clock.now() > end:
-                break
-            if h.report is None and h.jd.exit_json.exists():
-                self._build_report(h)
-            if h.report is not None:
-                self._send(h)
+        if self.crew is not None:
+            reporter = self.crew.reporter
+            for h in self.holdings.snapshot():
+                if clock.now() > end:
+                    break
+                if h.report is None and h.jd.exit_json.exists():
+                    reporter.build(h)
+                if h.report is not None:
+                    reporter.send(h)
         if self.heartbeat is not None:
             self.heartbeat.join(timeout=max(0.1, end - clock.now()))
 
@@ -341,7 +331,7 @@ class Worker(Claiming, JobStarts, Reporting):
         """Stop every job (its shim kills its process group) and wait for them to end."""
         if self.heartbeat is not None:
             self.heartbeat.stop.set()
-        held = self.snapshot()
+        held = self.holdings.snapshot()
         for h in held:
             with contextlib.suppress(OSError):
                 h.jd.request_stop(why)
@@ -350,8 +340,8 @@ class Worker(Claiming, JobStarts, Reporting):
             time.sleep(0.05)
 
     def close(self) -> None:
-        if self.relay is not None:
-            self.relay.close()
+        if self.crew is not None:
+            self.crew.relay.close()
         self.api.close()
         self.host.close()
         self.cgroups.close()

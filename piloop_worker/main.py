@@ -256,7 +256,7 @@ def _run(
     )
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        w.stopping.set()
+        w.ctx.stopping.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -272,13 +272,13 @@ def _run(
                 return _fail(f"cannot start: {e.filename or ''}: {e.strerror or e}", EXIT_USAGE)
             w.loop()
         except ShutdownRequested:
-            log.info("event=worker.detaching worker=%s jobs=%d", w.name, len(w.held))
-            w.detach(budget=(w.timing.request_timeout_seconds * 2) if w.timing else 0.0)
+            log.info("event=worker.detaching worker=%s jobs=%d", w.ctx.name, len(w.holdings))
+            w.detach(budget=(w.ctx.timing.request_timeout_seconds * 2) if w.ctx.timing else 0.0)
             return EXIT_OK
         except DirInUse as e:
             return _fail(e.message, EXIT_IN_USE)
         except WorkerRefused as e:
-            w.stop_all(StopReason.REFUSED, wait=(w.timing.kill_grace_seconds + 2) if w.timing else 2.0)
+            w.stop_all(StopReason.REFUSED, wait=(w.ctx.timing.kill_grace_seconds + 2) if w.ctx.timing else 2.0)
             return _fail(f"refused by the server: {e.reason}", EXIT_REFUSED)
         except ServerUntrusted as e:  # before registering: nothing of this worker runs yet
             return _fail(e.message, EXIT_UNTRUSTED)

@@ -38,6 +38,7 @@ from pathlib import Path
 from piloop_common.protocol.worker import RELAY_JOB_HEADER, RELAY_MARKER_HEADER, RELAY_TOKEN_HEADER
 from piloop_common.sdk.client import ApiClient
 from piloop_worker.jobuser import JobUser
+from piloop_worker.lease import HeldLease
 from piloop_worker.relaypath import SHOWN, NotARoute, route
 
 log = logging.getLogger("piloop.worker")
@@ -70,11 +71,11 @@ def socket_path(job_root: Path) -> Path:
         return p  # binding it fails, and the job's log says its relay is not available
 
 
-class _Lease:
+class _Listener:
     """One job's relay: its listener is the loop's, `calls` the loop's count, `removed` read by the pool too."""
 
-    def __init__(self, job: str, token: str, path: Path, sock: socket.socket) -> None:
-        self.job, self.token, self.path, self.sock = job, token, path, sock
+    def __init__(self, lease: HeldLease, path: Path, sock: socket.socket) -> None:
+        self.lease, self.path, self.sock = lease, path, sock
         self.calls = 0  # connections accepted and not yet answered
         self.forwards = asyncio.Semaphore(FORWARDS_PER_JOB)
         self.removed = False
@@ -98,7 +99,7 @@ class Relay:
         self.timeout = timeout
         self.user = user  # the user the jobs run as, who must reach and connect to their sockets
         self.base: Path | None = None  # with a user: the dir of the jobs' own socket dirs (0711)
-        self.leases: dict[str, _Lease] = {}
+        self.leases: dict[str, _Listener] = {}  # job -> its listener
         self.lock = threading.Lock()
         self.closed = False
         self.pool = concurrent.futures.ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="relay-call")
@@ -120,8 +121,8 @@ class Relay:
         os.chown(own, self.user.uid, self.user.gid)
         return own / SOCKET_NAME
 
-    def add(self, job: str, token: str, path: Path) -> None:
-        """Listen for `job` at `path` (a stale socket file there, from an earlier worker, is replaced)."""
+    def add(self, lease: HeldLease, path: Path) -> None:
+        """Listen for the job of `lease` at `path` (a stale socket file there, from an earlier worker, is replaced)."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -141,16 +142,31 @@ class Relay:
         except OSError:
             s.close()
             raise
-        le = _Lease(job, token, path, s)
+        le = _Listener(lease, path, s)
         with self.lock:
             if self.closed:
                 s.close()
                 return
-            old = self.leases.pop(job, None)
-            self.leases[job] = le
+            old = self.leases.pop(lease.job, None)
+            self.leases[lease.job] = le
             if old is not None:  # a re-attached job: its calls under way still go through
                 self.loop.call_soon_threadsafe(self._stop, old)
             self.loop.call_soon_threadsafe(self._listen, le)
+
+    def add_or_say(self, lease: HeldLease, path: Path, output_log: Path) -> None:
+        """`add`, or (the socket cannot be bound) let the job run, its own `piloop` calls failing, and say why in its
+        log, `output_log`."""
+        try:
+            self.add(lease, path)
+        except OSError as e:
+            why = e.strerror or str(e)
+            log.warning("event=relay.unavailable job=%s path=%s error=%s", lease.job, path, why)
+            line = f"piloop: this job's relay is not available: {path}: {why}; piloop commands will fail\n"
+            try:
+                with open(output_log, "ab") as f:
+                    f.write(line.encode(errors="replace"))
+            except OSError as e2:
+                log.warning("event=relay.unsaid job=%s error=%s", lease.job, e2)
 
     def remove(self, job: str) -> None:
         with self.lock:
@@ -194,24 +210,24 @@ class Relay:
             task.cancel()
         await asyncio.gather(*left, return_exceptions=True)
 
-    def _listen(self, le: _Lease) -> None:
+    def _listen(self, le: _Listener) -> None:
         if le.sock.fileno() != -1:  # not closed meanwhile (out of fds, accepting paused for a second)
             self.loop.add_reader(le.sock.fileno(), self._accept, le)
 
-    def _stop(self, le: _Lease) -> None:
+    def _stop(self, le: _Listener) -> None:
         """The job's listener closed: its file is left in place."""
         if le.sock.fileno() != -1:
             self.loop.remove_reader(le.sock.fileno())
             le.sock.close()
 
-    def _accept(self, le: _Lease) -> None:
+    def _accept(self, le: _Listener) -> None:
         for _ in range(BACKLOG):
             try:
                 conn, _ = le.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:  # out of fds, say: the calls wait in the backlog meanwhile, as asyncio's servers do
-                log.warning("event=relay.accept_failed job=%s error=%s", le.job, e)
+                log.warning("event=relay.accept_failed job=%s error=%s", le.lease.job, e)
                 self.loop.remove_reader(le.sock.fileno())
                 self.loop.call_later(1.0, self._listen, le)
                 return
@@ -224,7 +240,7 @@ class Relay:
             le.calls += 1
             self.loop.create_task(self._serve(le, conn))
 
-    async def _serve(self, le: _Lease, conn: socket.socket) -> None:
+    async def _serve(self, le: _Listener, conn: socket.socket) -> None:
         try:
             reader, writer = await asyncio.open_unix_connection(sock=conn)
             try:
@@ -245,11 +261,11 @@ class Relay:
         except ConnectionError:  # the job went before its answer
             return
         except Exception as e:  # noqa: BLE001 — one bad call never ends the relay
-            log.warning("event=relay.error job=%s error=%s: %s", le.job, type(e).__name__, e)
+            log.warning("event=relay.error job=%s error=%s: %s", le.lease.job, type(e).__name__, e)
         finally:
             le.calls -= 1
 
-    async def _call(self, le: _Lease, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
+    async def _call(self, le: _Listener, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
         if method not in ("GET", "POST"):
             return 501, _error("not_implemented", f"the relay forwards GET and POST calls, not {method}")
         if body is None:
@@ -258,26 +274,26 @@ class Relay:
             return await self.loop.run_in_executor(self.pool, self._forward_live, le, method, path, body)
 
     # -- the pool's threads ------------------------------------------------------------
-    def _forward_live(self, le: _Lease, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+    def _forward_live(self, le: _Listener, method: str, path: str, body: bytes) -> tuple[int, bytes]:
         if le.removed:  # read after `remove` returned: the job has been reported
-            return 409, _error("lease_lost", f"job {le.job} has ended: its relay forwards no more calls")
+            return 409, _error("lease_lost", f"job {le.lease.job} has ended: its relay forwards no more calls")
         return self.forward(le, method, path, body)
 
-    def forward(self, le: _Lease, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+    def forward(self, le: _Listener, method: str, path: str, body: bytes) -> tuple[int, bytes]:
         """Send one call to the server under the job's lease; the server's status and body."""
         try:
             path = route(method, path)
         except NotARoute as e:
-            log.warning("event=relay.refused job=%s path=%r why=%s", le.job, path[:200], e)
+            log.warning("event=relay.refused job=%s path=%r why=%s", le.lease.job, path[:200], e)
             return 404, _error("not_found", f"the relay forwards only its own routes ({SHOWN}): {e}")
-        headers = {RELAY_JOB_HEADER: le.job, RELAY_TOKEN_HEADER: le.token, RELAY_MARKER_HEADER: "1"}
+        headers = {RELAY_JOB_HEADER: le.lease.job, RELAY_TOKEN_HEADER: le.lease.token, RELAY_MARKER_HEADER: "1"}
         if body:
             headers["content-type"] = "application/json"
         try:
             status, content = self.api.request(method, path, body or None, headers=headers, timeout=self.timeout)
         except Exception as e:  # noqa: BLE001 — the server is away: the job's call fails now, as a direct call would
             return 503, _error("unavailable", f"the worker's relay cannot reach the server: {type(e).__name__}: {e}")
-        log.info("event=relay.call job=%s path=%s status=%d", le.job, path, status)
+        log.info("event=relay.call job=%s path=%s status=%d", le.lease.job, path, status)
         return status, content
 
 

@@ -7,9 +7,10 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from piloop_common.bytecaps import LOG_MAX_BYTES, RESULT_MAX_BYTES
 from piloop_common.exceptionnames import CLASSES_MOST, EXCEPTION_NAME
@@ -151,14 +152,37 @@ class Timing(Message):
     )
 
 
+class LeaseStatus(StrEnum):
+    """The server's word on a lease a worker named: renew it, stop its job (cancelled), or stop it (not the worker's
+    lease any more). A word this side does not know is `lost`: the safe side."""
+
+    OK = "ok"
+    CANCEL = "cancel"
+    LOST = "lost"
+
+
+def _lease_statuses(data: Any) -> Any:
+    if not isinstance(data, dict):
+        return data
+    known = {s.value for s in LeaseStatus}
+    return {job: word if word in known else LeaseStatus.LOST.value for job, word in data.items()}
+
+
+LeaseStatuses = Annotated[
+    dict[str, LeaseStatus],
+    BeforeValidator(_lease_statuses),
+    Field(default_factory=dict, description="job -> ok | cancel | lost"),
+]
+
+
 class RegisterResponse(Message):
     worker: str
     timing: Timing
-    jobs: dict[str, str] = Field(default_factory=dict, description="job -> ok | cancel | lost")
+    jobs: LeaseStatuses
 
 
 class HeartbeatResponse(Message):
-    jobs: dict[str, str] = Field(default_factory=dict, description="job -> ok | cancel | lost")
+    jobs: LeaseStatuses
     timing: Timing | None = Field(
         None,
         description=(

@@ -77,5 +77,5 @@ def test_reattach_drops_a_dir_whose_record_was_cut_short(tmp_path: Path) -> None
     cut.create(job_record("j2", "1"))
     cut.job_json.write_text(cut.job_json.read_text()[:20])
     held = find_held(tmp_path, Cgroups("test", root=tmp_path / "no-cgroups"))
-    assert [(h.job, h.token, h.record) for h in held] == [("j1", "1", job_record("j1", "1"))]
+    assert [(h.lease.job, h.lease.token, h.record) for h in held] == [("j1", "1", job_record("j1", "1"))]
     assert good.root.exists() and not cut.root.exists()

@@ -20,6 +20,7 @@ import pytest
 
 from piloop_common.protocol.worker import RELAY_JOB_HEADER
 from piloop_worker import relay as relay_mod
+from piloop_worker.lease import HeldLease
 from piloop_worker.relay import CALL_THREADS, FORWARDS_PER_JOB, MAX_CALLS_PER_JOB, Relay
 from tests.helpers.redis import wait_for
 
@@ -121,7 +122,7 @@ def test_thousands_of_connections_to_one_job_leave_the_threads_bounded(fds, tmp_
     up = _Upstream(hold={"j"})
     r = Relay(lambda: up, timeout=5)
     try:
-        r.add("j", "t", tmp_path / "j.sock")
+        r.add(HeldLease("j", "t"), tmp_path / "j.sock")
         socks = [_connect(tmp_path / "j.sock") for _ in range(n)]
         wait_for(lambda: up.held == FORWARDS_PER_JOB, what="the job's share of the pool held")
         wait_for(lambda: _answered(socks) == n - MAX_CALLS_PER_JOB, what="every call over the cap answered at once")
@@ -141,8 +142,8 @@ def test_thousands_of_connections_to_one_job_leave_the_threads_bounded(fds, tmp_
 
 def test_a_job_over_its_cap_does_not_hold_up_another(relay, tmp_path: Path) -> None:
     r, up = relay
-    r.add("a", "t", tmp_path / "a.sock")
-    r.add("b", "t", tmp_path / "b.sock")
+    r.add(HeldLease("a", "t"), tmp_path / "a.sock")
+    r.add(HeldLease("b", "t"), tmp_path / "b.sock")
     held = [_connect(tmp_path / "a.sock") for _ in range(MAX_CALLS_PER_JOB)]
     wait_for(lambda: r.leases["a"].calls == MAX_CALLS_PER_JOB and up.held == FORWARDS_PER_JOB, what="a's calls held")
     assert _answer(_connect(tmp_path / "a.sock")) == (503, BUSY)
@@ -154,7 +155,7 @@ def test_a_job_over_its_cap_does_not_hold_up_another(relay, tmp_path: Path) -> N
 def test_a_connection_that_sends_nothing_loses_its_slot(relay, monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setattr(relay_mod, "READ_SECONDS", 1.0)
     r, _ = relay
-    r.add("j", "t", tmp_path / "j.sock")
+    r.add(HeldLease("j", "t"), tmp_path / "j.sock")
     t0 = time.monotonic()
     idle = [_connect(tmp_path / "j.sock", send=b"GET /v1/relay/job HTTP/1.0\r\n") for _ in range(2)]
     idle += [_connect(tmp_path / "j.sock", send=b"") for _ in range(MAX_CALLS_PER_JOB - 2)]
@@ -182,7 +183,7 @@ def test_a_connection_that_sends_nothing_loses_its_slot(relay, monkeypatch, tmp_
 )
 def test_a_call_the_relay_will_not_forward_is_told_why(relay, tmp_path: Path, call, status, error) -> None:
     r, up = relay
-    r.add("j", "t", tmp_path / "j.sock")
+    r.add(HeldLease("j", "t"), tmp_path / "j.sock")
     s = _connect(tmp_path / "j.sock", send=call)
     if call.endswith(b"{}"):
         s.shutdown(socket.SHUT_WR)  # the body ends short of its length
@@ -194,7 +195,7 @@ def test_a_call_the_relay_will_not_forward_is_told_why(relay, tmp_path: Path, ca
 
 def test_a_call_of_a_removed_job_is_not_forwarded(relay, tmp_path: Path) -> None:
     r, up = relay
-    r.add("a", "t", tmp_path / "a.sock")
+    r.add(HeldLease("a", "t"), tmp_path / "a.sock")
     socks = [_connect(tmp_path / "a.sock") for _ in range(FORWARDS_PER_JOB + 1)]
     wait_for(lambda: r.leases["a"].calls == FORWARDS_PER_JOB + 1 and up.held == FORWARDS_PER_JOB, what="a's calls")
     r.remove("a")  # the job reported: the calls already sent finish, the one still waiting is not sent

@@ -13,6 +13,7 @@ from typing import ClassVar
 import pytest
 
 from piloop_common.protocol.worker import RELAY_JOB_HEADER
+from piloop_worker.lease import HeldLease
 from piloop_worker.relay import Relay
 
 
@@ -70,7 +71,7 @@ def test_each_socket_answers_for_its_job_until_removed(relay, tmp_path: Path) ->
     for i in range(60):  # a socket dropped and another added take the same fd again and again
         job = f"j{i}"
         live[job] = tmp_path / f"{i}.sock"
-        r.add(job, "t", live[job])
+        r.add(HeldLease(job, "t"), live[job])
         if i % 3 == 2:  # drop an older one between adds
             gone = f"j{i - 2}"
             r.remove(gone)
@@ -86,8 +87,8 @@ def test_each_socket_answers_for_its_job_until_removed(relay, tmp_path: Path) ->
 
 def test_a_socket_added_again_replaces_the_first(relay, tmp_path: Path) -> None:
     r, _ = relay
-    r.add("j", "t", tmp_path / "a.sock")
-    r.add("j", "t", tmp_path / "b.sock")  # a re-attached job: the first listener is closed, its file left
+    r.add(HeldLease("j", "t"), tmp_path / "a.sock")
+    r.add(HeldLease("j", "t"), tmp_path / "b.sock")  # a re-attached job: the first listener is closed, its file left
     assert _ask(tmp_path / "b.sock") == "j"
     with pytest.raises(ConnectionRefusedError):
         _ask(tmp_path / "a.sock")
@@ -99,18 +100,18 @@ def test_a_socket_added_again_replaces_the_first(relay, tmp_path: Path) -> None:
 def test_a_socket_dir_gone_is_made_again(relay, tmp_path: Path) -> None:
     r, _ = relay
     path = tmp_path / "gone" / "relay.sock"
-    r.add("j", "t", path)
+    r.add(HeldLease("j", "t"), path)
     assert _ask(path) == "j"
 
 
 def test_after_close_nothing_listens(tmp_path: Path) -> None:
     r = Relay(_Upstream, timeout=5)
-    r.add("j", "t", tmp_path / "a.sock")
+    r.add(HeldLease("j", "t"), tmp_path / "a.sock")
     r.close()
     assert not r.thread.is_alive()
     with pytest.raises(ConnectionRefusedError):
         _ask(tmp_path / "a.sock")
-    r.add("k", "t", tmp_path / "b.sock")  # a late add after close listens nowhere and raises nothing
+    r.add(HeldLease("k", "t"), tmp_path / "b.sock")  # a late add after close listens nowhere and raises nothing
     with pytest.raises(ConnectionRefusedError):
         _ask(tmp_path / "b.sock")
     r.close()

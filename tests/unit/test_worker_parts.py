@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import stat
-import threading
 import time
 from pathlib import Path
 
@@ -19,13 +18,20 @@ from piloop_common.host.sample import Sampler, memory_pressure, parse_psi, sampl
 from piloop_common.protocol.report import ReportAnswer, ReportRequest, ReportsResponse
 from piloop_common.protocol.worker import PROTOCOL, ClaimResponse, HostSample, Timing
 from piloop_worker import spool as spool_module
-from piloop_worker.claiming import EVALUATIONS_PER_CLAIM
-from piloop_worker.heartbeat import Reachability
-from piloop_worker.held import Held, report_id_for
+from piloop_worker.cgroups import Cgroups
+from piloop_worker.claiming import EVALUATIONS_PER_CLAIM, Claimer
+from piloop_worker.context import WorkerContext
+from piloop_worker.held import Held
+from piloop_worker.holdings import Holdings
 from piloop_worker.jobdir import JobDir, files_under, scan
+from piloop_worker.lease import HeldLease, report_id_for
 from piloop_worker.logs import LogShipper
-from piloop_worker.loop import Worker
 from piloop_worker.pressure import admission
+from piloop_worker.reachability import Reachability
+from piloop_worker.relay import Relay
+from piloop_worker.reporting import Reporter
+from piloop_worker.repos import Repos
+from piloop_worker.shimhost import ShimHost
 from piloop_worker.shimproto import CgroupGrant, ExitRecord, ShimRecord, ShimRequest, StopReason
 from piloop_worker.sparedirs import SpareDirs
 from piloop_worker.spool import DURABLE_AFTER_SECONDS, Spool
@@ -408,42 +414,71 @@ class _Api:
         answers = [ReportAnswer(answer="accepted", state="succeeded") for _ in body.reports]
         return ReportsResponse(answers=answers, claim=ClaimResponse(reason="nothing"))
 
+    def close(self) -> None:
+        pass
 
-def _busy_worker(tmp_path: Path, held: int) -> tuple[Worker, list[Held]]:
-    """A worker's loop state without its processes: `held` jobs that have ended, each with its report spooled."""
-    w = object.__new__(Worker)  # no shim host, no cgroups, no server: only what sending reports touches
-    w.stopping, w.refused, w.lock, w.held, w.grants = threading.Event(), None, threading.RLock(), {}, {}
-    w.timing = Timing(
-        renew_seconds=10,
-        grace_seconds=30,
-        toleration_seconds=60,
-        request_timeout_seconds=5,
-        kill_grace_seconds=5,
-        memory_pressure_max=10,
-    )
-    w.host_sample = lambda: HostSample(cpus=2, load1=0.1, memory_available_gb=8, disk_free_gb=10)
-    w.room_mb = lambda: 4096
-    w.api, w.spool, w.relay, w.spare, w.name = _Api(), Spool(tmp_path / "spool"), None, None, "w1"
-    w.store = LocalStore(tmp_path / "cas")  # a report flushes its store first: nothing held here
-    w.reach = Reachability("test")
-    ready = []
-    for i in range(held):
-        jd = JobDir(tmp_path / "jobs" / f"j{i}.5")
-        jd.create(job_record(f"j{i}"))
-        h = Held(f"j{i}", "5", "evaluation", jd, LogShipper(jd), report=_report(f"j{i}"))
-        w.spool.write(h.report)
-        w.held[h.job] = h
-        ready.append(h)
-    return w, ready
+
+def _never_started(*args: object) -> None:
+    raise AssertionError("the claim's answer leased nothing to start")
+
+
+@pytest.fixture
+def busy_worker(tmp_path: Path):
+    """A worker's reporting part without its processes: `held` jobs that have ended, each with its report spooled.
+    No shim host, no cgroups, no server: only what sending reports touches."""
+    made: list[Relay] = []
+
+    def make(held: int) -> tuple[Reporter, Holdings, _Api, list[Held]]:
+        ctx = WorkerContext("w1", Reachability("test"))
+        ctx.timing = Timing(
+            renew_seconds=10,
+            grace_seconds=30,
+            toleration_seconds=60,
+            request_timeout_seconds=5,
+            kill_grace_seconds=5,
+            memory_pressure_max=10,
+        )
+        api, holdings = _Api(), Holdings()
+        store = LocalStore(tmp_path / "cas")  # a report flushes its store first: nothing held here
+        sample = HostSample(cpus=2, load1=0.1, memory_available_gb=8, disk_free_gb=10)
+        claimer = Claimer(ctx, api=api, holdings=holdings, sample=lambda: sample, start=_never_started)
+        made.append(relay := Relay(lambda: api, 5.0))
+        reporter = Reporter(
+            ctx,
+            api=api,
+            holdings=holdings,
+            claimer=claimer,
+            store=store,
+            spool=Spool(tmp_path / "spool"),
+            repos=Repos(tmp_path / "repos", store),
+            cgroups=Cgroups("test", root=tmp_path / "no-cgroups"),
+            host=ShimHost(),
+            relay=relay,
+            workdir=tmp_path,
+            spare=None,
+        )
+        ready = []
+        for i in range(held):
+            jd = JobDir(tmp_path / "jobs" / f"j{i}.5")
+            jd.create(job_record(f"j{i}"))
+            h = Held(HeldLease(f"j{i}", "5"), "evaluation", jd, LogShipper(jd), report=_report(f"j{i}"))
+            reporter.spool.write(h.report)
+            holdings.add(h)
+            ready.append(h)
+        return reporter, holdings, api, ready
+
+    yield make
+    for relay in made:
+        relay.close()
 
 
 @pytest.mark.parametrize("ended, asked", [(1, EVALUATIONS_PER_CLAIM), (2, EVALUATIONS_PER_CLAIM), (7, 7)])
-def test_the_reports_of_a_round_carry_a_claim_for_every_slot_they_free(tmp_path: Path, ended: int, asked: int) -> None:
+def test_the_reports_of_a_round_carry_a_claim_for_every_slot_they_free(busy_worker, ended: int, asked: int) -> None:
     """A busy worker's round is one call: its ended jobs' reports, and a claim for as many jobs as they free (at least
     the usual few), so no slot they free waits for a claim of its own."""
-    w, ready = _busy_worker(tmp_path, ended)
-    w._send_all(ready)
-    ((path, body),) = w.api.calls
+    reporter, holdings, api, ready = busy_worker(ended)
+    reporter.send_all(ready)
+    ((path, body),) = api.calls
     assert path == "/v1/worker/reports" and [r.job for r in body.reports] == [h.job for h in ready]
     assert body.claim is not None and body.claim.want["evaluation"] == asked and body.claim.wait_seconds == 0
-    assert not w.held and w.spool.pending() == []  # each answered: its job let go, its spooled report gone
+    assert not holdings and reporter.spool.pending() == []  # each answered: its job let go, its spooled report gone
