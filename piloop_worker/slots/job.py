@@ -200,11 +200,16 @@ class JobRun:
         self._stop_metrics.set()
         if self._metrics is not None:
             self._metrics.join(5)
-        warm = self.task and not self.proc.fresh and self.outcome is not None
-        if warm:
-            cpu, rss = self.proc.usage()
-            self.proc.between_tasks(self.cg, self.req.warm_max_rss_mb)
-            jobtree.reap_all(self.pid, 2.0, keep=self.proc.pid)  # what the task left, not the warm process
+        got = self.outcome
+        warm = self.task and not self.proc.fresh and got is not None
+        if warm and got is not None:
+            cpu, rss = got.cpu, got.rss
+            self.proc.between_tasks(self.cg, self.req.warm_max_rss_mb, rss)
+            keep = self.proc.pid
+            # what the task left, not the warm process; nothing to look for when the process has no child and the
+            # supervisor none but it (an orphan of the task's comes to the supervisor, its subreaper)
+            if got.children or self._metrics is not None or _own_children() != ({keep} if keep else set()):
+                jobtree.reap_all(self.pid, 2.0, keep=keep)
         else:
             cpu, rss = (ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024) if ru is not None else (0.0, 0)
             jobtree.signal_tree(self.pid, self.meter, signal.SIGKILL)
@@ -221,7 +226,6 @@ class JobRun:
             oom = self.cg.oom_kills() > self.oom_before or self.why is StopReason.MEMORY_HELD
             if self.why is StopReason.MEMORY_HELD and self.req.cgroup is not None:
                 reason = f"out of memory (held at its limit for {self.req.cgroup.held_seconds:g}s)"
-        got = self.outcome
         exit_code = got.code if got is not None else os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
         signalled = os.WTERMSIG(status) if got is None and os.WIFSIGNALED(status) else None
         # a warm process is the slot's, shared by its tasks: one killed from outside under a task (the host's OOM
@@ -301,6 +305,19 @@ class JobRun:
 
     def _what(self) -> str:
         return self.req.task or (self.req.argv[0] if self.req.argv else "")
+
+
+def _own_children() -> set[int] | None:
+    """This process's children, from its main thread's list (the metrics thread, which has none, aside); None where
+    the kernel does not list them."""
+    try:
+        fd = os.open(f"/proc/self/task/{os.getpid()}/children", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return {int(c) for c in os.read(fd, 1 << 16).split()}
+        finally:
+            os.close(fd)
+    except (OSError, ValueError):
+        return None
 
 
 _DEVNULL: list[int] = []

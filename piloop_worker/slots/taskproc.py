@@ -22,6 +22,7 @@ import gc
 import json
 import os
 import pickle
+import resource
 import select
 import signal
 import socket
@@ -48,6 +49,9 @@ class TaskOutcome(NamedTuple):
     reason: str = ""
     value: bytes | None = None
     value_file: str | None = None
+    cpu: float = 0.0  # the CPU seconds the process spent on the task
+    rss: int = 0  # its resident bytes after the task
+    children: bool = True  # whether it has a child left (False: the task left no process behind in it)
 
     def wire(self) -> bytes:
         d = {**self._asdict(), "value": base64.b64encode(self.value).decode() if self.value is not None else None}
@@ -65,6 +69,9 @@ class TaskOutcome(NamedTuple):
                 str(d.get("reason") or "")[: tasks.REASON_MAX],
                 base64.b64decode(value) if value is not None else None,
                 str(d["value_file"]) if d.get("value_file") else None,
+                float(d.get("cpu") or 0.0),
+                int(d.get("rss") or 0),
+                bool(d.get("children", True)),
             )
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
@@ -81,7 +88,6 @@ class TaskProcess:
         self.fresh = False
         self.key: tuple[str | None, str] = (None, "")
         self.tasks = 0
-        self._cpu_before = 0.0
 
     def start(self, req: SlotRequest, cwd: str, result_file: str, cg: JobCgroup | None) -> int:
         """Hand `req`'s task to a process (warm when it may be, forked first when none fits); its pid."""
@@ -102,7 +108,6 @@ class TaskProcess:
             try:
                 if cg is not None and not fresh:
                     write_file(cg.join_path(), str(self.pid))
-                self._cpu_before = cpu_seconds(self.pid)
                 self.sock.sendall(message)
             except OSError:
                 # killed from outside since the look above (ESRCH joining the group, EPIPE sending): a fresh one
@@ -126,13 +131,9 @@ class TaskProcess:
             self.tasks += 1
         return got
 
-    def usage(self) -> tuple[float, int]:
-        """CPU seconds spent since the task was handed over, and the resident memory now."""
-        return max(cpu_seconds(self.pid) - self._cpu_before, 0.0), rss_bytes(self.pid)
-
-    def between_tasks(self, cg: JobCgroup | None, max_rss_mb: int) -> None:
+    def between_tasks(self, cg: JobCgroup | None, max_rss_mb: int, rss: int) -> None:
         """After a task that ended by itself: back in the supervisor's cgroup, or retired when it cannot leave the
-        task's or has grown past `max_rss_mb`."""
+        task's or has grown past `max_rss_mb` (`rss`, its resident bytes as it said)."""
         if cg is not None:
             own = own_procs(cg.version)
             try:
@@ -142,7 +143,7 @@ class TaskProcess:
             except OSError:
                 self.retire()
                 return
-        if max_rss_mb and rss_bytes(self.pid) > max_rss_mb * 2**20:
+        if max_rss_mb and rss > max_rss_mb * 2**20:
             self.retire()
 
     def alive(self) -> bool:
@@ -239,7 +240,11 @@ def _serve(
             os.environ.update({**base, **req.env})
             _reopen_streams()
             tasks.enter_task(req)
+            before = resource.getrusage(resource.RUSAGE_SELF)
             got = call(req, str(msg["result_file"]))
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+            got = got._replace(cpu=round(max(cpu, 0.0), 6), rss=rss_bytes(), children=_has_children())
         except Exception:  # noqa: BLE001 — the task's log says why; its status says it failed
             with contextlib.suppress(BaseException):
                 import traceback
@@ -314,22 +319,30 @@ def _flush() -> None:
             stream.flush()
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of one process, from /proc (one read)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rpartition(b")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
+def _has_children() -> bool:
+    """Whether this process has a child left (one that exited is reaped here)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
 
 
-def rss_bytes(pid: int) -> int:
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (three system calls: no Python file object)."""
     try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return int(os.read(fd, 256).split()[1]) * _PAGE
+        finally:
+            os.close(fd)
     except (OSError, IndexError, ValueError):
         return 0
 
 
-__all__ = ["TaskOutcome", "TaskProcess", "arguments", "call", "cpu_seconds", "rss_bytes"]
+__all__ = ["TaskOutcome", "TaskProcess", "arguments", "call", "rss_bytes"]

@@ -49,15 +49,16 @@ def test_a_job_that_ignores_sigterm_is_killed_after_its_grace(slot: Slot) -> Non
 
 
 def test_a_deadline_renewed_through_the_record_lets_the_job_run_on(slot: Slot) -> None:
-    g = slot.start(process("sleep", "2.5"), deadline_in=1.0)
+    ahead = scaled(1.0)  # each renewal a second ahead (more on a loaded machine), the job's life 2.5 of them
+    g = slot.start(process("sleep", str(2.5 * ahead)), deadline_in=ahead)
     end = time.monotonic() + scaled(20)
     ended = None
     while ended is None and time.monotonic() < end:
-        slot.handle.write_deadline(g, clock.now() + 1.0)
-        slot.pending.extend(slot.handle.read(timeout=0.2))
+        slot.handle.write_deadline(g, clock.now() + ahead)
+        slot.pending.extend(slot.handle.read(timeout=0.1))
         ended = next((m for m in slot.pending if isinstance(m, Ended)), None)
     assert ended is not None and ended.exit.outcome() == ("succeeded", ""), ended
-    assert ended.exit.duration_seconds >= 2.5
+    assert ended.exit.duration_seconds >= 2.5 * ahead
 
 
 def test_a_deadline_written_for_another_generation_does_not_renew_this_job(slot: Slot) -> None:
