@@ -74,7 +74,7 @@ class SlotHandle:
         self.record: SlotRecord | None = None
         self.pid = 0  # the supervisor's
         self.holding: Holding | None = None
-        self._grants: dict[int, str | None] = {}  # generation → the cgroup its start named
+        self._grants: dict[int, str | None] = {}  # generation → its cgroup: every start sent and not yet ended
         self._spawned: int | None = None  # a supervisor this process started: reaped once it ends
 
     def open(self, timeout: float = OPEN_SECONDS) -> State:
@@ -171,6 +171,8 @@ class SlotHandle:
             self.holding = Holding(msg.generation, "", "", msg.pid, msg.started, self._grants.get(msg.generation))
         elif isinstance(msg, State):
             self.holding = msg.holding
+            if msg.holding is not None:  # adopted: ended here if its supervisor dies
+                self._grants[msg.holding.generation] = msg.holding.cgroup
         elif isinstance(msg, Ended):
             self._grants.pop(msg.generation, None)
             if self.holding is not None and self.holding.generation == msg.generation:
@@ -186,17 +188,22 @@ class SlotHandle:
         held = self.holding
         if held is not None:
             _bury(held)
-            why = "the slot's supervisor died before the job ended"
-            out.append(Ended(held.generation, ExitRecord(lost=True, reason=why, started=held.started)))
-            self.holding = None
+        why = "the slot's supervisor died before the job ended"
+        for generation in sorted(self._grants):  # a start it may never have read is lost too, never run
+            started = held.started if held is not None and held.generation == generation else None
+            out.append(Ended(generation, ExitRecord(lost=True, reason=why, started=started)))
+        self._grants.clear()
+        self.holding = None
         log.warning("event=slot.supervisor_gone slot=%s pid=%s holding=%s", self.slot.root, self.pid, held is not None)
         out.append(Gone(self.pid))
         return out
 
     def _send(self, msg: Message) -> None:
+        """Send `msg`; a supervisor that died meanwhile is not an error here: `read()` reports it (`Gone`)."""
         if self.sock is None:
             raise Unavailable(f"slot {self.slot.root}: not connected to its supervisor")
-        self.sock.send(encode(msg))
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.sock.send(encode(msg))
 
     def _await_state(self, end: float) -> State:
         while True:

@@ -76,12 +76,16 @@ class JobRun:
             s.generation, s.job, s.token, self.pid, self.started_wall, str(self.cg.path) if self.cg else None
         )
 
-    def begin(self) -> Started | Ended:
-        """Start the job: `Started`, or `Ended` at once when it cannot start."""
+    def begin(self, metrics_left: bool = False) -> Started | Ended:
+        """Start the job: `Started`, or `Ended` at once when it cannot start. `metrics_left`: the last job ran long
+        enough to write `metrics.jsonl`, which is emptied now."""
         if self.cg is not None:
             self.oom_before = self.cg.oom_kills()  # a kept group's counters are an earlier job's too
             self.peak = self.cg.peak_watch()
         os.ftruncate(self._log_fd, 0)  # the same inode: `piloop attach` and the worker's offsets start again
+        if metrics_left:
+            with contextlib.suppress(OSError):
+                os.truncate(self.slot.metrics, 0)
         self.slot.empty_work()
         cwd = self.req.cwd or str(self.slot.work)
         try:
@@ -288,8 +292,6 @@ class JobRun:
         stop = self._stop_metrics
 
         def loop() -> None:
-            with contextlib.suppress(OSError):
-                os.truncate(path, 0)  # the last job's samples, if it ran long enough to have any
             while not stop.is_set():
                 with contextlib.suppress(Exception):
                     metrics.append(path, disk)
@@ -297,6 +299,10 @@ class JobRun:
 
         self._metrics = threading.Thread(target=loop, name="metrics", daemon=True)
         self._metrics.start()
+
+    @property
+    def wrote_metrics(self) -> bool:
+        return self._metrics is not None
 
     def _close_peak(self) -> None:
         if self.peak is not None:

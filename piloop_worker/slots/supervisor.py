@@ -67,6 +67,7 @@ class Supervisor:
         self.unacked: dict[int, Ended] = {e.generation: e for e in _read_ended(slot.ended)}
         self.ended_on_disk = bool(self.unacked)
         self.leaving = False  # a `bye`: exit once idle
+        self.metrics_left = True  # `metrics.jsonl` may hold an earlier job's samples (emptied at the next start)
         self.terminated = False
         self.idle_since = clock.now()
         wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -175,7 +176,8 @@ class Supervisor:
             self._send(Ended(start.generation, ExitRecord(lost=True, reason=why)))
             return
         job = JobRun(start, self.slot, self.record, self.proc, self.env, self.log_fd)
-        begun = job.begin()
+        begun = job.begin(self.metrics_left)
+        self.metrics_left = False
         if isinstance(begun, Ended):
             self._finish(begun)
             return
@@ -186,6 +188,8 @@ class Supervisor:
         self._send(begun)
 
     def _finish(self, ended: Ended) -> None:
+        if self.job is not None and self.job.wrote_metrics:
+            self.metrics_left = True
         for fd in self._job_fds:
             with contextlib.suppress(KeyError, ValueError):
                 self.sel.unregister(fd)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from piloop_common.bytecaps import INLINE_MAX_BYTES
+from piloop_worker.shimproto import CgroupGrant
 from piloop_worker.slots.wire import Ended, Hello, State, encode, parse
 from tests.helpers.redis import wait_for
 from tests.helpers.slots import ROOT, Slot, inodes, process, task
@@ -157,3 +158,24 @@ def test_a_malformed_datagram_is_ignored_and_logged(slot: Slot) -> None:
         os.close(dirfd)
     wait_for(lambda: "unknown message type 'launch'" in slot.supervisor_log(), what="the bad datagram logged")
     assert "event=slot.bad_message" in slot.supervisor_log() and "not JSON" in slot.supervisor_log()
+
+
+def test_metrics_of_a_job_past_its_first_second_and_none_left_for_the_next(slot: Slot) -> None:
+    slot.run(process("sleep", "1.6", metrics_seconds=0.2))
+    lines = slot.dir.metrics.read_text().splitlines()
+    assert lines and all("cpu_percent" in json.loads(x) for x in lines)
+    slot.run(process("true"))
+    assert slot.dir.metrics.read_text() == ""
+
+
+def test_a_job_over_its_cgroups_limit_is_out_of_memory_and_the_next_has_its_own_count(slot: Slot, job_cgroups) -> None:
+    cg = job_cgroups.take(64)
+    grant = CgroupGrant(str(cg.path), cg.version, 64)
+    hog = "b = bytearray(256 << 20); b[::4096] = b'x' * len(b[::4096])"
+    _, ended = slot.run(process(sys.executable, "-c", hog, cgroup=grant))
+    assert ended.exit.oom and ended.exit.outcome() == ("failed", "out of memory"), ended
+    _, ended = slot.run(process("true", cgroup=grant))
+    assert not ended.exit.oom and ended.exit.exit_code == 0
+    started, ended = slot.run(task("grow", 16, cgroup=grant))  # a warm task joins the group for its task
+    assert ended.exit.exit_code == 0 and not ended.exit.oom
+    assert started.pid not in cg.pids()  # and leaves it after
