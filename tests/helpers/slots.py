@@ -89,6 +89,8 @@ class Slot:
         for pid in self.pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)  # one this process started: not left a zombie for the session
 
 
 def messages(slot: Slot, timeout: float = 0.5) -> list[Message | Gone]:

@@ -18,7 +18,8 @@ from piloop_common.bytecaps import INLINE_MAX_BYTES
 from piloop_worker.shimproto import CgroupGrant
 from piloop_worker.slots.wire import Ended, Hello, State, encode, parse
 from tests.helpers.redis import wait_for
-from tests.helpers.slots import ROOT, Slot, inodes, process, task
+from tests.helpers.slots import ROOT, Slot, alive, inodes, process, task
+from tests.helpers.slowdown import scaled
 
 
 @pytest.fixture
@@ -179,3 +180,22 @@ def test_a_job_over_its_cgroups_limit_is_out_of_memory_and_the_next_has_its_own_
     started, ended = slot.run(task("grow", 16, cgroup=grant))  # a warm task joins the group for its task
     assert ended.exit.exit_code == 0 and not ended.exit.oom
     assert started.pid not in cg.pids()  # and leaves it after
+
+
+def test_bye_lets_the_supervisor_exit_once_idle_and_the_next_open_starts_another(slot: Slot) -> None:
+    first = slot.handle.pid
+    slot.handle.bye()
+    slot.handle.close()
+    wait_for(lambda: not alive(first), what="the supervisor to exit after bye")
+    slot.open()
+    assert slot.handle.pid != first and slot.run(process("true"))[1].exit.exit_code == 0
+
+
+def test_a_supervisor_no_worker_connects_to_exits_after_its_idle_time(tmp_path: Path) -> None:
+    root = tmp_path / "slots" / "0"
+    code = "import sys; from piloop_worker.slots import supervisor as s; s.IDLE_EXIT_SECONDS = 0.5; sys.exit(s.main())"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(root)], capture_output=True, text=True, cwd=ROOT, timeout=scaled(60)
+    )
+    assert done.returncode == 0 and "event=slot.supervisor_exited" in done.stderr
+    assert not (root / "sock").exists()
