@@ -106,6 +106,21 @@ def alive(pid: int) -> bool:
         return False
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` still runs (a zombie waiting for its reaper does not count)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
 def inodes(root: Path) -> set[tuple[str, int]]:
     """Every file and dir under `root`, with its inode: a file made and removed between two looks changes it."""
     found = {(str(root), os.stat(root).st_ino)}

@@ -20,7 +20,7 @@ from piloop_worker.slots.handle import Gone
 from piloop_worker.slots.job import LATE
 from piloop_worker.slots.wire import Ended, Started
 from tests.helpers.redis import wait_for
-from tests.helpers.slots import ROOT, Slot, alive, process, task
+from tests.helpers.slots import ROOT, Slot, alive, group_alive, process, task
 from tests.helpers.slowdown import scaled
 
 IGNORES_TERM = ("sh", "-c", "trap '' TERM; echo ready; sleep 60; echo never")
@@ -89,13 +89,14 @@ def test_the_jobs_timeout(slot: Slot) -> None:
 
 
 def test_sigkill_of_the_supervisor_kills_its_job_at_once(slot: Slot) -> None:
-    g = slot.start(process("sleep", "60"))
+    g = slot.start(process("sh", "-c", "sleep 60 & exec sleep 61"))  # a leader, and a child of its in its group
     job = slot.wait(Started, g).pid
     os.kill(slot.handle.pid, signal.SIGKILL)
-    wait_for(lambda: not alive(job), timeout=2, what="the job to die with its supervisor")
+    wait_for(lambda: not alive(job), timeout=2, what="the job's leader to die with its supervisor")
     ended = slot.wait(Ended, g)
     assert ended.exit.outcome() == ("lost", "the slot's supervisor died before the job ended")
     slot.wait(Gone)
+    wait_for(lambda: not group_alive(job), timeout=2, what="the rest of its group killed by the handle")
     slot.open()  # a new supervisor for the slot
     assert slot.run(process("true"))[1].exit.exit_code == 0
 
