@@ -43,6 +43,20 @@ def _proc_cpu(pid: int) -> tuple[float, float]:
     return (int(fields[11]) + int(fields[12])) / TICK, (int(fields[13]) + int(fields[14])) / TICK
 
 
+def _memory(pid: int) -> tuple[float, float]:
+    """A process's resident and proportional set sizes, in MiB (PSS: its shared pages divided among their users)."""
+    found = {"Rss:": 0.0, "Pss:": 0.0}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                key, _, rest = line.partition(" ")
+                if key in found:
+                    found[key] = int(rest.split()[0]) / 1024
+    except OSError:
+        pass
+    return found["Rss:"], found["Pss:"]
+
+
 def _self_cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -126,6 +140,10 @@ class Runner:
             raise SystemExit(f"bench.slots: no total in strace's summary:\n{text}")
         return int(m.group(1)) / n
 
+    def memory(self) -> dict[str, tuple[float, float]]:
+        """RSS and PSS (MiB) of the supervisor and of its warm task process, as they are now."""
+        return {"supervisor": _memory(self.handle.pid), "warm task process": _memory(self.task_pid)}
+
     def close(self) -> None:
         pid = self.handle.pid
         self.handle.bye()
@@ -149,6 +167,8 @@ def main() -> None:
             for r in range(args.rounds):
                 for kind in ("true", "task") if r % 2 == 0 else ("task", "true"):
                     rows[kind].append(runner.measure(kind, args.jobs))
+            runner.run(request("task"))  # the warm process last: its memory is what a slot of tasks holds
+            memory = runner.memory()
             calls = (
                 runner.syscalls(args.strace_tasks, args.show_strace)
                 if args.strace_tasks and shutil.which("strace")
@@ -169,6 +189,9 @@ def main() -> None:
             f"| {names[kind]} | {med['worker']:.2f} | {med['supervisor']:.2f} | {med['job']:.2f} | {total:.2f} "
             f"| {totals} | {med['wall']:.2f} |"
         )
+    print()
+    for who, (rss, pss) in memory.items():
+        print(f"memory of the {who}: RSS {rss:.1f} MiB, PSS {pss:.1f} MiB")
     if calls is not None:
         print()
         for who, per in calls.items():
