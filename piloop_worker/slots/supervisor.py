@@ -51,6 +51,9 @@ from piloop_worker.slots.wire import (
 )
 
 IDLE_EXIT_SECONDS = 60.0  # no worker and no job this long (after a lost connection, or since its start): exit
+# `ended.json` is fsynced when a job in it ran this long, the spool's rule (docs/worker.md, "Reports and the spool"):
+# a shorter job whose end a crash of the machine loses runs again once its lease expires
+DURABLE_AFTER_SECONDS = 1.0
 log = logging.getLogger("piloop.slot")
 
 
@@ -220,7 +223,8 @@ class Supervisor:
         try:
             if self.unacked:
                 data = json.dumps([json.loads(encode(e)) for e in self.unacked.values()])
-                atomic_write(self.slot.ended, data, durable=False)
+                durable = any(e.exit.duration_seconds >= DURABLE_AFTER_SECONDS for e in self.unacked.values())
+                atomic_write(self.slot.ended, data, durable=durable)
                 self.ended_on_disk = True
             elif self.ended_on_disk:
                 with contextlib.suppress(FileNotFoundError):
