@@ -31,10 +31,11 @@ from piloop_common.prctl import PR_SET_CHILD_SUBREAPER, prctl, set_name
 from piloop_worker import clock, jobuser
 from piloop_worker.jobdir import atomic_write
 from piloop_worker.shimproto import ExitRecord, StopReason
-from piloop_worker.slots.job import JobRun
+from piloop_worker.slots.job import POLL, JobRun
 from piloop_worker.slots.layout import SlotDir
 from piloop_worker.slots.record import SlotRecord
 from piloop_worker.slots.taskproc import TaskProcess
+from piloop_worker.slots.timer import BootTimer
 from piloop_worker.slots.wire import (
     MAX_DATAGRAM,
     Ack,
@@ -76,6 +77,9 @@ class Supervisor:
         wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(self._wake_w)
         self.sel.register(wake_r, selectors.EVENT_READ, "signal")
+        self.timer = BootTimer.open()  # the job's next wake, a suspend counted (`timer.py`)
+        if self.timer is not None:
+            self.sel.register(self.timer, selectors.EVENT_READ, "timer")
         signal.signal(signal.SIGTERM, self._on_term)
 
     def _on_term(self, *_: object) -> None:
@@ -88,7 +92,11 @@ class Supervisor:
                 break
             timeout = None
             if self.job is not None:
-                timeout = max(self.job.next_wake() - now, 0.0)
+                at = self.job.next_wake()
+                if self.timer is not None:
+                    self.timer.arm(at)
+                else:
+                    timeout = max(min(at - now, POLL), 0.0)
             elif self.conn is None:
                 timeout = max(self.idle_since + IDLE_EXIT_SECONDS - now, 0.0)
             for key, _ in self.sel.select(timeout):
@@ -97,6 +105,8 @@ class Supervisor:
                     self._accept()
                 elif what == "conn":
                     self._receive()
+                elif what == "timer" and self.timer is not None:
+                    self.timer.drain()
                 elif what == "signal":
                     with contextlib.suppress(OSError):
                         os.read(key.fd, 64)
