@@ -5,9 +5,12 @@ and process jobs that misbehave (docs/worker.md, "Slots")."""
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from piloop_worker import clock
+from piloop_worker.jobuser import JobUser
 from piloop_worker.shimproto import StopReason
 from piloop_worker.slots.handle import Gone
 from piloop_worker.slots.job import LATE
@@ -22,6 +26,7 @@ from piloop_worker.slots.wire import Ended, Started
 from tests.helpers.redis import wait_for
 from tests.helpers.slots import ROOT, Slot, alive, group_alive, process, task
 from tests.helpers.slowdown import scaled
+from tests.helpers.users import system_user
 
 IGNORES_TERM = ("sh", "-c", "trap '' TERM; echo ready; sleep 60; echo never")
 
@@ -218,3 +223,43 @@ def test_a_warm_process_killed_from_outside_under_its_task_is_lost_not_failed(sl
     slot.handle.ack(g)
     assert ended.exit.outcome() == ("lost", "its warm task process was killed by SIGKILL from outside")
     assert slot.run(task("pid"))[1].exit.exit_code == 0
+
+
+def test_a_frozen_supervisor_woken_past_the_deadline_kills_at_once_without_grace(slot: Slot) -> None:
+    g = slot.start(process(*IGNORES_TERM, kill_grace=300.0), deadline_in=1.0)
+    slot.wait(Started, g)
+    os.kill(slot.handle.pid, signal.SIGSTOP)  # the host frozen, as far as the supervisor can tell
+    try:
+        time.sleep(1.0 + LATE + 1.0)  # the freeze itself: past the deadline by more than LATE
+    finally:
+        os.kill(slot.handle.pid, signal.SIGCONT)
+    ended = slot.wait(Ended, g)
+    assert ended.exit.stopped is StopReason.FENCED and ended.exit.signal == signal.SIGKILL
+    assert ended.exit.duration_seconds < scaled(30)  # not the 300 s grace
+
+
+@pytest.fixture
+def user_slot() -> Iterator[tuple[Slot, int]]:
+    """A slot a job of another user can reach its cwd in (every dir above it passable), and that user's uid."""
+    if os.geteuid() != 0:
+        pytest.skip("only root runs a job as another user")
+    u = system_user("piloop-slot")
+    top = Path(tempfile.mkdtemp(prefix="piloop-slot-"))
+    top.chmod(0o711)
+    s = Slot(top / "slots" / "0")
+    s.open()
+    yield s, u.pw_uid
+    s.kill()
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_job_as_another_user_and_a_task_as_one_in_a_fresh_process(user_slot: tuple[Slot, int]) -> None:
+    slot, uid = user_slot
+    pw = pwd.getpwuid(uid)
+    user = JobUser(pw.pw_name, uid, pw.pw_gid, (pw.pw_gid,)).wire()
+    _, ended = slot.run(process("sh", "-c", "id -u; touch mine", user=user))
+    assert ended.exit.exit_code == 0 and slot.log() == f"{uid}\n"
+    assert (slot.dir.work / "mine").stat().st_uid == uid
+    warm = slot.run(task("pid"))[0].pid
+    pids = {slot.run(task("pid", user=user))[0].pid for _ in range(2)}
+    assert warm not in pids and len(pids) == 2  # never the warm process, a fresh one each
