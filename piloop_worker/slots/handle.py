@@ -84,26 +84,30 @@ class SlotHandle:
         end = clock.now() + timeout
         said = False
         started_at = clock.now()
-        why = "its lock"
+        why = "the supervisor holding its lock to listen"
         while True:
+            pause = 0.02
             if not self._locked():
-                self._start_supervisor()
-                why = f"the supervisor it started (pid {self._spawned}) to listen"
+                pid = self._spawned = self._start_supervisor()
+                why = f"the supervisor it started (pid {pid}) to listen"
+                if self._exited():
+                    why = f"a supervisor: the one it started (pid {pid}) exited at once"
+                    pause = 0.5  # not a new interpreter every few ms while it keeps failing
             try:
                 self._connect()
                 break
             except OSError as e:
-                why = f"{why}: {e.strerror or e}"
+                error = e.strerror or str(e)
             now = clock.now()
             if now >= end:
                 raise Unavailable(
-                    f"slot {self.slot.root}: no supervisor answered in {timeout:g}s (waited for {why}); "
+                    f"slot {self.slot.root}: no supervisor answered in {timeout:g}s (waited for {why}: {error}); "
                     f"see {self.slot.supervisor_log}"
                 )
             if not said and now - started_at > SAY_AFTER:
                 log.info("event=slot.waiting slot=%s for=%s", self.slot.root, why)
                 said = True
-            time.sleep(0.02)
+            time.sleep(pause)
         self.pid = self._lock_pid()
         self._send(Hello())
         return self._await_state(end)
@@ -231,12 +235,13 @@ class SlotHandle:
             return int(self.slot.lock.read_text().split()[0])
         return 0
 
-    def _start_supervisor(self) -> None:
+    def _start_supervisor(self) -> int:
+        """A supervisor for the slot, started; its pid, once it holds the lock or has exited."""
         self._reap()
         out = os.open(self.slot.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            self._spawned = spawn(
+            pid = spawn(
                 [self.python, "-m", "piloop_worker.slots.supervisor", str(self.slot.root)],
                 env=jobuser.without_credentials(os.environ),
                 cwd=self.slot.root,
@@ -251,11 +256,21 @@ class SlotHandle:
             os.close(devnull)
         # until it holds its lock, the next look would start another (which would exit at once: harmless)
         end = clock.now() + OPEN_SECONDS
-        while not self._locked() and clock.now() < end:
-            if self._spawned is not None and os.waitpid(self._spawned, os.WNOHANG)[0]:
-                self._spawned = None
-                return
+        while not self._locked() and clock.now() < end and not os.waitpid(pid, os.WNOHANG)[0]:
             time.sleep(0.01)
+        return pid
+
+    def _exited(self) -> bool:
+        """Whether the supervisor this process started has ended (and is reaped now)."""
+        if self._spawned is None:
+            return False
+        try:
+            done = os.waitpid(self._spawned, os.WNOHANG)[0]
+        except ChildProcessError:
+            done = 1  # reaped by the wait above
+        if done:
+            self._spawned = None
+        return bool(done)
 
     def _connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from piloop_common.bytecaps import INLINE_MAX_BYTES
+from piloop_common.errors import Unavailable
 from piloop_worker.shimproto import CgroupGrant
+from piloop_worker.slots import SlotDir, SlotHandle
 from piloop_worker.slots.wire import Ended, Hello, State, encode, parse
 from tests.helpers.redis import wait_for
 from tests.helpers.slots import ROOT, Slot, alive, inodes, process, task
@@ -199,3 +201,12 @@ def test_a_supervisor_no_worker_connects_to_exits_after_its_idle_time(tmp_path: 
     )
     assert done.returncode == 0 and "event=slot.supervisor_exited" in done.stderr
     assert not (root / "sock").exists()
+
+
+def test_a_supervisor_that_cannot_start_is_named_when_the_wait_ends(tmp_path: Path) -> None:
+    h = SlotHandle(SlotDir(tmp_path / "slots" / "0"), python="/bin/false")
+    with pytest.raises(
+        Unavailable, match=r"no supervisor answered in 2s \(waited for a supervisor: the one it started"
+    ):
+        h.open(timeout=2)
+    h.close()
