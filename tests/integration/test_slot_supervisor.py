@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -210,3 +211,23 @@ def test_a_supervisor_that_cannot_start_is_named_when_the_wait_ends(tmp_path: Pa
     ):
         h.open(timeout=2)
     h.close()
+
+
+THRASH = """
+with open('big.bin', 'wb') as f:
+    for _ in range(96):
+        f.write(b'\\1' * (1 << 20))
+while True:
+    with open('big.bin', 'rb') as f:
+        while f.read(1 << 20):
+            pass
+"""
+
+
+def test_a_job_held_at_its_memory_limit_is_stopped_after_its_held_time(slot: Slot, job_cgroups) -> None:
+    cg = job_cgroups.take(48)
+    grant = CgroupGrant(str(cg.path), cg.version, 48, 1.5)
+    _, ended = slot.run(process(sys.executable, "-c", THRASH, cgroup=grant, kill_grace=1.0), timeout=60)
+    # stopped by the supervisor (SIGTERM), not killed by the kernel
+    assert ended.exit.outcome() == ("failed", "out of memory (held at its limit for 1.5s)"), ended
+    assert ended.exit.oom and ended.exit.signal == signal.SIGTERM and ended.exit.stopped == "memory_held"
