@@ -20,6 +20,7 @@ class StopReason(enum.StrEnum):
     TIMEOUT = "timeout"  # the spec's timeout_seconds (the shim's own)
     MEMORY_HELD = "memory_held"  # thrashing at its memory limit for memory_held_seconds (the shim's own)
     SHIM_TERMINATED = "shim terminated"  # the shim had a SIGTERM
+    SUPERVISOR_TERMINATED = "supervisor terminated"  # the slot's supervisor had a SIGTERM (`slots/`)
     CANCELLED = "cancelled"
     LOST = "lost"  # the server says its lease is gone
     LEASE_LOST = "lease_lost"  # a call under its lease was refused as lost
@@ -155,6 +156,8 @@ class ExitRecord(NamedTuple):
             return "lost", "the server refused the worker"
         if s is StopReason.SHIM_TERMINATED:
             return "lost", "the job's shim was terminated"
+        if s is StopReason.SUPERVISOR_TERMINATED:
+            return "lost", "the slot's supervisor was terminated"
         if s is StopReason.TIMEOUT:
             return "failed", "timeout"
         if self.oom:

@@ -25,7 +25,7 @@ import re
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from piloop_common.exceptionnames import CLASSES_MOST, EXCEPTION_NAME, classes_of
 from piloop_common.files import write_file
@@ -42,6 +42,17 @@ REASON_MAX = 1000
 
 TASKS_PATH: list[str] = []  # the tasks path, as the host put it on sys.path (`use_path`)
 START_DIR = os.getcwd()  # the dir the worker (and so the host) started in, on sys.path as Python put it there
+
+
+class TaskRequest(Protocol):
+    """What a task's start reads of its request: a shim's (`ShimRequest`) or a slot's (`slots.wire.SlotRequest`)."""
+
+    @property
+    def env(self) -> dict[str, str]: ...
+    @property
+    def code(self) -> str | None: ...
+    @property
+    def worker(self) -> str: ...
 
 
 def use_path(raw: str) -> None:
@@ -84,7 +95,7 @@ def shadowed(code: str) -> list[str]:
     return [m for m in sys.modules if m.partition(".")[0] in tops]
 
 
-def unimportable(target: str, e: ModuleNotFoundError, req: ShimRequest) -> str | None:
+def unimportable(target: str, e: ModuleNotFoundError, req: TaskRequest) -> str | None:
     """One line naming the module, the worker and the path searched, when `e` is the task's module (or a package
     above it) not found; None for a module the task's own code imports (a traceback says more there)."""
     module = module_of(target)
@@ -190,7 +201,7 @@ def _become(env: dict[str, str]) -> None:
             os.environ[name] = value
 
 
-def enter_task(req: ShimRequest) -> None:
+def enter_task(req: TaskRequest) -> None:
     """The Python side of a task's start, in its process (a fresh fork or a warm one, `warm.py`): its PYTHONPATH
     first on sys.path, its shipped code's modules imported anew, its output line-buffered."""
     for p in reversed([p for p in req.env.get("PYTHONPATH", "").split(os.pathsep) if p]):
