@@ -7,6 +7,7 @@ import subprocess
 import time
 
 from piloop_common.tasks import task
+from tests.helpers.jobwhere import worker_name
 
 CALLS = 0  # module state, which a warm process keeps from one task to the next (as Celery's prefork children do)
 HELD: list[bytes] = []
@@ -61,13 +62,13 @@ def grow(mb):
 @task
 def marker(path, first_forever):
     """The marker job of tests.helpers.workers as a task: a line at its start, each 50 ms and at its end, with its
-    job, worker, lease token and process group; the first run of a job (none in the file yet) runs on forever."""
+    job, worker, lease token, process group and pid; the first run of a job (none in the file yet) runs on forever."""
     job, token = os.environ["PILOOP_JOB"], os.environ["PILOOP_LEASE_TOKEN"]
-    at = os.environ["PILOOP_JOB_DIR"].split("/work/")[1].split("/")[0]
+    at = worker_name()
 
     def line(ev):
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(fd, f"{ev} {job} {at} {token} {os.getpgid(0)} {time.time():.3f}\n".encode())
+        os.write(fd, f"{ev} {job} {at} {token} {os.getpgid(0)} {time.time():.3f} {os.getpid()}\n".encode())
         os.close(fd)
 
     forever = first_forever and not (os.path.exists(path) and f" {job} " in open(path).read())
