@@ -92,3 +92,44 @@ def runs(path, hold):
         time.sleep(hold)
     with open(path) as f:
         return [int(line) for line in f.read().split()]
+
+
+@task
+def hang(seconds):
+    """Sleep `seconds` (a task that hangs: its timeout ends it)."""
+    time.sleep(seconds)
+    return os.getpid()
+
+
+@task
+def leave_children(path):
+    """Start processes that would outlive the task (one in its group, one in a session of its own, one orphaned by
+    a shell that exits), write their pids to `path`, and return at once."""
+    kids = [subprocess.Popen(["sleep", "300"]).pid, subprocess.Popen(["sleep", "300"], start_new_session=True).pid]
+    orphan = subprocess.run(["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True)
+    kids.append(int(orphan.stdout.strip()))
+    with open(path, "w") as f:
+        f.write(" ".join(map(str, kids)))
+    return os.getpid()
+
+
+@task
+def close_stdout():
+    """Close the process's stdout and stderr (descriptors 1 and 2), then return."""
+    print("closing", flush=True)
+    os.close(1)
+    os.close(2)
+    return os.getpid()
+
+
+@task
+def say(text):
+    """Print `text` (to the task's log) and return the process's pid."""
+    print(text, flush=True)
+    return os.getpid()
+
+
+@task
+def big(n):
+    """A result of `n` bytes of text: past the inline cap, it goes through the CAS."""
+    return "x" * n
