@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from piloop_common.tasks import Client
+from tests.helpers import warm_tasks_mod as m
 from tests.helpers.jobprocs import descendants, gone_within, kill, started, supervisor_of
 from tests.helpers.redis import wait_for
 from tests.helpers.slowdown import scaled
@@ -129,3 +131,40 @@ def test_a_readopted_supervisor_killed_alone_takes_its_job_with_it_and_is_report
     _reported_lost_promptly(d, job, first, at, "wa")
     runs = _succeeds_once_more(d, marker, job, first)
     assert runs[0]["last"] < killed + scaled(GONE_WITHIN), runs
+
+
+def _warm_marker(d, marker) -> str:
+    """The marker job as a Python task (its first run runs until it is killed), in the worker's warm process."""
+    with Client.from_env(d.home) as c:
+        return m.marker.apply_async((str(marker), True), pool="gpu", client=c).id
+
+
+def test_a_tasks_supervisor_killed_alone_takes_its_warm_process_with_it_at_once(server, workers, tmp_path):
+    d, marker = server, tmp_path / "marker"
+    workers(d, token(d, "wa")).start()
+    job = _warm_marker(d, marker)
+    first = started(marker, job, timeout=30)  # its pid is the warm process's, whose parent supervises it
+    kill(supervisor_of(first["pid"]))
+    killed, at = time.time(), time.monotonic()
+    gone_within(first["pgid"], GONE_WITHIN, "the warm process to die with its supervisor")
+    _reported_lost_promptly(d, job, first, at, "wa")
+    runs = _succeeds_once_more(d, marker, job, first)
+    assert runs[0]["last"] < killed + scaled(GONE_WITHIN) and runs[1]["pid"] != runs[0]["pid"], runs
+
+
+def test_a_worker_and_its_supervisors_killed_together_leave_no_task_running(server, workers, tmp_path):
+    d, marker = server, tmp_path / "marker"
+    a = workers(d, token(d, "wa")).start()
+    job = _warm_marker(d, marker)
+    first = started(marker, job, timeout=30)
+    assert a.proc is not None
+    piloops = {supervisor_of(first["pid"]), *(p for p in descendants(a.proc.pid) if os.getpgid(p) != first["pgid"])}
+    for p in piloops:
+        kill(p)
+    a.kill()
+    killed = time.time()
+    gone_within(first["pgid"], GONE_WITHIN, "the warm process to die with its supervisor and worker")
+    state(d, job, "queued", timeout=TOLERATION + 10)
+    workers(d, token(d, "wb")).start()
+    runs = _succeeds_once_more(d, marker, job, first)
+    assert runs[0]["last"] < killed + scaled(GONE_WITHIN) and [r["where"] for r in runs] == ["wa", "wb"], runs
