@@ -5,7 +5,6 @@ the `serve` worker goes with its daemon, so a restarted daemon runs exactly one.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -22,12 +21,12 @@ import pytest
 from piloop_common.prctl import PARENT_ENV
 from piloop_worker.dirlock import LOCK_NAME
 from piloop_worker.main import EXIT_IN_USE
+from tests.helpers.jobprocs import supervisor_of
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
 from tests.helpers.slowdown import scaled
 from tests.helpers.workers import (
     events,
-    job_dirs,
     kill_tree_of,
     marker_job,
     marker_runs,
@@ -155,14 +154,13 @@ def test_a_worker_sigkilled_under_live_shims_leaves_its_dir_free_and_the_next_on
     job = marker_job(d, marker, seconds=8)
     run = _running(marker, job)
     state(d, job, "running")
-    (jd,) = job_dirs(workdir)
-    shim = int(json.loads(jd.shim_json.read_text())["shim"])
+    supervisor = supervisor_of(run["pid"])
     lock = workdir / LOCK_NAME
     assert _held(lock)
     os.kill(old.proc.pid, signal.SIGKILL)  # the worker only: its shim host and shims live on
     old.proc.wait(10)
     killed = time.monotonic()
-    assert not _gone(shim) and pgid_alive(run["pgid"])  # the job runs on under its shim
+    assert not _gone(supervisor) and pgid_alive(run["pgid"])  # the job runs on under its supervisor
     # nothing forked from the worker kept its lock: the dir is free the moment the worker is gone
     assert not _held(lock)
     new = workers(d, tok, args=("--dir", str(workdir))).start()

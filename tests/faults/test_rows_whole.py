@@ -5,7 +5,6 @@ worker dies during a run while most of its pool is silent (the disruption hold).
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import re
 import signal
@@ -23,6 +22,7 @@ from piloop_common.errors import PiloopError
 from piloop_common.sdk.client import ApiClient
 from piloop_server.provisioner.base import NAME_ENV, TAG_ENV
 from tests.helpers.freezer import Freezer, group, tree
+from tests.helpers.jobprocs import supervisor_of
 from tests.helpers.redis import free_port, redis_process, wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
 from tests.helpers.workers import (
@@ -30,8 +30,6 @@ from tests.helpers.workers import (
     GRACE,
     TOLERATION,
     events,
-    job_dirs,
-    job_pgids,
     marker_job,
     marker_runs,
     overlapping,
@@ -58,7 +56,7 @@ def freezer() -> Iterator[Freezer]:
 
 def _ticks(marker, job: str) -> list[float]:
     """The times of a job's marker lines, in order."""
-    return [float(line.split()[-1]) for line in marker.read_text().splitlines() if f" {job} " in line]
+    return [float(line.split()[5]) for line in marker.read_text().splitlines() if f" {job} " in line]
 
 
 def _answers(d: Daemon) -> bool:
@@ -92,14 +90,13 @@ def test_the_machine_sleeps_a_frozen_daemon_redis_and_job_past_grace_expire_noth
                 lambda: (r := marker_runs(marker).get(job)) and r[0], 20, interval=0.05, what="the job to start"
             )
             state(d, job, "running")
-            (shim,) = [json.loads(jd.shim_json.read_text()) for jd in job_dirs(d.home / "work" / "serve")]
-            assert shim["pgid"] == run["pgid"]
+            supervisor = supervisor_of(run["pid"])
             assert d.proc is not None and rp.proc is not None
 
             def machine() -> set[int]:
-                # the daemon with its `serve` worker, shim host and background workers; its Redis; the job's shim
-                # (a session of its own) and the job's process group
-                return tree(d.proc.pid) | {rp.proc.pid, shim["shim"]} | group(run["pgid"])
+                # the daemon with its `serve` worker and everything under it; its Redis; the job's supervisor (a
+                # session of its own) and the job's process group
+                return tree(d.proc.pid) | {rp.proc.pid, supervisor} | group(run["pgid"])
 
             assert _answers(d) and _pongs(rp.port)  # so their silence below is the freeze's
             freezer.add(machine())
@@ -175,11 +172,12 @@ def test_piloop_serve_restarts_under_an_agent_its_worker_reattaches_relays_again
     opts = ("--campaign", "c1", "--env", f"MARKER={marker}", "--env", f"GO={go}")
     job = submit(d, "sh", "-c", RELAYING_AGENT, pool="serve", kind="agent", opts=opts)
     wait_for(lambda: [n["note"] for n in view(d, job)["progress"]] == ["before"], 30, interval=0.1, what="before")
-    ((dirname, pgid),) = job_pgids(d.home).items()
-    assert dirname.startswith(job) and pgid_alive(pgid)
+    (started,) = [line.split() for line in marker.read_text().splitlines()]  # start <job> <its process group>
+    pgid = int(started[2])
+    assert started[1] == job and pgid_alive(pgid), started
     stopped = time.monotonic()
     out = _stop_serve(d)
-    assert "its worker's jobs run on under their shims" in out, out
+    assert "its worker's jobs run on" in out, out  # detached: under their supervisors
     assert pgid_alive(pgid)  # detached, not stopped: it waits for $GO, so it cannot have ended by itself
     d.start(listen=d.listen)
     log = d.home / "logs" / "worker-serve.log"

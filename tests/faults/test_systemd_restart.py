@@ -1,27 +1,18 @@
 """Faults table: a worker restarted by systemd. With `KillMode=process` (contrib/systemd/) a stop is SIGTERM to the
-worker's main process alone: it detaches, its jobs run on under their shims, and the next start re-attaches them.
-The default, `KillMode=control-group`, signals every process of the unit, shims and jobs too: the run is lost."""
+worker's main process alone: it detaches, its jobs run on under their supervisors, and the next start re-attaches
+them. The default, `KillMode=control-group`, signals every process of the unit, supervisors and jobs too: the run is
+lost."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 
 import psutil
 
+from tests.helpers.jobprocs import supervisor_of
 from tests.helpers.redis import wait_for
-from tests.helpers.workers import (
-    FENCE_AFTER,
-    events,
-    job_dirs,
-    marker_job,
-    marker_runs,
-    overlapping,
-    pgid_alive,
-    state,
-    token,
-)
+from tests.helpers.workers import FENCE_AFTER, events, marker_job, marker_runs, overlapping, pgid_alive, state, token
 
 
 def _systemd_worker(d, workers, tmp_path, name: str):
@@ -31,20 +22,14 @@ def _systemd_worker(d, workers, tmp_path, name: str):
     tok.write_text(token(d, name) + "\n")
     tok.chmod(0o600)
     w = workers(d, "", env={"PILOOP_HTTPS_TOKEN": ""})
-    workdir = w.home / "work" / "gpu"
-    w.args = ("--token-file", str(tok), "--dir", str(workdir))
-    return w.start(), workdir
+    w.args = ("--token-file", str(tok), "--dir", str(w.home / "work" / "gpu"))
+    return w.start()
 
 
-def _shims(workdir) -> dict[str, dict]:
-    """{job: its shim's record (shim pid, job pid and pgid)} for each job dir that has one."""
-    out = {}
-    for jd in job_dirs(workdir):
-        try:
-            out[jd.root.name.split(".")[0]] = json.loads(jd.shim_json.read_text())
-        except (OSError, ValueError):
-            continue
-    return out
+def _supervisors(marker, jobs: list[str]) -> dict[str, dict]:
+    """{job: its first run's supervisor, pid and process group}, from the job's own marker lines."""
+    runs = marker_runs(marker)
+    return {j: {"supervisor": supervisor_of(runs[j][0]["pid"]), **runs[j][0]} for j in jobs}
 
 
 def _alive(p: psutil.Process) -> bool:
@@ -65,25 +50,21 @@ def _started(marker, jobs: list[str]) -> dict[str, dict]:
 
 def test_systemd_stops_the_worker_alone_its_jobs_run_on_and_the_next_start_reattaches_them(server, workers, tmp_path):
     d, marker = server, tmp_path / "marker"
-    w, workdir = _systemd_worker(d, workers, tmp_path, "wa")
+    w = _systemd_worker(d, workers, tmp_path, "wa")
     # the gpu pool's two slots: one agent and one evaluation, each long enough to outlast the restart
     jobs = [marker_job(d, marker, kind="agent", seconds=10), marker_job(d, marker, seconds=10)]
     first = _started(marker, jobs)
     for j in jobs:
         state(d, j, "running")
-    shims = wait_for(lambda: len(s := _shims(workdir)) == 2 and s, 10, interval=0.05, what="both shims' records")
-    assert {j: s["pgid"] for j, s in shims.items()} == {j: r["pgid"] for j, r in first.items()}
+    supervisors = _supervisors(marker, jobs)
     assert w.proc is not None
-    hosts = psutil.Process(w.proc.pid).children()  # the shim host, the shims' parent
-    assert [p.name() for p in hosts] == ["piloop-shimhost"], hosts
     # `systemctl restart` under KillMode=process: SIGTERM to the main pid, not to its group or its control group
     os.kill(w.proc.pid, signal.SIGTERM)
     assert w.wait(30) == 0, w.output()
     assert "event=worker.detaching worker=wa jobs=2" in w.output()
-    # the shim host goes with the worker; only the shims and their jobs stay in the unit
-    wait_for(lambda: not any(_alive(p) for p in hosts), 10, interval=0.05, what="the shim host to exit")
-    for j, s in shims.items():
-        assert psutil.pid_exists(s["shim"]) and pgid_alive(s["pgid"]), (j, marker_runs(marker)[j])
+    # the jobs and their supervisors stay in the unit
+    for j, s in supervisors.items():
+        assert _alive(psutil.Process(s["supervisor"])) and pgid_alive(s["pgid"]), (j, marker_runs(marker)[j])
     before = w.output()
     w.start()  # the same home, token file and --dir
     for j in jobs:
@@ -99,12 +80,12 @@ def test_systemd_stops_the_worker_alone_its_jobs_run_on_and_the_next_start_reatt
     assert not [e for e in events(d, "lease.expired", "lease.stale_report") if e.get("job") in jobs]
 
 
-def _unit_of(w, shim: dict) -> list[int]:
-    """Every process in the worker's unit: the worker, its shim host, the shim and the job (the shims' sessions
-    are their own, but a control group holds them all)."""
+def _unit_of(w, run: dict) -> list[int]:
+    """Every process in the worker's unit: the worker, everything under it, the job's supervisor and the job (the
+    supervisors' sessions are their own, but a control group holds them all)."""
     assert w.proc is not None
     found = [w.proc.pid, *(p.pid for p in psutil.Process(w.proc.pid).children(recursive=True))]
-    assert shim["shim"] in found and shim["pid"] in found, (found, shim)
+    assert supervisor_of(run["pid"]) in found and run["pid"] in found, (found, run)
     return found
 
 
@@ -118,20 +99,19 @@ def _signal_all(pids: list[int], sig: int) -> None:
 
 def test_systemd_sigterms_the_whole_control_group_the_run_dies_and_is_not_reattached(server, workers, tmp_path):
     d, marker = server, tmp_path / "marker"
-    w, workdir = _systemd_worker(d, workers, tmp_path, "wa")
+    w = _systemd_worker(d, workers, tmp_path, "wa")
     job = marker_job(d, marker, seconds=4)
     (first,) = _started(marker, [job]).values()
     state(d, job, "running")
-    (shim,) = wait_for(lambda: _shims(workdir), 10, interval=0.05, what="the shim's record").values()
     # KillMode=control-group's stop: SIGTERM to every process of the unit at once (nothing is left for its SIGKILL)
-    _signal_all(_unit_of(w, shim), signal.SIGTERM)
+    _signal_all(_unit_of(w, first), signal.SIGTERM)
     assert w.wait(30) == 0, w.output()
     wait_for(lambda: not pgid_alive(first["pgid"]), 5, interval=0.05, what="the job to die with its unit")
     w.start()
     v = state(d, job, timeout=FENCE_AFTER + 30)
     runs = marker_runs(marker)[job]
     assert not runs[0]["ended"], runs  # a detached run would have run on to its end
-    # the job had the SIGTERM itself and died of it before its shim stopped it: reported failed, or, where the shim
+    # the job had the SIGTERM itself and died of it before its supervisor stopped it: reported failed, or, where it
     # stopped it first, lost and run again from the start; re-attached in neither case
     assert (v["state"], v["reason"], len(runs)) == ("failed", "killed by signal 15", 1) or (
         v["state"] == "succeeded" and len(runs) == 2 and v["token"].split(".")[0] != first["token"].split(".")[0]
@@ -141,14 +121,13 @@ def test_systemd_sigterms_the_whole_control_group_the_run_dies_and_is_not_reatta
 
 def test_systemd_kills_the_whole_control_group_the_run_is_lost_and_runs_again(server, workers, tmp_path):
     d, marker = server, tmp_path / "marker"
-    w, workdir = _systemd_worker(d, workers, tmp_path, "wa")
+    w = _systemd_worker(d, workers, tmp_path, "wa")
     job = marker_job(d, marker, seconds=3)
     (first,) = _started(marker, [job]).values()
     state(d, job, "running")
-    (shim,) = wait_for(lambda: _shims(workdir), 10, interval=0.05, what="the shim's record").values()
     # KillMode=control-group's final SIGKILL (or `systemctl kill -s KILL`): every process of the unit at once;
     # nothing is left to write an exit record
-    _signal_all(_unit_of(w, shim), signal.SIGKILL)
+    _signal_all(_unit_of(w, first), signal.SIGKILL)
     assert w.wait(10) == -signal.SIGKILL
     wait_for(lambda: not pgid_alive(first["pgid"]), 5, interval=0.05, what="the job to die with its unit")
     before = w.output()
@@ -161,4 +140,7 @@ def test_systemd_kills_the_whole_control_group_the_run_is_lost_and_runs_again(se
     assert [e["job"] for e in events(d, "lease.granted")].count(job) == 2
     assert [e["job"] for e in events(d, "job.succeeded")].count(job) == 1
     after = w.output()[len(before) :]
-    assert 'outcome=lost reason="the job\'s shim died before the job ended"' in after, after
+    # the restarted worker found the run's supervisor gone and said so: lost, queued again by it, not by an expiry
+    assert "outcome=lost" in after, after
+    said = [e["type"] for e in events(d) if e.get("job") == job and e.get("by") == "worker:wa"]
+    assert "job.queued" in said and "lease.expired" not in [e["type"] for e in events(d) if e.get("job") == job]

@@ -1,20 +1,18 @@
-"""Faults table: a worker dies during a run, or during an evaluation (SIGKILL of the worker and its shim host)."""
+"""Faults table: a worker dies during a run, or during an evaluation (SIGKILL of the worker's process group: the
+job's supervisor, in a session of its own, lives on and fences the job); the job's supervisor dies alone."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import time
 
 from piloop_common.cas.local import LocalStore
+from tests.helpers.jobprocs import kill, started, supervisor_of
 from tests.helpers.redis import wait_for
 from tests.helpers.workers import (
     FENCE_AFTER,
     KILL_GRACE,
     TOLERATION,
     events,
-    job_dirs,
     marker_job,
     marker_runs,
     overlapping,
@@ -25,26 +23,20 @@ from tests.helpers.workers import (
 )
 
 
-def _running_on(marker, job: str, timeout: float = 20) -> dict:
-    return wait_for(
-        lambda: (r := marker_runs(marker).get(job)) and r[-1], timeout, interval=0.05, what=f"job {job} to start"
-    )
-
-
 def test_a_worker_dies_during_a_run_the_run_ends_worker_lost_not_an_attempt(server, workers, tmp_path):
     d, marker = server, tmp_path / "marker"
     w = workers(d, token(d, "wa")).start()
     job = marker_job(d, marker, kind="agent", seconds=1000)
-    run = _running_on(marker, job)
+    run = started(marker, job)
     state(d, job, "running")
     w.kill()
     killed = time.monotonic()
-    # its shim fences it from the deadline on disk, though the worker is gone: dead before the lease can end
+    # its supervisor fences it at its deadline, though the worker is gone: dead before the lease can end
     wait_for(
         lambda: not pgid_alive(run["pgid"]),
         FENCE_AFTER + KILL_GRACE + 2,
         interval=0.1,
-        what="the agent's processes to be stopped by its shim",
+        what="the agent's processes to be stopped by its supervisor",
     )
     v = state(d, job, "worker_lost", "succeeded", "failed", "lost", "queued", timeout=TOLERATION + 10)
     assert v["state"] == "worker_lost", v
@@ -61,7 +53,7 @@ def test_a_worker_dies_during_an_evaluation_it_is_queued_again_and_partial_outpu
     d, marker = server, tmp_path / "marker"
     a = workers(d, token(d, "wa")).start()
     job = marker_job(d, marker, first_forever=True)  # the first run writes outputs/result.txt = "partial"
-    first = _running_on(marker, job)
+    first = started(marker, job)
     a.kill()
     wait_for(
         lambda: not pgid_alive(first["pgid"]),
@@ -91,19 +83,21 @@ def test_a_worker_dies_during_an_evaluation_it_is_queued_again_and_partial_outpu
     b.kill()
 
 
-def test_the_shim_dies_during_an_evaluation_it_is_queued_again_not_ended_lost(server, workers, tmp_path):
+def test_the_supervisor_dies_during_an_evaluation_it_is_queued_again_not_ended_lost(server, workers, tmp_path):
     d, marker = server, tmp_path / "marker"
     w = workers(d, token(d, "wa")).start()
     job = marker_job(d, marker, first_forever=True)
-    first = _running_on(marker, job)
-    (shim,) = [json.loads(jd.shim_json.read_text()) for jd in job_dirs(w.home / "work" / "wa")]
-    os.kill(shim["shim"], signal.SIGKILL)  # the job's supervisor dies without a record; the worker lives
-    # the worker finds the shim gone, kills what it left and reports the run lost: for an evaluation that is a lost
-    # run (queued again under a new token, not an attempt), not the end of the job
+    first = started(marker, job)
+    kill(supervisor_of(first["pid"]))  # the job's supervisor dies without a word; the worker lives
+    # the worker finds the supervisor gone, kills what it left and reports the run lost: for an evaluation that is a
+    # lost run (queued again under a new token, not an attempt), not the end of the job
     v = state(d, job, timeout=40)
     assert (
         v["state"] == "succeeded" and v["attempts"] == 1 and v["token"].split(".")[0] != first["token"].split(".")[0]
     ), v
     runs = marker_runs(marker)[job]
     assert len(runs) == 2 and not overlapping(runs), runs
-    assert "event=job.ended" in w.output() and "shim died" in w.output()
+    # the worker's word, not the lease's expiry: queued again by the worker under the old token
+    mine = [e for e in events(d) if e.get("job") == job]
+    assert [e["type"] for e in mine if e.get("by") == "worker:wa"][:2] == ["lease.granted", "job.queued"], mine
+    assert "lease.expired" not in [e["type"] for e in mine] and "event=job.ended" in w.output(), mine

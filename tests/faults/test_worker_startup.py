@@ -25,7 +25,7 @@ from tests.helpers.certs import Pki, make_pki
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.s3 import stop, wait_until_answers
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
-from tests.helpers.workers import GPU, RemoteWorker, job_dirs, kill_tree_of, state, submit, tcp_server, token
+from tests.helpers.workers import GPU, RemoteWorker, kill_tree_of, state, submit, tcp_server, token
 
 VENV_BIN = os.path.dirname(sys.executable)
 # a PATH without the venv: the worker is found by the absolute path of its interpreter only
@@ -250,25 +250,22 @@ def test_a_relay_that_cannot_listen_says_so_in_the_jobs_log(late_server, workers
     workdir = first.home / "dir"  # in the first worker's home: its cleanup ends whatever runs there
     first.args = ("--dir", str(workdir))
     first.start()
-    go, out = tmp_path / "go", tmp_path / "out"
+    go, out, relay = tmp_path / "go", tmp_path / "out", tmp_path / "relay"
     job = agent(
         d,
         f"""
+        echo "$PILOOP_RELAY" > {relay}.tmp && mv {relay}.tmp {relay}
         while [ ! -e {go} ]; do sleep 0.05; done
         piloop progress late > {out} 2>&1; echo "rc=$?" >> {out}
     """,
     )
 
     def relay_socket() -> Path | None:
-        for jd in job_dirs(workdir):
-            rec = jd.record()
-            at = rec.relay if rec else ""
-            if at and Path(at).is_socket():
-                return Path(at)
-        return None
+        at = relay.read_text().strip() if relay.exists() else ""  # where the job's `piloop` calls its relay
+        return Path(at) if at and Path(at).is_socket() else None
 
     sock = wait_for(relay_socket, 30, interval=0.05, what="the job's relay socket")
-    first.terminate()  # detach: the job runs on under its shim, its socket file left for the next worker
+    first.terminate()  # detach: the job runs on under its supervisor, its socket file left for the next worker
     assert first.proc is not None and first.proc.returncode == EXIT_OK, first.output()
     # the next worker cannot bind there: the socket's path is a directory now
     sock.unlink()

@@ -7,6 +7,7 @@ import subprocess
 import time
 
 from piloop_common.tasks import task
+from tests.helpers.jobwhere import worker_name
 
 CALLS = 0  # module state, which a warm process keeps from one task to the next (as Celery's prefork children do)
 HELD: list[bytes] = []
@@ -61,13 +62,13 @@ def grow(mb):
 @task
 def marker(path, first_forever):
     """The marker job of tests.helpers.workers as a task: a line at its start, each 50 ms and at its end, with its
-    job, worker, lease token and process group; the first run of a job (none in the file yet) runs on forever."""
+    job, worker, lease token, process group and pid; the first run of a job (none in the file yet) runs on forever."""
     job, token = os.environ["PILOOP_JOB"], os.environ["PILOOP_LEASE_TOKEN"]
-    at = os.environ["PILOOP_JOB_DIR"].split("/work/")[1].split("/")[0]
+    at = worker_name()
 
     def line(ev):
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(fd, f"{ev} {job} {at} {token} {os.getpgid(0)} {time.time():.3f}\n".encode())
+        os.write(fd, f"{ev} {job} {at} {token} {os.getpgid(0)} {time.time():.3f} {os.getpid()}\n".encode())
         os.close(fd)
 
     forever = first_forever and not (os.path.exists(path) and f" {job} " in open(path).read())
@@ -91,3 +92,44 @@ def runs(path, hold):
         time.sleep(hold)
     with open(path) as f:
         return [int(line) for line in f.read().split()]
+
+
+@task
+def hang(seconds):
+    """Sleep `seconds` (a task that hangs: its timeout ends it)."""
+    time.sleep(seconds)
+    return os.getpid()
+
+
+@task
+def leave_children(path):
+    """Start processes that would outlive the task (one in its group, one in a session of its own, one orphaned by
+    a shell that exits), write their pids to `path`, and return at once."""
+    kids = [subprocess.Popen(["sleep", "300"]).pid, subprocess.Popen(["sleep", "300"], start_new_session=True).pid]
+    orphan = subprocess.run(["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True)
+    kids.append(int(orphan.stdout.strip()))
+    with open(path, "w") as f:
+        f.write(" ".join(map(str, kids)))
+    return os.getpid()
+
+
+@task
+def close_stdout():
+    """Close the process's stdout and stderr (descriptors 1 and 2), then return."""
+    print("closing", flush=True)
+    os.close(1)
+    os.close(2)
+    return os.getpid()
+
+
+@task
+def say(text):
+    """Print `text` (to the task's log) and return the process's pid."""
+    print(text, flush=True)
+    return os.getpid()
+
+
+@task
+def big(n):
+    """A result of `n` bytes of text: past the inline cap, it goes through the CAS."""
+    return "x" * n

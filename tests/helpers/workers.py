@@ -3,6 +3,7 @@ job views, events, process groups, and a marker file each job appends its runs t
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import os
@@ -17,6 +18,7 @@ import psutil
 from piloop_common.sdk.client import ApiClient
 from piloop_common.tasks import Client
 from piloop_worker.jobdir import JobDir
+from tests.helpers.jobwhere import worker_name
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
 from tests.helpers.slowdown import scaled
@@ -149,24 +151,40 @@ def submit(d: Daemon, *argv: str, pool: str = "gpu", kind: str = "evaluation", o
     return d.cli("job", "submit", "--pool", pool, "--kind", kind, *opts, "--", *argv, check=True).stdout.strip()
 
 
-def lease_token(d: Daemon, job: str) -> str:
-    """A job's whole lease token (its last one once it ended), read from Redis: what only its holder is told (a job
-    view and the events show its fencing order alone). For a daemon on a test's own Redis (`redis_url`)."""
+def _redis_of(d: Daemon):  # -> tuple[redis.Redis, Keys]
+    """A client of the daemon's Redis and its namespace's keys. For a daemon on a test's own Redis (`redis_url`)."""
     import re
 
     import redis
 
-    url = re.search(r'^url = "(.+)"$', (d.home / "config.toml").read_text(), re.M)
-    assert url, "lease_token reads the Redis of a daemon started with redis_url"
     from piloop_server.state.keys import Keys
 
-    r = redis.Redis.from_url(url.group(1))
+    url = re.search(r'^url = "(.+)"$', (d.home / "config.toml").read_text(), re.M)
+    assert url, "this reads the Redis of a daemon started with redis_url"
+    return redis.Redis.from_url(url.group(1)), Keys(d.env["PILOOP_NAMESPACE"])
+
+
+def lease_token(d: Daemon, job: str) -> str:
+    """A job's whole lease token (its last one once it ended), read from Redis: what only its holder is told (a job
+    view and the events show its fencing order alone). For a daemon on a test's own Redis (`redis_url`)."""
+    r, keys = _redis_of(d)
     try:
-        got = r.hmget(Keys(d.env["PILOOP_NAMESPACE"]).job(job), "token", "history")
+        got = r.hmget(keys.job(job), "token", "history")
     finally:
         r.close()
     tok = (got[0] or b"").decode()
     return tok or (got[1] or b"").decode().split()[-1].partition("/")[2]
+
+
+def lease_seconds_left(d: Daemon, job: str) -> float:
+    """How long the job's lease key has left in Redis (its TTL; 0 if it has none): the lease ends then unless it is
+    renewed. For a daemon on a test's own Redis (`redis_url`)."""
+    r, keys = _redis_of(d)
+    try:
+        left = int(r.pttl(keys.lease(job)))
+    finally:
+        r.close()
+    return max(left, 0) / 1000
 
 
 def view(d: Daemon, job: str) -> dict:
@@ -240,21 +258,23 @@ def job_pgids(*homes: Path) -> dict[str, int]:
     return out
 
 
-# A job that appends `<event> <job> <worker> <token> <pgid> <time>` lines to $MARKER (O_APPEND, one write a
-# line): `start`, a `tick` every 50 ms, then `end`. $RUN_SECONDS long; with $FIRST_FOREVER set, the job's first
+# A job that appends `<event> <job> <worker> <token> <pgid> <time> <pid>` lines to $MARKER (O_APPEND, one write a
+# line): `start`, a `tick` every 50 ms, then `end`. The worker's name is found without a job dir where there is none
+# (`worker_name`). $RUN_SECONDS long; with $FIRST_FOREVER set, the job's first
 # run (no earlier line of its own in the marker) runs until it is killed and writes $PARTIAL into
 # outputs/result.txt first, so a fenced or killed run leaves partial output behind. With $IGNORE_TERM set, SIGTERM
 # is ignored.
-MARKER_JOB = textwrap.dedent("""
+WORKER_NAME = "import os\n" + inspect.getsource(worker_name)  # for a job run as `python -c`
+MARKER_JOB = WORKER_NAME + textwrap.dedent("""
     import os, sys, time
     m, job, token = os.environ["MARKER"], os.environ["PILOOP_JOB"], os.environ["PILOOP_LEASE_TOKEN"]
     if os.environ.get("IGNORE_TERM"):  # a job that takes its time to stop: only SIGKILL ends it
         import signal
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    where = os.environ["PILOOP_JOB_DIR"].split("/work/")[1].split("/")[0]  # the worker's name
+    where = worker_name()
     def line(ev):
         fd = os.open(m, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(fd, f"{ev} {job} {where} {token} {os.getpgid(0)} {time.time():.3f}\\n".encode())
+        os.write(fd, f"{ev} {job} {where} {token} {os.getpgid(0)} {time.time():.3f} {os.getpid()}\\n".encode())
         os.close(fd)
     mine = os.path.exists(m) and f" {job} " in open(m).read()
     forever = os.environ.get("FIRST_FOREVER") and not mine
@@ -271,12 +291,13 @@ MARKER_JOB = textwrap.dedent("""
 
 
 def marker_runs(marker: Path) -> dict[str, list[dict]]:
-    """{job: [one dict per run (token): where, token, pgid, start, last (last line's time), ended]}."""
+    """{job: [one dict per run (token): where, token, pgid, pid (its first process), start, last (last line's time),
+    ended]}."""
     runs: dict[tuple[str, str], dict] = {}
     if not marker.exists():
         return {}
     for raw in marker.read_text().splitlines():
-        ev, job, where, tok, pgid, t = raw.split(" ")
+        ev, job, where, tok, pgid, t, *pid = raw.split(" ")
         r = runs.setdefault(
             (job, tok),
             {
@@ -284,6 +305,7 @@ def marker_runs(marker: Path) -> dict[str, list[dict]]:
                 "where": where,
                 "token": tok,
                 "pgid": int(pgid),
+                "pid": int(pid[0]) if pid else int(pgid),
                 "start": float(t),
                 "last": float(t),
                 "ended": False,
