@@ -106,12 +106,12 @@ def test_a_task_that_closes_its_stdout_still_returns_and_the_next_task_is_heard(
 def test_a_task_that_calls_os_exit_fails_with_its_status_and_the_next_gets_a_fresh_process(client, code):
     pid = _ok(m.where, client=client)["pid"]
     r = m.die.apply_async((code,), client=client)
-    with pytest.raises(TaskFailed):
-        r.get(timeout=WAIT)
-    view = client.show(r.id)
+    view = client.wait(r.id, timeout=WAIT)
     # it ended its process without a result: failed with the status it exited with, never succeeded
     assert view.state == "failed" and view.result.exit_code == code, (view.state, view.reason, view.result)
     assert view.attempts == 1
+    with pytest.raises(TaskFailed):
+        r.get(timeout=WAIT)
     wait_for(lambda: not running(pid), 10, interval=0.05, what=f"the exited process {pid} to be gone")
     assert _next_runs(client) != pid
 
