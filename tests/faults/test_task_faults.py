@@ -106,30 +106,35 @@ def test_a_task_that_closes_its_stdout_still_returns_and_the_next_task_is_heard(
 def test_a_task_that_calls_os_exit_fails_with_its_status_and_the_next_gets_a_fresh_process(client, code):
     pid = _ok(m.where, client=client)["pid"]
     r = m.die.apply_async((code,), client=client)
-    with pytest.raises(TaskFailed):
-        r.get(timeout=WAIT)
-    view = client.show(r.id)
+    view = client.wait(r.id, timeout=WAIT)
     # it ended its process without a result: failed with the status it exited with, never succeeded
     assert view.state == "failed" and view.result.exit_code == code, (view.state, view.reason, view.result)
     assert view.attempts == 1
+    with pytest.raises(TaskFailed):
+        r.get(timeout=WAIT)
     wait_for(lambda: not running(pid), 10, interval=0.05, what=f"the exited process {pid} to be gone")
     assert _next_runs(client) != pid
 
 
 def test_a_process_job_that_ignores_sigterm_is_killed_after_the_grace_when_cancelled(client, tmp_path):
-    pid_file = tmp_path / "pid"
-    job = client.submit(pid_job_argv(pid_file, "trap '' TERM; while :; do sleep 0.05; done"))
+    pid_file, terms = tmp_path / "pid", tmp_path / "terms"
+    # it notes each SIGTERM's time and goes on (its `sleep` dies of it; the loop starts another)
+    script = f"trap 'date +%s.%N >> {terms}' TERM; while :; do sleep 0.05; done"
+    job = client.submit(pid_job_argv(pid_file, script))
     pid = pid_in(pid_file)
     assert running(pid) and parent_of(pid) > 1
     client.api.call("POST", f"/v1/jobs/{job}/cancel")
-    cancelled = time.monotonic()
-    # the cancel reaches the worker at its next heartbeat; SIGTERM is ignored, SIGKILL comes after the kill grace
+    # the cancel reaches the worker at its next heartbeat; SIGTERM does not end it, SIGKILL after the kill grace does
     wait_for(lambda: not running(pid), RENEW * 2 + KILL_GRACE + 3, interval=0.02, what="the job to be killed")
-    took = time.monotonic() - cancelled
+    dead = time.time()  # at or after its death
     view = client.wait(job, timeout=WAIT)
     assert view.state == "cancelled", (view.state, view.reason)
-    print(f"\nthe job that ignores SIGTERM was gone {took:.2f} s after its cancel (kill grace {KILL_GRACE:g} s)")
-    assert took >= KILL_GRACE * 0.8, took  # it took the grace: SIGTERM alone did not end it
+    termed = [float(t) for t in terms.read_text().split()] if terms.exists() else []
+    assert termed, "it was killed without a SIGTERM first"
+    print(f"\nthe job that ignores SIGTERM was gone {dead - termed[0]:.2f} s after it (kill grace {KILL_GRACE:g} s)")
+    # it outlived its SIGTERM by the grace (less the 50 ms its shell may take to run the trap, and some of a loaded
+    # machine's lag): SIGKILL came only after it
+    assert dead - termed[0] >= KILL_GRACE * 0.5, (termed, dead)
     _next_runs(client)
 
 
