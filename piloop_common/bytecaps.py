@@ -1,6 +1,6 @@
 """A job's log and a task's result bounded in bytes ([plugins.state] log_max_bytes, result_max_bytes): the defaults,
 the marker a cut log ends with, and the words a task over its cap fails with. The worker and the server both apply
-them (`piloop_worker/logs.py`, `piloop_worker/results.py`; `piloop_server/state/logcap.py`, `append_log.lua`)."""
+them (`piloop_worker/logs.py`, `piloop_worker/reporting.py`; `piloop_server/state/logcap.py`, `append_log.lua`)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@ else v1's memory hierarchy. Where neither works, `Cgroups.reason` says why, once
 
 Each job gets a group of its own for its life, at its memory limit; the job process joins it before exec, so
 everything it starts is counted. An out-of-memory kill and the job's peak memory are read back from the group's
-counters. A group whose job ended empty is kept for a later job (`Cgroups.take`, `Cgroups.give`), as job dirs are
-(`sparedirs.SpareDirs`).
+counters. A group whose job ended empty is kept for a later job (`Cgroups.take`, `Cgroups.give`), as a slot's
+files are.
 """
 
 from __future__ import annotations

@@ -40,13 +40,18 @@ class Claimer:
         self.sample, self.start = sample, start
         self.room = Room()
         self.next_claim = 0.0
+        self.paused_until = 0.0  # a pause (a full --dir) that neither a freed slot nor a claim's answer shortens
 
     def soon(self) -> None:
         """Claim at the next look: a slot is free."""
         self.next_claim = 0.0
 
+    def pause(self, seconds: float) -> None:
+        """Claim nothing for `seconds`."""
+        self.paused_until = clock.now() + seconds
+
     def due(self, now: float) -> bool:
-        return now >= self.next_claim
+        return now >= self.next_claim and now >= self.paused_until
 
     def room_mb(self) -> int:
         """What this worker can grant: its available memory less the pool's reserve (`room.Room`)."""
@@ -60,6 +65,8 @@ class Claimer:
         next is put off a renew period). Idle, a claim waits at the server for a job (a long poll) instead of coming
         back a renew period later; a worker with jobs never waits there, so its main loop keeps tending them."""
         timed = self.ctx.timed
+        if clock.now() < self.paused_until:
+            return None
         if pressure.admission(self.sample(), timed.memory_pressure_max):
             self.next_claim = clock.now() + timed.renew_seconds
             return None

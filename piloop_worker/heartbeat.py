@@ -2,7 +2,7 @@
 
 Each acknowledged heartbeat moves every held job's fencing deadline to
 `send time + toleration − 2 × renew` (the send time, taken before the call, is the safe side).
-One failed call gives nothing up: only the deadline, enforced by each job's shim, fences a job.
+One failed call gives nothing up: only the deadline, enforced by each slot's supervisor, fences a job.
 
 A worker that a server started (`PILOOP_ORPHAN_EXIT_SECONDS` in its environment) exits by itself once it has not
 reached its server for that long and holds no job, so it never outlives a stopped server, also one that is gone before
@@ -30,6 +30,7 @@ from piloop_worker.context import WorkerContext
 from piloop_worker.fencing import apply_answer
 from piloop_worker.holdings import Holdings
 from piloop_worker.registration import Registrar
+from piloop_worker.slotset import Slots
 
 log = logging.getLogger("piloop.worker")
 ORPHAN_ENV = "PILOOP_ORPHAN_EXIT_SECONDS"
@@ -70,10 +71,18 @@ class Heartbeat(threading.Thread):
     `registrar` when the server forgot the worker), and records each acknowledged beat in `workdir`'s health."""
 
     def __init__(
-        self, ctx: WorkerContext, api: ApiClient, *, holdings: Holdings, registrar: Registrar, workdir: Path
+        self,
+        ctx: WorkerContext,
+        api: ApiClient,
+        *,
+        holdings: Holdings,
+        slots: Slots,
+        registrar: Registrar,
+        workdir: Path,
     ) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self.ctx, self.api, self.holdings, self.registrar, self.workdir = ctx, api, holdings, registrar, workdir
+        self.slots = slots
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -136,7 +145,7 @@ class Heartbeat(threading.Thread):
             return False
         self._fails = 0
         ctx.reach.ok(ctx.name)
-        apply_answer(self.holdings, statuses, sent, held, ctx.timed, ctx.name)
+        apply_answer(self.slots, self.holdings, statuses, sent, held, ctx.timed, ctx.name)
         self._record_health(sent_wall)
         return True
 

@@ -1,6 +1,6 @@
-"""`job.json`, a job dir's record of its assignment: written by `JobDir.create` when the job starts, read back by the
-next worker on the same `--dir` to re-attach it. The worker keeps the record it wrote or read (`Held.record`) rather
-than reading the file again: a job may write its own dir."""
+"""A job's record of its assignment: made when the job starts and sent with it to its slot's supervisor
+(`slots.wire.Start.record`), which gives it back to a worker that restarted (`Holding.record`, `Ended.record`), so
+that worker adopts the job, or reports its end, without a file of its own."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ class JobRecord(BaseModel):
     secret_names: list[str] = Field(default_factory=list)  # the secrets it was given (never their values)
     claimed_at: float = 0.0  # epoch seconds
     relay: str = ""  # the job's relay socket
+    fetched_bytes: int = 0  # a campaign job's bundle bytes fetched to check its commit out
 
     @classmethod
     def from_assignment(cls, a: Assignment, relay: Path, claimed_at: float) -> JobRecord:
@@ -61,6 +62,12 @@ class JobRecord(BaseModel):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    def to_start(self) -> dict[str, Any]:
+        """As a supervisor keeps it: without the inline inputs, which the start carries once already."""
+        d = self.to_dict()
+        d["spec"]["inline_inputs"] = {}
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

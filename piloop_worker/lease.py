@@ -1,8 +1,7 @@
 """`HeldLease`: one lease this worker holds, the (job, fencing token) pair every part names it by.
 
-Its report id and its name (the job's dir's) are derived here, once; a log line names it `job=%s token=%s`,
-`*lease`. Kept light (no dataclass,
-no pydantic): the shim host loads it through `jobdir`, and each task's process is a fork of that host.
+Its report id and its name are derived here, once; a log line names it `job=%s token=%s`, `*lease`. Kept light
+(a NamedTuple, no pydantic).
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ REPORT_NS = "5d1b7c3e-8f0a-4e4b-9c55-7a1f0c2d9e61"
 
 def report_id_for(job: str, token: str) -> str:
     """One report id per lease, so a report rebuilt after a crash is the same report to the server."""
-    import uuid  # the worker's alone: the shim host never reports
+    import uuid
 
     return str(uuid.uuid5(uuid.UUID(REPORT_NS), f"{job}/{token}"))
 
@@ -28,7 +27,7 @@ class HeldLease(NamedTuple):
 
     @property
     def name(self) -> str:
-        """The lease's name on this worker (its job dir's): the job and the token's fencing part
+        """The lease's name on this worker: the job and the token's fencing part
         (`<generation><counter>`, unique per lease), without its random part, which would push the relay's socket
         path past AF_UNIX's 108 bytes sooner."""
         return f"{self.job}.{self.token.partition('.')[0]}"

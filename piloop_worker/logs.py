@@ -1,27 +1,41 @@
-"""A job's `output.log` to the CAS in chunks, a few seconds after it is written (so at least every 30 s).
+"""A job's output (its slot's `output.log`) to the CAS in chunks, a few seconds after it is written (so at least
+every 30 s).
 
-`log.json` in the job's dir keeps how far the log is in the CAS and which chunks the server has, so a
-restarted worker neither resends nor skips bytes. Past [plugins.state] log_max_bytes nothing more is shipped but
-one marker chunk (`protocol.log_marker`): the server would keep no more, and the CAS holds none of it.
+The slot's `log.json` keeps how far the log is in the CAS and which chunks the server has, so a restarted worker
+neither resends nor skips bytes; it is written only when a chunk is shipped, and a job's start begins it again (the
+supervisor empties `output.log` then). Past [plugins.state] log_max_bytes nothing more is shipped but one marker
+chunk (`protocol.log_marker`): the server would keep no more, and the CAS holds none of it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+from pathlib import Path
 from typing import Any
 
 from piloop_common.bytecaps import LOG_MAX_BYTES, log_marker
 from piloop_common.cas import Store
 from piloop_worker import clock
-from piloop_worker.jobdir import JobDir, atomic_json, read_json
+from piloop_worker.records import atomic_write
 
 CHUNK_MAX = 4 * 1024 * 1024
 SHIP_AFTER_SECONDS = 3.0  # new bytes go this long after they first appear (well within the promised 30 s)
 
 
 class LogShipper:
-    def __init__(self, jd: JobDir) -> None:
-        self.jd = jd
-        st: dict[str, Any] = read_json(jd.log_state) or {}
+    """`output_log` shipped; `state` its `log.json`, read back when `resume` (a job adopted from an earlier worker),
+    else removed (a new job's log starts empty)."""
+
+    def __init__(self, output_log: Path, state: Path, resume: bool = False) -> None:
+        self.output_log, self.state = output_log, state
+        st: dict[str, Any] = {}
+        if resume:
+            with contextlib.suppress(OSError, ValueError):
+                st = json.loads(state.read_bytes())
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                state.unlink()
         self.offset: int = int(st.get("offset", 0))
         self.chunks: list[str] = list(st.get("chunks", []))
         self.posted: int = int(st.get("posted", 0))
@@ -31,11 +45,8 @@ class LogShipper:
 
     def _save(self) -> None:
         # not fsynced: after a crash of the machine a lost state means chunks put again (the CAS dedups them)
-        atomic_json(
-            self.jd.log_state,
-            {"offset": self.offset, "chunks": self.chunks, "posted": self.posted, "truncated": self.truncated},
-            durable=False,
-        )
+        data = {"offset": self.offset, "chunks": self.chunks, "posted": self.posted, "truncated": self.truncated}
+        atomic_write(self.state, json.dumps(data, sort_keys=True), durable=False)
 
     def due(self, now: float | None = None) -> bool:
         """Whether new bytes wait and the job has been quiet a little, or they have waited long enough."""
@@ -43,7 +54,7 @@ class LogShipper:
             return self.posted < len(self.chunks)
         now = clock.now() if now is None else now
         try:
-            size = self.jd.output_log.stat().st_size
+            size = self.output_log.stat().st_size
         except OSError:
             size = self.offset
         if size != self._seen_size:
@@ -58,7 +69,7 @@ class LogShipper:
         """Put the log's new bytes in the CAS, its first `max_bytes` and then a marker if it has more; the chunks the
         server has not been told of yet."""
         try:
-            with open(self.jd.output_log, "rb") as f:
+            with open(self.output_log, "rb") as f:
                 f.seek(self.offset)
                 while not self.truncated:
                     room = max_bytes - self.offset

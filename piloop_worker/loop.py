@@ -1,9 +1,10 @@
 """The worker's main loop: register, send the spool, re-attach, claim, start jobs, ship logs, report.
 
-Threads: this loop (the main thread) and the heartbeat (`heartbeat.py`). Jobs run under shims forked by the shim
-host, a process started before either thread existed. `Worker` composes its parts, each handed what it uses: the
-`Registrar` (its hello, registering), `Holdings` (what it holds), a `Claimer`, a `Starter`, a `Reporter`, the
-`Heartbeat`; `reattach` and `fencing` are functions it calls. It owns their order: start, the loop, and the ends.
+Threads: this loop (the main thread) and the heartbeat (`heartbeat.py`). Jobs run under each slot's supervisor
+(`slots/`), a process of its own that outlives the worker. `Worker` composes its parts, each handed what it uses: the
+`Registrar` (its hello, registering), `Holdings` (what it holds), `Slots` (the slots' supervisors), a `Claimer`, a
+`Starter`, a `Reporter`, the `Heartbeat`; `reattach` and `fencing` are functions it calls. It owns their order: start,
+the loop, and the ends.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import contextlib
 import logging
 import os
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,25 +25,26 @@ from piloop_common.host.sample import Sampler
 from piloop_common.protocol.report import LogAppend
 from piloop_common.protocol.worker import PROTOCOL, HeartbeatResponse
 from piloop_common.sdk.client import ApiClient
-from piloop_worker import clock
+from piloop_worker import clock, fencing
 from piloop_worker.cgroups import Cgroups
 from piloop_worker.claiming import Claimer
 from piloop_worker.context import WorkerContext
 from piloop_worker.dirlock import hold_dir
-from piloop_worker.fencing import bury
 from piloop_worker.heartbeat import Heartbeat, orphaned
 from piloop_worker.held import Held
 from piloop_worker.holdings import Holdings
 from piloop_worker.jobstart import Starter
+from piloop_worker.jobuser import JobUser
 from piloop_worker.reachability import Reachability
 from piloop_worker.reattach import find_held, reattach
+from piloop_worker.records import StopReason
 from piloop_worker.registration import Registrar
 from piloop_worker.relay import Relay
 from piloop_worker.reporting import Reporter
 from piloop_worker.repos import Repos
-from piloop_worker.shimhost import ShimHost
-from piloop_worker.shimproto import StopReason
-from piloop_worker.sparedirs import SpareDirs
+from piloop_worker.slots import Gone
+from piloop_worker.slots.wire import Ended, Message
+from piloop_worker.slotset import Slots
 from piloop_worker.spool import Spool
 
 log = logging.getLogger("piloop.worker")
@@ -95,13 +96,17 @@ class Worker:
         workdir: Path | None,
         home: Path,
         store: Store,
-        host: ShimHost,
+        user: JobUser | None = None,
+        warm_tasks: tuple[int, int] | None = None,
     ) -> None:
         self.api_factory, self.home = api_factory, home
         self.ctx = WorkerContext(name or "", Reachability(where))
         self.workdir_arg = workdir
         self.workdir: Path | None = workdir or (home / "work" / name if name else None)
-        self.store, self.host = store, host
+        self.store = store
+        self.user = user  # the user every job runs as (`[plugins.executor] run_as`), or None: the worker's
+        self.warm_tasks = warm_tasks  # Python tasks in warm processes: their most tasks and resident MiB
+        self.slots: Slots | None = Slots(self.workdir) if self.workdir else None
         self.image = image
         self.repos = Repos(home / "repos", store)
         self.api = api_factory()
@@ -121,7 +126,6 @@ class Worker:
             "pid": os.getpid(),
             "version": __version__,
             "cgroups": f"v{self.cgroups.version}" if self.cgroups.available else f"none: {self.cgroups.reason}",
-            "shim_host": self.host.pid,
         }
 
     # -- start -------------------------------------------------------------------------------
@@ -145,7 +149,7 @@ class Worker:
             backoff = min(backoff * 2, 10.0)
 
     def start(self) -> None:
-        found = find_held(self.workdir, self.cgroups) if self.workdir else []
+        found = find_held(self.slots, self.cgroups) if self.slots else []
         resp = self._call_until_answered(lambda: self.registrar.register(self.api, found))
         ctx = self.ctx
         ctx.reach.ok(ctx.name)
@@ -155,9 +159,7 @@ class Worker:
             self.sampler.disk_path = self.workdir
         workdir = self.workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        spare = None
-        with contextlib.suppress(OSError):  # a dir it cannot make there: each job dir is made and removed, as before
-            spare = SpareDirs(workdir)
+        slots = self.slots = self.slots or Slots(workdir)
         if self.cgroups.available:
             log.info(
                 "event=worker.cgroups worker=%s version=%d base=%s", ctx.name, self.cgroups.version, self.cgroups.base
@@ -169,12 +171,12 @@ class Worker:
                 self.cgroups.reason,
             )
         spool = Spool(self.home / "spool" / ctx.name)
-        self.crew = crew = self._crew(workdir, spare, spool)
+        self.crew = crew = self._crew(workdir, slots, spool)
         crew.reporter.send_spool()
         statuses = resp.jobs
         sent = self.registrar.sent
         if self.workdir_arg is None and not found:
-            found = find_held(workdir, self.cgroups)
+            found = find_held(slots, self.cgroups)
             if found:
                 sent = clock.now()
                 statuses = self._call_until_answered(
@@ -193,48 +195,53 @@ class Worker:
             statuses,
             sent,
             holdings=self.holdings,
+            slots=slots,
             cgroups=self.cgroups,
             relay=crew.relay,
             timing=ctx.timed,
             worker=ctx.name,
         )
         self.heartbeat = Heartbeat(
-            ctx, self.api_factory(), holdings=self.holdings, registrar=self.registrar, workdir=workdir
+            ctx, self.api_factory(), holdings=self.holdings, slots=slots, registrar=self.registrar, workdir=workdir
         )
         self.heartbeat.start()
 
-    def _crew(self, workdir: Path, spare: SpareDirs | None, spool: Spool) -> Crew:
+    def _crew(self, workdir: Path, slots: Slots, spool: Spool) -> Crew:
         ctx, api, holdings = self.ctx, self.api, self.holdings
-        relay = Relay(self.api_factory, ctx.timed.request_timeout_seconds, user=self.host.user)
+        relay = Relay(self.api_factory, ctx.timed.request_timeout_seconds, user=self.user)
+
+        def pause_claims(seconds: float) -> None:
+            claimer.pause(seconds)
+
         starter = Starter(
             ctx,
             api=api,
             holdings=holdings,
+            slots=slots,
             store=self.store,
             repos=self.repos,
             cgroups=self.cgroups,
-            host=self.host,
             relay=relay,
             workdir=workdir,
-            spare=spare,
             home=self.home,
             image=self.image,
+            user=self.user,
+            warm_tasks=self.warm_tasks,
             register=self._register_again,
+            pause_claims=pause_claims,
         )
         claimer = Claimer(ctx, api=api, holdings=holdings, sample=self.registrar.host_sample, start=starter.start)
         reporter = Reporter(
             ctx,
             api=api,
             holdings=holdings,
+            slots=slots,
             claimer=claimer,
             store=self.store,
             spool=spool,
             repos=self.repos,
             cgroups=self.cgroups,
-            host=self.host,
             relay=relay,
-            workdir=workdir,
-            spare=spare,
         )
         return Crew(claimer, starter, reporter, relay)
 
@@ -250,8 +257,8 @@ class Worker:
             raise ShutdownRequested()
 
     def loop(self) -> None:
-        assert self.crew is not None, "the worker has not started"
-        claimer, reporter = self.crew.claimer, self.crew.reporter
+        assert self.crew is not None and self.slots is not None, "the worker has not started"
+        claimer, reporter, slots = self.crew.claimer, self.crew.reporter, self.slots
         last_spool = clock.now()
         while True:
             self._check_stop()
@@ -266,7 +273,21 @@ class Worker:
             if claimer.due(now):
                 claimer.claim()
             if not self.ctx.stopping.is_set():
-                self.host.wait_exit(TICK)  # a shim whose job ended wakes the loop at once
+                # a supervisor whose job ended wakes the loop at once
+                for n, msg in slots.wait(TICK):
+                    self._heard(n, msg)
+
+    def _heard(self, n: int, msg: Message | Gone) -> None:
+        """A slot's supervisor said something: a job's end is kept on its holding, and reported at the next look."""
+        assert self.slots is not None
+        if isinstance(msg, Ended):
+            h = self.holdings.by_generation(n, msg.generation)
+            if h is None:
+                self.slots.ack(n, msg.generation)  # an end this worker never started nor adopted: nothing to report
+            elif h.ended is None:
+                h.ended = msg
+        elif isinstance(msg, Gone):
+            log.warning("event=slot.gone slot=%d pid=%d worker=%s", n, msg.pid, self.ctx.name)
 
     def _tend(self, reporter: Reporter, h: Held, now: float, ready: list[Held]) -> None:
         try:
@@ -280,10 +301,8 @@ class Worker:
     def _tend_one(self, reporter: Reporter, h: Held, now: float, ready: list[Held]) -> None:
         """One step for one job; a report due to be sent goes on `ready`, sent with the others that ended."""
         if h.report is None:
-            if h.jd.exit_json.exists():
+            if h.ended is not None:
                 reporter.build(h)
-            elif now > h.shim_due and not h.jd.shim_alive() and not h.jd.exit_json.exists():
-                bury(h.jd, self.cgroups)
             elif h.shipper.due(now):
                 self._ship_log(h)
         if h.report is not None and now >= h.next_try:
@@ -303,7 +322,8 @@ class Worker:
                 h.shipper.mark_posted(len(new))
         except LeaseLost:
             log.warning("event=job.lease_lost job=%s token=%s worker=%s", *h.lease, self.ctx.name)
-            h.jd.request_stop(StopReason.LEASE_LOST)
+            assert self.slots is not None
+            fencing.stop(self.slots, h, StopReason.LEASE_LOST)
         except Refused as e:
             self.ctx.refuse(e.message)
         except (PiloopError, OSError) as e:
@@ -311,16 +331,18 @@ class Worker:
 
     # -- ends --------------------------------------------------------------------------------
     def detach(self, budget: float) -> None:
-        """Stop heartbeating and claiming; send the reports that are ready; leave the shims running."""
+        """Stop heartbeating and claiming; send the reports that are ready; leave the supervisors running their jobs."""
         if self.heartbeat is not None:
             self.heartbeat.stop.set()
         end = clock.now() + budget
-        if self.crew is not None:
+        if self.crew is not None and self.slots is not None:
             reporter = self.crew.reporter
+            for n, msg in self.slots.wait(0.0):
+                self._heard(n, msg)
             for h in self.holdings.snapshot():
                 if clock.now() > end:
                     break
-                if h.report is None and h.jd.exit_json.exists():
+                if h.report is None and h.ended is not None:
                     reporter.build(h)
                 if h.report is not None:
                     reporter.send(h)
@@ -328,22 +350,26 @@ class Worker:
             self.heartbeat.join(timeout=max(0.1, end - clock.now()))
 
     def stop_all(self, why: StopReason, wait: float) -> None:
-        """Stop every job (its shim kills its process group) and wait for them to end."""
+        """Stop every job (its supervisor kills its process group) and wait for them to end; their ends stay with
+        the supervisors, reported by the worker that starts next on this dir."""
         if self.heartbeat is not None:
             self.heartbeat.stop.set()
+        if self.slots is None:
+            return
         held = self.holdings.snapshot()
         for h in held:
-            with contextlib.suppress(OSError):
-                h.jd.request_stop(why)
+            fencing.stop(self.slots, h, why)
         end = clock.now() + wait
-        while clock.now() < end and any(h.jd.shim_alive() for h in held):
-            time.sleep(0.05)
+        while clock.now() < end and any(h.ended is None for h in held):
+            for n, msg in self.slots.wait(0.05):
+                self._heard(n, msg)
 
     def close(self) -> None:
         if self.crew is not None:
             self.crew.relay.close()
         self.api.close()
-        self.host.close()
+        if self.slots is not None:
+            self.slots.close()
         self.cgroups.close()
         with contextlib.suppress(Exception):
             self.store.close()

@@ -23,7 +23,7 @@ from piloop_worker.logger import log
 if TYPE_CHECKING:
     from piloop_common.config.settings import Settings
     from piloop_common.sdk.client import ApiClient
-    from piloop_worker.shimhost import ShimHost
+    from piloop_worker.jobuser import JobUser
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_IN_USE, EXIT_UNTRUSTED = 0, 1, 2, 3, 4, 5
 # how long `piloop serve`'s own worker waits for the directory: the worker of a daemon that died detaches meanwhile
@@ -55,7 +55,6 @@ def run_worker(
     daemon = _die_with_daemon() if socket is not None else None
     if daemon == 0:
         return EXIT_OK  # `piloop serve` died before this worker could say it goes with it
-    # the shim host first, while this process has no thread: it forks every job's shim
     if not server and not socket:
         return _fail("give --server URL (or the daemon's --socket)")
     if not pool:
@@ -97,7 +96,6 @@ def run_worker(
     from piloop_common.errors import DirInUse
     from piloop_common.prctl import set_name
     from piloop_worker.dirlock import hold_dir
-    from piloop_worker.shimhost import ShimHost
 
     # the directory first, before anything looks in it; a worker named by its token locks it once it knows its name
     known = (name or "serve") if socket is not None else name
@@ -122,14 +120,23 @@ def run_worker(
         if not os.path.isdir(p):
             flag = "--tasks-path" if tasks_path else f"{home / 'config.toml'} [plugins.tasks] path"
             return _fail(f"{flag}: {p} is not a directory")
-    set_name("piloop-worker")  # before the fork: the shim host renames itself
+    set_name("piloop-worker")
     tasks_cfg = settings.plugins.tasks
     warm = (
         (tasks_cfg.warm_max_tasks, tasks_cfg.warm_max_rss_mb)
         if (task_processes or tasks_cfg.processes) == "warm"
         else None
     )
-    host = ShimHost(job_user, tasks_path=path, warm_tasks=warm).start()
+    from piloop_worker import tasks
+
+    # the slots' supervisors inherit it, and put it first on their task processes' sys.path
+    os.environ[tasks.PATH_ENV] = os.pathsep.join(os.path.abspath(p) for p in path)
+    if job_user is not None and not jobuser.available():
+        log.warning(
+            "event=worker.no_landlock run_as=%s: this kernel has no Landlock, so jobs run as one user can read "
+            "each other's /proc/<pid>/environ (their secrets); run such jobs on separate workers",
+            job_user.name,
+        )
     logformat.setup(log_format or settings.log_format)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per call would drown the worker's own
     # a few lines a job: the format names no thread or process, so don't look them up for each (the logging docs'
@@ -138,7 +145,8 @@ def run_worker(
     try:
         return _run(
             settings,
-            host,
+            job_user,
+            warm,
             server=server,
             socket=socket,
             pool=pool,
@@ -150,7 +158,6 @@ def run_worker(
             proxy=proxy,
         )
     finally:
-        host.close()
         if dir_lock is not None:
             dir_lock.release()  # after the worker has done with its dir
 
@@ -191,7 +198,8 @@ def _say_waiting(workdir: Path, pid: int) -> None:
 
 def _run(
     settings: Settings,
-    host: ShimHost,
+    job_user: JobUser | None,
+    warm: tuple[int, int] | None,
     *,
     server: str | None,
     socket: Path | None,
@@ -208,7 +216,7 @@ def _run(
     from piloop_common.sdk.client import ApiClient
     from piloop_common.sdk.remote import Servers
     from piloop_worker.loop import ServerUntrusted, ShutdownRequested, Worker, WorkerRefused
-    from piloop_worker.shimproto import StopReason
+    from piloop_worker.records import StopReason
 
     # over TCP a token names the worker; `--name` asks for another, which the server allows only where the token
     # says so (`piloop token create --rename`), else it refuses the worker (exit 3)
@@ -252,7 +260,8 @@ def _run(
         workdir=dir,
         home=home,
         store=store,
-        host=host,
+        user=job_user,
+        warm_tasks=warm,
     )
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -1,8 +1,9 @@
-"""Re-attach: the job dirs an earlier worker on this `--dir` left, found again at start (`find_held`) and held again
-(`reattach`).
+"""Re-attach: the slots an earlier worker on this `--dir` left, found again at start (`find_held`) and their jobs held
+again (`reattach`).
 
-A live shim's job is held again (the server says whether its lease still is, `fencing.apply_statuses`); a job whose
-shim died with no exit record is buried; an ended job is reported like any other.
+Each slot's supervisor is connected (one that died is started again, and reads the ends it kept in `ended.json`): the
+job it holds is held again (the server says whether its lease still is, `fencing.apply_statuses`), and each end no
+worker acknowledged is reported like any other.
 """
 
 from __future__ import annotations
@@ -10,43 +11,57 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from piloop_common.errors import Unavailable
 from piloop_common.protocol.worker import LeaseStatus, Timing
-from piloop_worker.cgroups import Cgroups
-from piloop_worker.fencing import apply_answer, bury, cgroup_of
+from piloop_worker.cgroups import Cgroups, JobCgroup
+from piloop_worker.fencing import apply_answer
 from piloop_worker.held import Held
 from piloop_worker.holdings import Holdings
-from piloop_worker.jobdir import scan
-from piloop_worker.jobrecord import BadJobRecord
+from piloop_worker.jobrecord import BadJobRecord, JobRecord
 from piloop_worker.lease import HeldLease
 from piloop_worker.logs import LogShipper
-from piloop_worker.relay import Relay, socket_path
+from piloop_worker.relay import Relay
+from piloop_worker.slotset import Slots
 
 log = logging.getLogger("piloop.worker")
 
 
-def find_held(workdir: Path, cgroups: Cgroups) -> list[Held]:
-    """Job dirs left by an earlier worker: live shims to re-attach, ended jobs to report."""
-    out = []
-    for jd in scan(workdir):
+def _record(raw: dict[str, object] | None, slot: int) -> JobRecord | None:
+    if raw is None:
+        return None
+    try:
+        return JobRecord.from_dict(raw, f"slot {slot}'s record")
+    except BadJobRecord as e:
+        log.warning("event=slot.bad_record slot=%d error=%s", slot, e)
+        return None
+
+
+def find_held(slots: Slots, cgroups: Cgroups) -> list[Held]:
+    """The jobs the slots' supervisors hold, and the ends they kept: to hold again, and to report."""
+    out: list[Held] = []
+    for n in slots.existing():
         try:
-            rec = jd.record()
-        except BadJobRecord:
-            rec = None
-        if rec is None:
-            jd.remove()  # died before its lease was written down
+            state = slots.open(n)
+        except Unavailable as err:
+            log.warning("event=slot.unavailable slot=%d error=%s", n, err.message)
             continue
-        if not jd.shim_alive() and not jd.exit_json.exists():
-            bury(jd, cgroups)
-        out.append(
-            Held(
-                HeldLease(rec.job, rec.token),
-                rec.kind,
-                jd,
-                LogShipper(jd),
-                cgroup=cgroup_of(cgroups, jd.shim_record()),
-                record=rec,
+        sd = slots.dir(n)
+        for e in state.ended:
+            if not e.job:
+                slots.ack(n, e.generation)
+                continue
+            rec = _record(e.record, n)
+            shipper = LogShipper(sd.output_log, sd.root / "log.json", resume=True)
+            out.append(
+                Held(HeldLease(e.job, e.token), rec.kind if rec else "", n, e.generation, shipper, e, record=rec)
             )
-        )
+        held = state.holding
+        if held is not None:
+            rec = _record(held.record, n)
+            cg = JobCgroup(Path(held.cgroup), cgroups.version) if held.cgroup and cgroups.available else None
+            shipper = LogShipper(sd.output_log, sd.root / "log.json", resume=True)
+            lease = HeldLease(held.job, held.token)
+            out.append(Held(lease, rec.kind if rec else "", n, held.generation, shipper, cgroup=cg, record=rec))
     return out
 
 
@@ -56,6 +71,7 @@ def reattach(
     sent: float,
     *,
     holdings: Holdings,
+    slots: Slots,
     cgroups: Cgroups,
     relay: Relay,
     timing: Timing,
@@ -69,10 +85,11 @@ def reattach(
         log.info("event=worker.cgroups_removed worker=%s count=%d (left by an earlier worker)", worker, len(swept))
     for h in found:
         holdings.add(h)
-    apply_answer(holdings, statuses, sent, found, timing, worker)
+    apply_answer(slots, holdings, statuses, sent, found, timing, worker)
     for h in found:
         st = statuses.get(h.job, LeaseStatus.LOST)
-        if st is LeaseStatus.OK and not h.jd.exit_json.exists():
-            relay_at = Path(h.record.relay) if h.record and h.record.relay else socket_path(h.jd.root)
-            relay.add_or_say(h.lease, relay_at, h.jd.output_log)
-        log.info("event=job.reattached job=%s token=%s status=%s", *h.lease, st.value)
+        if st is LeaseStatus.OK and h.ended is None:
+            sd = slots.dir(h.slot)
+            relay_at = Path(h.record.relay) if h.record and h.record.relay else relay.path_for(sd.root)
+            relay.add_or_say(h.lease, relay_at, sd.output_log)
+        log.info("event=job.reattached job=%s token=%s status=%s slot=%d", *h.lease, st.value, h.slot)

@@ -1,15 +1,19 @@
-"""Reporting: a job that ended is reported from its exit record (with its log, outputs, metrics and a campaign's
-results), spooled before it is sent, and sent with the others that ended in the same look, the last call carrying
-the claim for the slots they free. Its dir and cgroup are given back once the server answered.
+"""Reporting: a job that ended is reported from its supervisor's `Ended` (with its log, outputs, metrics, a task's
+value and a campaign's results), and sent with the others that ended in the same look, the last call carrying the
+claim for the slots they free. The spool's rule (docs/worker.md, "Reports and the spool"): a report is spooled when
+its job ran `DURABLE_AFTER_SECONDS` or longer, or when it cannot be sent at once; a short job's goes straight out.
+The supervisor forgets a job's end (`ack`) once its report is answered or spooled.
 """
 
 from __future__ import annotations
 
+import base64
 import errno
 import logging
-from pathlib import Path
+import os
 from typing import Any
 
+from piloop_common.bytecaps import result_refusal
 from piloop_common.cas import Store
 from piloop_common.errors import BadRequest, PiloopError, Refused, StoreError, from_payload
 from piloop_common.gitrepo import GitError
@@ -29,21 +33,19 @@ from piloop_worker.claiming import EVALUATIONS_PER_CLAIM, Claimer
 from piloop_worker.context import WorkerContext
 from piloop_worker.held import Held
 from piloop_worker.holdings import Holdings
-from piloop_worker.jobdir import JobDir, files_under
+from piloop_worker.jobfiles import JobFiles, files_under
+from piloop_worker.records import DURABLE_AFTER_SECONDS
 from piloop_worker.relay import Relay
 from piloop_worker.repos import Repos, parse_score
-from piloop_worker.results import carried, within_cap
-from piloop_worker.shimhost import ShimHost
-from piloop_worker.shimproto import ExitRecord, StopReason
-from piloop_worker.sparedirs import SpareDirs
+from piloop_worker.slotset import Slots
 from piloop_worker.spool import Spool
 
 log = logging.getLogger("piloop.worker")
 
 
 class Reporter:
-    """The worker's reports: built from a job's exit record, spooled, sent (with the claim for the slots they free,
-    `claimer`), and the job let go once answered."""
+    """The worker's reports: built from a job's end, spooled when the rule says, sent (with the claim for the slots
+    they free, `claimer`), and the job let go once answered."""
 
     def __init__(
         self,
@@ -51,35 +53,52 @@ class Reporter:
         *,
         api: ApiClient,
         holdings: Holdings,
+        slots: Slots,
         claimer: Claimer,
         store: Store,
         spool: Spool,
         repos: Repos,
         cgroups: Cgroups,
-        host: ShimHost,
         relay: Relay,
-        workdir: Path,
-        spare: SpareDirs | None,
     ) -> None:
-        self.ctx, self.api, self.holdings, self.claimer = ctx, api, holdings, claimer
-        self.store, self.spool, self.repos, self.cgroups, self.host = store, spool, repos, cgroups, host
-        self.relay, self.workdir, self.spare = relay, workdir, spare
+        self.ctx, self.api, self.holdings, self.slots, self.claimer = ctx, api, holdings, slots, claimer
+        self.store, self.spool, self.repos, self.cgroups = store, spool, repos, cgroups
+        self.relay = relay
 
     def build(self, h: Held) -> None:
-        """The report of `h`, whose job ended: spooled, and kept on `h` to be sent (`send_all`, `send`)."""
-        rec = h.jd.exit_record() or ExitRecord(reason="the job's exit record cannot be read")
-        # its shim is idle (the shim's word said so first, unless it was lost), or gone, or ends
-        self.host.ended(h.jd.root.name, last=rec.lost or rec.stopped is StopReason.SHIM_TERMINATED)
+        """The report of `h`, whose job ended (`h.ended`): kept on `h` to be sent (`send_all`, `send`), spooled first
+        when its job ran long enough; its slot free once this returns."""
+        ended = h.ended
+        assert ended is not None
+        rec = ended.exit
+        self.relay.remove(h.job)
+        files = JobFiles(self.slots.dir(h.slot))
         outcome, reason = rec.outcome()
+        if outcome == "failed" and rec.exit_code != 0 and not rec.reason and files.full():
+            reason = "disk_full: the worker's dir is full (No space left on device)"
+        task = h.record is not None and h.record.spec.runner == "task"
+        inline: dict[str, str] = {}
         try:
-            outcome, reason, campaign = self._campaign_results(h, outcome, reason)
+            outcome, reason, campaign = self._campaign_results(h, files, outcome, reason)
             h.shipper.upload(self.store, self.ctx.timed.log_max_bytes)
-            files, too_big = within_cap(h.record, files_under(h.jd.outputs), self.ctx.timed.result_max_bytes)
-            if too_big and outcome == "succeeded":
-                outcome, reason = "failed", too_big
-            files, inline = carried(h.record, files)
-            outputs = {name: self.store.put_file(path) for name, path in files}
-            metrics = self.store.put_file(h.jd.metrics) if h.jd.metrics.exists() else None
+            if task:
+                found: list[tuple[str, str]] = []
+                name = f"result.{self._serializer(h)}"
+                if ended.result is not None:
+                    inline[name] = base64.b64encode(ended.result).decode()
+                elif ended.result_file is not None and os.path.exists(ended.result_file):
+                    too_big = result_refusal(os.stat(ended.result_file).st_size, self.ctx.timed.result_max_bytes)
+                    if too_big:
+                        if outcome == "succeeded":
+                            outcome, reason = "failed", too_big
+                    else:
+                        found.append((name, ended.result_file))
+            else:
+                found = files_under(files.outputs)
+            outputs = {name: self.store.put_file(path) for name, path in found}
+            metrics = None
+            if rec.duration_seconds >= 1.0 and files.slot.metrics.exists() and files.slot.metrics.stat().st_size:
+                metrics = self.store.put_file(files.slot.metrics)
         except (StoreError, PiloopError, OSError) as e:
             log.warning("event=job.report_deferred job=%s error=%s", h.job, e)
             self.ctx.unreachable(e)
@@ -103,16 +122,33 @@ class Reporter:
             error=list(rec.error),
             **campaign,
         )
+        if rec.duration_seconds >= DURABLE_AFTER_SECONDS:
+            self._spool(h, report)  # before it is sent: a worker that dies now sends it at its next start
+        h.report = report
+        files.empty()
+        if h.cgroup is not None:
+            self.cgroups.give(h.cgroup)
+            h.cgroup = None
+        self.claimer.soon()  # its slot is free
+        log.info("event=job.ended job=%s outcome=%s reason=%r exit_code=%s", h.job, outcome, reason, rec.exit_code)
+
+    def _serializer(self, h: Held) -> str:
+        names = {*h.record.spec.inputs, *h.record.spec.inline_inputs} if h.record else set()
+        return "pickle" if "args.pickle" in names or "parent.pickle" in names else "json"
+
+    def _spool(self, h: Held, report: ReportRequest) -> None:
+        """`report` in the spool, and its job's end forgotten by the supervisor, which need not keep it now."""
         try:
-            self.spool.write(report)  # before it is sent: a worker that dies now sends it at its next start
+            self.spool.write(report)
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             # sent all the same: a worker that dies before the answer leaves the lease to expire, and the job runs
             # again, which is better than a job held `running` until the spool's filesystem has room
             log.warning("event=job.report_unspooled job=%s reason=disk_full error=%s", h.job, e)
-        h.report = report
-        log.info("event=job.ended job=%s outcome=%s reason=%r exit_code=%s", h.job, outcome, reason, rec.exit_code)
+            return
+        h.spooled = True
+        self.slots.ack(h.slot, h.generation)
 
     def send_all(self, ready: list[Held]) -> None:
         """The reports of jobs that ended since the last look, up to 64 a call, the last call carrying the claim for
@@ -147,14 +183,14 @@ class Reporter:
 
     def _sent(self, h: Held, answer: str | None) -> None:
         if answer is None:
+            if not h.spooled and h.report is not None:
+                self._spool(h, h.report)  # it could not be sent at once: it waits in the spool
             h.tries += 1
             h.next_try = clock.now() + min(0.5 * 2**h.tries, 30.0)
             return
-        self.holdings.remove(h, lambda: h.jd.remove(self.spare))  # the heartbeat's answers act only on held jobs
-        self.relay.remove(h.job)
-        if h.cgroup is not None:
-            self.cgroups.give(h.cgroup)
-        self.claimer.soon()  # a slot is free
+        self.holdings.remove(h)  # the heartbeat's answers act only on held jobs
+        if not h.spooled:
+            self.slots.ack(h.slot, h.generation)
 
     def send_report(self, report: ReportRequest) -> str | None:
         """Send one spooled report; its answer (and the spool file gone), or None to try again later."""
@@ -227,24 +263,23 @@ class Reporter:
                 continue
             if self.send_report(report) is None:
                 return
-            JobDir.for_lease(self.workdir, report.job, report.token).remove()
 
-    def _campaign_results(self, h: Held, outcome: str, reason: str) -> tuple[str, str, dict[str, Any]]:
+    def _campaign_results(self, h: Held, files: JobFiles, outcome: str, reason: str) -> tuple[str, str, dict[str, Any]]:
         """An agent's commits and workspace writes, an evaluation's score; the outcome and reason they leave.
         Only a run that succeeded is taken back or scored: partial output never is."""
         camp = h.record.spec.campaign if h.record else None
         if camp is None:
             return outcome, reason, {}
-        out: dict[str, Any] = {"fetched_bytes": h.jd.read_fetched()}
+        out: dict[str, Any] = {"fetched_bytes": h.record.fetched_bytes if h.record else 0}
         if outcome != "succeeded":
             return outcome, reason, out
         if camp.collect:
             try:
-                out["head"], out["bundle"], out["workspace"] = self.repos.collect(camp, h.jd.work, h.jd.workspace)
+                out["head"], out["bundle"], out["workspace"] = self.repos.collect(camp, files.repo, files.workspace)
             except GitError as e:
                 return "failed", f"the run's commits cannot be read: {e.message}", out
         if camp.score:
-            out["score"] = parse_score(h.jd.output_log)
+            out["score"] = parse_score(files.slot.output_log)
             if out["score"] is None:
                 return (
                     "failed",

@@ -22,7 +22,7 @@ import logging
 from pathlib import Path
 
 from piloop_common.protocol.report import ReportRequest
-from piloop_worker.jobdir import DURABLE_AFTER_SECONDS, atomic_write
+from piloop_worker.records import DURABLE_AFTER_SECONDS, atomic_write
 
 log = logging.getLogger("piloop.worker")
 

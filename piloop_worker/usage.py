@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psutil
 
-from piloop_worker.shimproto import UsageRecord
+from piloop_worker.records import UsageRecord
 
 # no pydantic here: the shim host imports this, and every module it holds is copied by each fork of a shim
 

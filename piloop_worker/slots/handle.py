@@ -24,14 +24,14 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import psutil
 
 from piloop_common.errors import Unavailable
 from piloop_worker import clock, jobuser
 from piloop_worker.cgroups import JobCgroup
-from piloop_worker.shimproto import ExitRecord, StopReason
+from piloop_worker.records import ExitRecord, StopReason
 from piloop_worker.slots.layout import SlotDir
 from piloop_worker.slots.record import SlotRecord
 from piloop_worker.slots.wire import (
@@ -112,9 +112,17 @@ class SlotHandle:
         self._send(Hello())
         return self._await_state(end)
 
-    def start(self, generation: int, job: str, token: str, deadline: float, request: SlotRequest) -> None:
+    def start(
+        self,
+        generation: int,
+        job: str,
+        token: str,
+        deadline: float,
+        request: SlotRequest,
+        record: dict[str, Any] | None = None,
+    ) -> None:
         self._grants[generation] = request.cgroup.path if request.cgroup is not None else None
-        self._send(Start(generation, job, token, deadline, request))
+        self._send(Start(generation, job, token, deadline, request, record))
 
     def write_deadline(self, generation: int, deadline: float) -> None:
         assert self.record is not None, "open() the slot first"

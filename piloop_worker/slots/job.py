@@ -20,7 +20,7 @@ from pathlib import Path
 
 from piloop_worker import clock, jobtree, jobuser, metrics, tasks
 from piloop_worker.cgroups import HeldWatch, JobCgroup, PeakWatch
-from piloop_worker.shimproto import ExitRecord, StopReason
+from piloop_worker.records import ExitRecord, StopReason
 from piloop_worker.slots.layout import SlotDir
 from piloop_worker.slots.record import SlotRecord
 from piloop_worker.slots.taskproc import TaskOutcome, TaskProcess
@@ -73,7 +73,7 @@ class JobRun:
     def holding(self) -> Holding:
         s = self.start
         return Holding(
-            s.generation, s.job, s.token, self.pid, self.started_wall, str(self.cg.path) if self.cg else None
+            s.generation, s.job, s.token, self.pid, self.started_wall, str(self.cg.path) if self.cg else None, s.record
         )
 
     def begin(self, metrics_left: bool = False) -> Started | Ended:
@@ -91,7 +91,7 @@ class JobRun:
         try:
             user = jobuser.JobUser.of(self.req.user)
             if user is not None:
-                jobuser.hand_over(self.slot.root, user, dirs=("work",))
+                jobuser.hand_over(self.slot.root, user, dirs=("work", "outputs", "inputs", "workspace", "repo"))
             if self.task:
                 self.pid = self.proc.start(self.req, cwd, str(self.slot.result_file(self.req.serializer)), self.cg)
                 self.pidfd = self.proc.pidfd

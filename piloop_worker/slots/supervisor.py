@@ -28,9 +28,8 @@ import sys
 from pathlib import Path
 
 from piloop_common.prctl import PR_SET_CHILD_SUBREAPER, prctl, set_name
-from piloop_worker import clock, jobuser
-from piloop_worker.jobdir import atomic_write
-from piloop_worker.shimproto import ExitRecord, StopReason
+from piloop_worker import clock, jobuser, tasks
+from piloop_worker.records import ExitRecord, StopReason, atomic_write
 from piloop_worker.slots.job import POLL, JobRun
 from piloop_worker.slots.layout import SlotDir
 from piloop_worker.slots.record import SlotRecord
@@ -113,7 +112,7 @@ class Supervisor:
             if self.terminated and self.job is not None:
                 self.job.stop(StopReason.SUPERVISOR_TERMINATED)
             if self.job is not None and (ended := self.job.wake()) is not None:
-                self._finish(ended)
+                self._finish(ended.of(self.job.start))
         self._save_ended()
 
     def _should_exit(self, now: float) -> bool:
@@ -186,13 +185,13 @@ class Supervisor:
         if self.job is not None:
             # a worker's mistake: the slot runs one job; this one is given back, never run beside the other
             why = f"the slot holds job generation {self.job.start.generation}"
-            self._send(Ended(start.generation, ExitRecord(lost=True, reason=why)))
+            self._send(Ended(start.generation, ExitRecord(lost=True, reason=why)).of(start))
             return
         job = JobRun(start, self.slot, self.record, self.proc, self.env, self.log_fd)
         begun = job.begin(self.metrics_left)
         self.metrics_left = False
         if isinstance(begun, Ended):
-            self._finish(begun)
+            self._finish(begun.of(start))
             return
         self.job = job
         self._job_fds = job.fds()
@@ -309,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # the job's orphans come here (not to init): seen, killed and reaped
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
+    tasks.use_path(os.environ.pop(tasks.PATH_ENV, ""))  # before a task process is forked: they inherit it
     for name in set(os.environ) - set(jobuser.without_credentials(os.environ)):
         del os.environ[name]  # nor in a job, nor in a task process, which inherits os.environ
     log_fd = os.open(slot.output_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)

@@ -293,12 +293,19 @@ def arguments(req: SlotRequest) -> tuple[list[Any], dict[str, Any]]:
     """The call's args and kwargs; a chain's link gets its parent's value first."""
     if req.serializer not in tasks.SERIALIZERS:
         raise ValueError(f"serializer {req.serializer!r}: use one of {', '.join(tasks.SERIALIZERS)}")
-    data = _load(req.serializer, req.args) if req.args is not None else {}
+    args = req.args if req.args is not None or not req.args_file else _read(req.args_file)
+    data = _load(req.serializer, args) if args is not None else {}
     piped: list[Any] = []
-    if req.parent is not None:
-        parent = _load(req.serializer, req.parent)
+    raw_parent = req.parent if req.parent is not None or not req.parent_file else _read(req.parent_file)
+    if raw_parent is not None:
+        parent = _load(req.serializer, raw_parent)
         piped = [parent["value"] if req.serializer == "json" else parent]
     return [*piped, *(data.get("args") or [])], dict(data.get("kwargs") or {})
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _load(serializer: str, raw: bytes) -> Any:

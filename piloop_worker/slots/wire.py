@@ -17,7 +17,7 @@ import binascii
 import json
 from typing import Any, NamedTuple
 
-from piloop_worker.shimproto import CgroupGrant, ExitRecord, StopReason
+from piloop_worker.records import CgroupGrant, ExitRecord, StopReason
 
 MAX_DATAGRAM = 1 << 20  # a request with 64 KiB of arguments is ~90 KiB as base64; the socket buffers are set above
 
@@ -47,6 +47,9 @@ class SlotRequest(NamedTuple):
     serializer: str = "json"  # of `args`, `parent` and the value: "json" or "pickle"
     args: bytes | None = None  # {"args": [...], "kwargs": {...}} in `serializer`
     parent: bytes | None = None  # a chain link's parent's value, as its task returned it
+    # arguments or a parent's value over the inline cap: files the worker fetched them to, read by the task's process
+    args_file: str | None = None
+    parent_file: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = self._asdict()
@@ -87,18 +90,23 @@ class Start(NamedTuple):
     token: str
     deadline: float  # clock.now() seconds; the record's deadline for this generation replaces it once written
     request: SlotRequest
+    # the worker's record of the assignment (no secret values), opaque here: given back in `Holding` and `Ended`, so
+    # a restarted worker adopts the job, or reports its end, without a file of its own
+    record: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {**self._asdict(), "request": self.request.to_json()}
 
     @classmethod
     def from_json(cls, d: Any) -> Start:
+        rec = d.get("record")
         return cls(
             generation=int(d["generation"]),
             job=str(d["job"]),
             token=str(d["token"]),
             deadline=float(d["deadline"]),
             request=SlotRequest.from_json(d["request"]),
+            record=_object(rec, "record") if rec is not None else None,
         )
 
 
@@ -159,6 +167,9 @@ class Ended(NamedTuple):
     exit: ExitRecord
     result: bytes | None = None
     result_file: str | None = None
+    job: str = ""  # the start's job, token and record, for a worker that did not send it (a restarted one)
+    token: str = ""
+    record: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -166,17 +177,27 @@ class Ended(NamedTuple):
             "exit": json.loads(self.exit.wire()),
             "result": _b64(self.result),
             "result_file": self.result_file,
+            "job": self.job,
+            "token": self.token,
+            "record": self.record,
         }
 
     @classmethod
     def from_json(cls, d: Any) -> Ended:
-        rf = d.get("result_file")
+        rf, rec = d.get("result_file"), d.get("record")
         return cls(
             int(d["generation"]),
             ExitRecord.parse(json.dumps(_object(d.get("exit"), "exit"))),
             _unb64(d.get("result"), "result"),
             str(rf) if rf else None,
+            str(d.get("job") or ""),
+            str(d.get("token") or ""),
+            _object(rec, "record") if rec is not None else None,
         )
+
+    def of(self, start: Start) -> Ended:
+        """This end, naming `start`'s job, token and record."""
+        return self._replace(job=start.job, token=start.token, record=start.record)
 
 
 class Holding(NamedTuple):
@@ -186,6 +207,7 @@ class Holding(NamedTuple):
     pid: int
     started: float  # wall clock: with `pid`, tells the job's group from a later one with the same id
     cgroup: str | None = None  # the job's cgroup, for a worker that must kill what is left of it
+    record: dict[str, Any] | None = None  # the start's (`Start.record`)
 
     def to_json(self) -> dict[str, Any]:
         return self._asdict()
@@ -193,9 +215,15 @@ class Holding(NamedTuple):
     @classmethod
     def from_json(cls, d: Any) -> Holding:
         d = _object(d, "holding")
-        cg = d.get("cgroup")
+        cg, rec = d.get("cgroup"), d.get("record")
         return cls(
-            int(d["generation"]), str(d["job"]), str(d["token"]), int(d["pid"]), float(d["started"]), cg and str(cg)
+            int(d["generation"]),
+            str(d["job"]),
+            str(d["token"]),
+            int(d["pid"]),
+            float(d["started"]),
+            cg and str(cg),
+            _object(rec, "record") if rec is not None else None,
         )
 
 

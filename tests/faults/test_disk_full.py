@@ -107,7 +107,8 @@ def test_a_full_spool_still_sends_the_report(server, workers, small):
     spool = small(w.home / "spool" / "w1", size="64k")
     subprocess.run(["dd", "if=/dev/zero", f"of={spool / 'filler'}", "bs=4k"], capture_output=True)  # until ENOSPC
     w.start()
-    job = submit(d, "sh", "-c", "echo reported")
+    # a job of a second or more: its report goes to the spool before it is sent (a shorter one's goes straight out)
+    job = submit(d, "sh", "-c", "sleep 1.2; echo reported")
     try:
         v = state(d, job, timeout=30)
     except AssertionError:

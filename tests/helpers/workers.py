@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import json
 import os
 import signal
 import subprocess
@@ -17,7 +16,7 @@ import psutil
 
 from piloop_common.sdk.client import ApiClient
 from piloop_common.tasks import Client
-from piloop_worker.jobdir import JobDir
+from piloop_worker.slots import SlotDir, SlotRecord
 from tests.helpers.jobwhere import worker_name
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
@@ -238,24 +237,36 @@ def pgid_alive(pgid: int) -> bool:
     return False
 
 
-def job_dirs(workdir: Path) -> list[JobDir]:
-    """The job dirs of the worker whose `--dir` is `workdir` (without its `.spare` dirs)."""
-    jobs = workdir / "jobs"
-    names = sorted(p.name for p in jobs.iterdir() if not p.name.startswith(".")) if jobs.is_dir() else []  # .spare
-    return [JobDir.named(workdir, n) for n in names]
+def slot_dirs(workdir: Path) -> list[SlotDir]:
+    """The slots of the worker whose `--dir` is `workdir`, by number."""
+    root = workdir / "slots"
+    nums = sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.is_dir() else []
+    return [SlotDir.of(workdir, n) for n in nums]
 
 
-def job_pgids(*homes: Path) -> dict[str, int]:
-    """Each live job dir's job process group, from the shim's record: {job dir name: pgid}."""
-    out = {}
-    for home in homes:
-        for workdir in home.glob("work/*"):
-            for jd in job_dirs(workdir):
-                try:
-                    out[jd.root.name] = int(json.loads(jd.shim_json.read_text())["pgid"])
-                except (OSError, ValueError, KeyError):
-                    continue
-    return out
+def slot_deadline(slot: SlotDir) -> float | None:
+    """The fencing deadline the worker last wrote in `slot`'s record (a `clock.now()` time), or None."""
+    rec = SlotRecord.open(slot.record)
+    try:
+        got = rec.read()
+    finally:
+        rec.close()
+    return got.deadline if got is not None else None
+
+
+def job_cgroup(pid: int) -> Path | None:
+    """The memory cgroup the job process `pid` runs in, where it is one the worker made for its jobs (named
+    `slot-…` or `job-…` under the worker's base), else None."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers in ("", "memory") and "/piloop" in path:
+            root = Path("/sys/fs/cgroup") if controllers == "" else Path("/sys/fs/cgroup/memory")
+            return root / path.lstrip("/")
+    return None
 
 
 # A job that appends `<event> <job> <worker> <token> <pgid> <time> <pid>` lines to $MARKER (O_APPEND, one write a

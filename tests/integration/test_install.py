@@ -23,7 +23,7 @@ from tests.integration.test_campaigns import AGENT, EVAL, job, make_repo, show
 
 REPO = Path(__file__).resolve().parents[2]
 # the modules a worker imports at its start: the CLI, the worker's loop and entry point, the shim host and the shim
-WORKER_ENTRY = ("piloop_common.cli", "piloop_worker.main", "piloop_worker.loop", "piloop_worker.shimhost")
+WORKER_ENTRY = ("piloop_common.cli", "piloop_worker.main", "piloop_worker.loop", "piloop_worker.slots.supervisor")
 
 
 # what the Dockerfile copies: the package's source, no more

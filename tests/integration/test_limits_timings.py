@@ -24,11 +24,12 @@ from tests.helpers.workers import (
     KILL_GRACE,
     TOLERATION,
     events,
-    job_dirs,
     kill_tree_of,
     marker_job,
     marker_runs,
     overlapping,
+    slot_deadline,
+    slot_dirs,
     state,
     tcp_server,
     token,
@@ -108,8 +109,8 @@ def test_a_server_restarted_with_a_shorter_toleration_is_fenced_by_at_the_next_h
         job = marker_job(d, marker, seconds=2, first_forever=True)
         first = _running(marker, job, 1)
         state(d, job, "running")
-        (jd,) = job_dirs(a.home / "work" / "wa")
-        ahead = lambda: jd.read_deadline() - clock.now()  # noqa: E731
+        (slot,) = slot_dirs(a.home / "work" / "wa")
+        ahead = lambda: (slot_deadline(slot) or 0.0) - clock.now()  # noqa: E731
         wait_for(lambda: ahead() > TOLERATION, 10, interval=0.05, what="a deadline under the 12 s toleration")
         d.stop()
         conf = d.home / "config.toml"

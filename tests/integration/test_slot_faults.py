@@ -19,7 +19,7 @@ import pytest
 
 from piloop_worker import clock
 from piloop_worker.jobuser import JobUser
-from piloop_worker.shimproto import StopReason
+from piloop_worker.records import StopReason
 from piloop_worker.slots.handle import Gone
 from piloop_worker.slots.job import LATE
 from piloop_worker.slots.wire import Ended, Started

@@ -17,7 +17,7 @@ import pytest
 
 from piloop_common.bytecaps import INLINE_MAX_BYTES
 from piloop_common.errors import Unavailable
-from piloop_worker.shimproto import CgroupGrant
+from piloop_worker.records import CgroupGrant
 from piloop_worker.slots import SlotDir, SlotHandle
 from piloop_worker.slots.wire import Ended, Hello, State, encode, parse
 from tests.helpers.redis import wait_for

@@ -60,13 +60,14 @@ def _fresh_start(client) -> int:
     return _run(m.where, client=client)["pid"]
 
 
-def test_tasks_run_in_one_warm_process_each_in_its_own_dir_and_environment(client):
+def test_tasks_run_in_one_warm_process_each_in_its_slot_s_dir_and_own_environment(client):
     pid = _fresh_start(client)
     a, b = _run(m.where, client=client), _run(m.where, client=client)
     assert a["pid"] == b["pid"] == pid and a["pgid"] == pid  # no fork: the same process, its own group
     assert b["calls"] == a["calls"] + 1  # its module's state kept, as in Celery's prefork children
     for got in (a, b):
-        assert got["cwd"] == os.path.join(got["dir"], "work") and got["job"] in got["dir"]
+        # its cwd is its slot's work/ (emptied at each start), under $PILOOP_JOB_DIR, the slot's dir
+        assert got["cwd"] == os.path.join(got["dir"], "work") and "/slots/" in got["dir"]
     assert a["job"] != b["job"]
     # what a task does to its environment ends with it
     assert _run(m.set_env, "WARM_LEAK", "1", client=client) == pid

@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 
 from piloop_common.cas.local import LocalStore
-from piloop_worker.jobdir import read_json
 from tests.helpers.redis import wait_for
 from tests.helpers.workers import (
     FENCE_AFTER,
     TOLERATION,
     events,
-    job_dirs,
+    job_cgroup,
     marker_job,
     marker_runs,
     pgid_alive,
+    slot_dirs,
     state,
     submit,
     token,
@@ -74,7 +74,7 @@ def test_a_remote_worker_runs_an_evaluation(server, workers, tmp_path):
     short = state(d, submit(d, "true"), "succeeded", "failed", "lost")
     assert short["state"] == "succeeded" and short["result"]["metrics"] is None, short  # within its first second
     wait_for(
-        lambda: not w.spool("gpu1") and not job_dirs(w.home / "work" / "gpu1"),
+        lambda: not w.spool("gpu1") and not any(s.ended.exists() for s in slot_dirs(w.home / "work" / "gpu1")),
         20,
         what="the spool and job dir to be cleared",
     )
@@ -136,8 +136,7 @@ def test_a_detached_worker_leaves_its_job_running_and_its_successor_reattaches(s
     w = workers(d, token(d, "w1")).start()
     job = submit(d, "sh", "-c", f"echo $$ >> {marker}; sleep 4; echo done")
     wait_for(lambda: marker.exists() and marker.read_text(), 20, what="the job to start")
-    (jd,) = [jd for wd in w.home.glob("work/*") for jd in job_dirs(wd)]
-    group = wait_for(lambda: read_json(jd.shim_json), 10, what="shim.json")["cgroup"]
+    group = job_cgroup(int(marker.read_text().split()[0]))
     w.proc.send_signal(signal.SIGTERM)
     assert w.wait(10) == 0
     pgid = int(marker.read_text().split()[0])
@@ -147,7 +146,7 @@ def test_a_detached_worker_leaves_its_job_running_and_its_successor_reattaches(s
     assert v["state"] == "succeeded", v
     assert marker.read_text().split() == [str(pgid)]  # the same run, re-attached, never restarted
     assert "event=job.reattached" in w.output() and "status=ok" in w.output()
-    if group is not None:  # a job cgroup (where one can be made): removed by its shim, its first worker being gone
+    if group is not None:  # a job cgroup (where one can be made): removed, its first worker being gone
         assert not Path(group).exists()
 
 
@@ -176,7 +175,7 @@ def test_a_job_cancelled_while_its_worker_is_silent_ends_cancelled_and_never_run
     wait_for(lambda: view(d, job)["state"] != "running", TOLERATION + 10, interval=0.1, what="the lease to expire")
     v = view(d, job)
     assert v["state"] == "cancelled" and "went silent" in v["reason"], v
-    wait_for(lambda: not pgid_alive(first["pgid"]), 5, interval=0.1, what="its shim to fence the silent run")
+    wait_for(lambda: not pgid_alive(first["pgid"]), 5, interval=0.1, what="its supervisor to fence the silent run")
     a.resume()  # its late report changes nothing
     wait_for(lambda: [e for e in events(d, "lease.stale_report") if e["job"] == job], 20, what="the late report")
     assert view(d, job)["state"] == "cancelled"

@@ -9,30 +9,26 @@ from piloop_common.bytecaps import LOG_MARKER_ROOM, log_marker, result_refusal, 
 from piloop_common.cas.local import LocalStore
 from piloop_common.sizes import format_bytes
 from piloop_server.state.logcap import Live, cut_log, live_prefix, tail
-from piloop_worker.jobdir import JobDir
 from piloop_worker.logs import LogShipper
-from piloop_worker.results import within_cap
-from tests.helpers.jobrecords import job_record
 
 
 def test_the_shipper_stops_at_the_cap_with_one_marker_and_a_restarted_one_ships_no_more(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "cas")
-    jd = JobDir(tmp_path / "job")
-    jd.create(job_record("j"))
-    jd.output_log.write_bytes(b"a" * 6000)
-    sh = LogShipper(jd)
+    output_log, state = tmp_path / "output.log", tmp_path / "log.json"
+    output_log.write_bytes(b"a" * 6000)
+    sh = LogShipper(output_log, state)
     first = sh.upload(store, max_bytes=10_000)
     assert [store.get_bytes(a) for a in first] == [b"a" * 6000] and not sh.truncated  # under the cap: all of it
     sh.mark_posted(len(first))
-    with open(jd.output_log, "ab") as f:
+    with open(output_log, "ab") as f:
         f.write(b"b" * 9000)
     new = sh.upload(store, max_bytes=10_000)
     assert [store.get_bytes(a) for a in new] == [b"b" * 4000, log_marker(10_000)]
     assert sh.offset == 10_000 and sh.truncated
     sh.mark_posted(len(new))
-    with open(jd.output_log, "ab") as f:
+    with open(output_log, "ab") as f:
         f.write(b"c" * 100)
-    again = LogShipper(jd)  # a restarted worker knows the log was cut
+    again = LogShipper(output_log, state, resume=True)  # a restarted worker knows the log was cut
     assert again.truncated and not again.due(0.0) and not again.due(1000.0)
     assert again.upload(store, max_bytes=10_000) == [] and len(again.chunks) == 3
     assert sum(len(store.get_bytes(a)) for a in again.chunks) == 10_000 + len(log_marker(10_000))
@@ -40,10 +36,9 @@ def test_the_shipper_stops_at_the_cap_with_one_marker_and_a_restarted_one_ships_
 
 def test_a_log_exactly_at_the_cap_is_whole(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "cas")
-    jd = JobDir(tmp_path / "job")
-    jd.create(job_record("j"))
-    jd.output_log.write_bytes(b"x" * 4096)
-    sh = LogShipper(jd)
+    output_log = tmp_path / "output.log"
+    output_log.write_bytes(b"x" * 4096)
+    sh = LogShipper(output_log, tmp_path / "log.json")
     assert [store.get_bytes(a) for a in sh.upload(store, max_bytes=4096)] == [b"x" * 4096]
     assert not sh.truncated
     assert len(log_marker(2**40)) <= LOG_MARKER_ROOM  # the marker of any cap fits the room the server leaves
@@ -84,10 +79,5 @@ def test_a_tasks_result_over_its_cap_is_refused_naming_the_key_and_the_size(tmp_
     task = {"runner": "task"}
     assert task_result(task, ["out.txt", "result.pickle"]) == "result.pickle"
     assert task_result({"runner": "process"}, ["result.json"]) is None  # a process's output of that name is its own
-    (tmp_path / "result.json").write_bytes(b"x" * 2000)
-    (tmp_path / "other").write_bytes(b"y" * 5000)
-    files = [("other", str(tmp_path / "other")), ("result.json", str(tmp_path / "result.json"))]
-    kept, why = within_cap(job_record("j", runner="task"), files, 1024)
-    assert kept == files[:1] and "result_max_bytes = 1 KiB" in why and "2.0 KiB" in why
-    assert within_cap(job_record("j", runner="task"), files, 4096) == (files, "")
-    assert within_cap(job_record("j", runner="process"), files, 1024) == (files, "")
+    why = result_refusal(2000, 1024)
+    assert "result_max_bytes = 1 KiB" in why and "2.0 KiB" in why

@@ -17,7 +17,7 @@ from piloop_common import extras
 from piloop_common.extras import DISTRIBUTION, SERVER_MODULES, MissingExtra, need_server
 
 REPO = Path(__file__).resolve().parents[2]
-WORKER_ENTRY = ("piloop_common.cli", "piloop_worker.main", "piloop_worker.loop", "piloop_worker.shimhost")
+WORKER_ENTRY = ("piloop_common.cli", "piloop_worker.main", "piloop_worker.loop", "piloop_worker.slots.supervisor")
 
 
 def test_importing_the_worker_loads_no_server_library() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from piloop_common.errors import ConfigError
 from piloop_worker import jobuser
-from piloop_worker.jobdir import files_under
+from piloop_worker.jobfiles import files_under
 
 
 def test_no_credential_of_the_worker_is_left() -> None:

@@ -10,8 +10,8 @@ from piloop_common.errors import BadRequest
 from piloop_common.protocol.worker import JobSpec
 from piloop_common.sizes import format_memory, parse_memory
 from piloop_worker.cgroups import HeldWatch
+from piloop_worker.records import ExitRecord, StopReason
 from piloop_worker.room import Room
-from piloop_worker.shimproto import ExitRecord, StopReason
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from piloop_worker.shimproto import CgroupGrant, ExitRecord, StopReason, UsageRecord
+from piloop_worker.records import CgroupGrant, ExitRecord, StopReason, UsageRecord
 from piloop_worker.slots import record as rec_mod
 from piloop_worker.slots.record import SIZE, Deadline, SlotRecord
 from piloop_worker.slots.wire import (

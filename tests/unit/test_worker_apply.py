@@ -1,17 +1,21 @@
 """The heartbeat's answer acts only on jobs the worker still holds: a job reported while the answer was on its way
-(the server then answers `lost`, and the job's dir may already be a spare for a later job) is left alone."""
+(the server then answers `lost`, and its slot may run a later job by then) is left alone."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from piloop_common.protocol.worker import HeartbeatResponse, LeaseStatus, Timing
-from piloop_worker.fencing import apply_answer
+from piloop_worker.fencing import apply_answer, fence_deadline
 from piloop_worker.held import Held
 from piloop_worker.holdings import Holdings
-from piloop_worker.jobdir import JobDir
 from piloop_worker.lease import HeldLease
 from piloop_worker.logs import LogShipper
+from piloop_worker.records import StopReason
+from piloop_worker.slots import SlotHandle, SlotRecord
+from piloop_worker.slots.wire import Stop, parse
+from piloop_worker.slotset import Slots
 
 TIMING = Timing(
     renew_seconds=1,
@@ -23,10 +27,35 @@ TIMING = Timing(
 )
 
 
-def _held(root: Path, job: str) -> Held:
-    jd = JobDir(root / job)
-    jd.root.mkdir(parents=True)
-    return Held(HeldLease(job, "1000000000001.ab"), "evaluation", jd, LogShipper(jd))
+class _Slot:
+    """Slot 0's handle in `slots`, its record mapped and its socket one end of a pair: `sent()` is what the worker
+    sent its supervisor."""
+
+    def __init__(self, slots: Slots) -> None:
+        self.handle = SlotHandle(slots.dir(0))
+        self.handle.slot.make()
+        self.handle.record = SlotRecord.open(self.handle.slot.record)
+        self.handle.sock, self.peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        slots.handles[0] = self.handle
+
+    def sent(self) -> list[object]:
+        self.peer.setblocking(False)
+        got = []
+        while True:
+            try:
+                got.append(parse(self.peer.recv(1 << 16)))
+            except BlockingIOError:
+                return got
+
+
+def _held(job: str, generation: int) -> Held:
+    return Held(
+        HeldLease(job, "1000000000001.ab"),
+        "evaluation",
+        0,
+        generation,
+        LogShipper(Path("/nonexistent"), Path("/nonexistent")),
+    )
 
 
 def _holding(*held: Held) -> Holdings:
@@ -36,17 +65,23 @@ def _holding(*held: Held) -> Holdings:
     return out
 
 
-def test_a_lost_answer_for_a_job_reported_meanwhile_writes_nothing_and_a_held_one_is_stopped(tmp_path):
-    kept, reported = _held(tmp_path, "j1"), _held(tmp_path, "j2")
-    apply_answer(_holding(kept), {"j1": LeaseStatus.LOST, "j2": LeaseStatus.LOST}, 0.0, [kept, reported], TIMING, "w1")
-    assert kept.jd.stop_reason() is not None
-    assert reported.jd.stop_reason() is None and not any(reported.jd.root.iterdir())
+def test_a_lost_answer_for_a_job_reported_meanwhile_sends_nothing_and_a_held_one_is_stopped(tmp_path):
+    slots = Slots(tmp_path)
+    slot = _Slot(slots)
+    kept, reported = _held("j1", 2), _held("j2", 1)
+    answer = {"j1": LeaseStatus.LOST, "j2": LeaseStatus.LOST}
+    apply_answer(slots, _holding(kept), answer, 0.0, [kept, reported], TIMING, "w1")
+    assert slot.sent() == [Stop(2, StopReason.LOST)]  # the held job's generation only, never the reported one's
 
 
-def test_a_held_job_named_ok_gets_its_deadline(tmp_path):
-    kept = _held(tmp_path, "j1")
-    apply_answer(_holding(kept), {"j1": LeaseStatus.OK}, 100.0, [kept], TIMING, "w1")
-    assert kept.jd.read_deadline() is not None and kept.jd.stop_reason() is None
+def test_a_held_job_named_ok_gets_its_deadline_in_its_slots_record(tmp_path):
+    slots = Slots(tmp_path)
+    slot = _Slot(slots)
+    kept = _held("j1", 7)
+    apply_answer(slots, _holding(kept), {"j1": LeaseStatus.OK}, 100.0, [kept], TIMING, "w1")
+    got = SlotRecord.open(slots.dir(0).record).read()
+    assert got is not None and got.generation == 7 and got.deadline == fence_deadline(100.0, TIMING)
+    assert slot.sent() == []
 
 
 def test_the_servers_word_is_parsed_once_and_a_word_this_worker_does_not_know_is_lost() -> None:
@@ -55,11 +90,11 @@ def test_the_servers_word_is_parsed_once_and_a_word_this_worker_does_not_know_is
     assert HeartbeatResponse(jobs={"a": "ok"}).model_dump(mode="json")["jobs"] == {"a": "ok"}  # the server's side
 
 
-def test_a_held_lease_names_its_report_and_its_dir_by_the_pair(tmp_path: Path) -> None:
+def test_a_held_lease_names_its_report_by_the_pair() -> None:
     lease = HeldLease("j1", "1000000000001.ab")
     assert (
         lease.report_id
         == HeldLease("j1", "1000000000001.ab").report_id
         != HeldLease("j1", "1000000000002.ab").report_id
     )
-    assert JobDir.for_lease(tmp_path, *lease).root.name == lease.name == "j1.1000000000001"
+    assert lease.name == "j1.1000000000001"

@@ -3,11 +3,7 @@ a round's reports carry."""
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
-import shutil
-import stat
 import time
 from pathlib import Path
 
@@ -23,19 +19,17 @@ from piloop_worker.claiming import EVALUATIONS_PER_CLAIM, Claimer
 from piloop_worker.context import WorkerContext
 from piloop_worker.held import Held
 from piloop_worker.holdings import Holdings
-from piloop_worker.jobdir import JobDir, files_under, scan
+from piloop_worker.jobfiles import files_under
 from piloop_worker.lease import HeldLease, report_id_for
 from piloop_worker.logs import LogShipper
 from piloop_worker.pressure import admission
 from piloop_worker.reachability import Reachability
+from piloop_worker.records import ExitRecord, StopReason
 from piloop_worker.relay import Relay
 from piloop_worker.reporting import Reporter
 from piloop_worker.repos import Repos
-from piloop_worker.shimhost import ShimHost
-from piloop_worker.shimproto import CgroupGrant, ExitRecord, ShimRecord, ShimRequest, StopReason
-from piloop_worker.sparedirs import SpareDirs
+from piloop_worker.slotset import Slots
 from piloop_worker.spool import DURABLE_AFTER_SECONDS, Spool
-from tests.helpers.jobrecords import job_record
 
 PSI = "some avg10=12.50 avg60=3.00 avg300=0.75 total=123456\nfull avg10=1.25 avg60=0.00 avg300=0.00 total=99\n"
 
@@ -76,103 +70,6 @@ def test_memory_pressure_admission() -> None:
     assert admission(HostSample(**base, memory_pressure=None), 10) == ""
     assert admission(HostSample(**base, memory_pressure=9.9), 10) == ""
     assert admission(HostSample(**base, memory_pressure=10.1), 10) == "memory"
-
-
-def test_job_dir_deadline_stop_and_lock(tmp_path: Path) -> None:
-    jd = JobDir.for_lease(tmp_path, "j1", "7")
-    jd.create(job_record("j1", "7"))
-    assert jd.record() == job_record("j1", "7")
-    assert jd.read_deadline() is None
-    jd.write_deadline(1234.5)
-    assert jd.read_deadline() == 1234.5
-    assert not [p for p in jd.root.iterdir() if p.name.startswith(".")]  # no temp file left behind
-    jd.request_stop(StopReason.LOST)
-    jd.request_stop(StopReason.CANCELLED)  # the first reason wins
-    assert jd.stop_reason() is StopReason.LOST
-    assert not jd.shim_alive()
-    fd = os.open(jd.lock_file, os.O_CREAT | os.O_RDWR)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    assert jd.shim_alive()
-    os.close(fd)  # the lock dies with its holder's descriptor
-    assert not jd.shim_alive()
-    assert [d.root for d in scan(tmp_path)] == [jd.root]
-
-
-def test_the_deadline_is_rewritten_in_place_and_a_torn_read_is_no_deadline(tmp_path: Path) -> None:
-    jd = JobDir.for_lease(tmp_path, "j1", "7")
-    jd.create(job_record("j1", "7"), deadline=99.5)
-    inode = jd.deadline_file.stat().st_ino
-    jd.write_deadline(123456.25)
-    jd.write_deadline(7.0)  # shorter than the one before: nothing of it is left
-    assert jd.read_deadline() == 7.0
-    assert jd.deadline_file.stat().st_ino == inode  # the same file, so no new block on a full disk
-    jd.deadline_file.write_text("0000000000012.500000 0000000000099.000000\n")  # a write met halfway
-    assert jd.read_deadline() is None  # the shim fences: never a deadline later than the one written
-    jd.deadline_file.unlink()
-    assert jd.read_deadline() is None
-
-
-def test_an_exit_record_is_fsynced_only_for_a_job_that_ran_a_second(tmp_path: Path, monkeypatch) -> None:
-    synced: list[str] = []
-    real = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
-    jd = JobDir.for_lease(tmp_path, "j1", "7")
-    jd.create(job_record("j1", "7"))
-    jd.write_exit(ExitRecord(exit_code=0, duration_seconds=0.1))
-    assert synced == [] and jd.exit_record() == ExitRecord(exit_code=0, duration_seconds=0.1)
-    jd.write_exit(ExitRecord(exit_code=0, duration_seconds=DURABLE_AFTER_SECONDS))
-    assert len(synced) == 1
-
-
-def test_spare_dirs_are_emptied_kept_and_taken(tmp_path: Path) -> None:
-    spare = SpareDirs(tmp_path)
-    a = JobDir.for_lease(tmp_path, "a", "1")
-    a.create(job_record("a", "1"), spare=spare)  # none spare yet: made
-    (a.work / "sub").mkdir()
-    (a.work / "sub" / "f").write_text("x")
-    (a.outputs / "result.txt").write_text("42")
-    a.output_log.write_text("hello\n")
-    a.inputs.mkdir()
-    (a.inputs / "args.json").write_text("{}")
-    a.work.chmod(0o500)  # the job made its cwd read-only
-    inode, log_inode = a.root.stat().st_ino, a.output_log.stat().st_ino
-    a.remove(spare)
-    assert not a.root.exists() and len(spare.free) == 1
-    assert scan(tmp_path) == []  # a spare is no job dir
-    b = JobDir.for_lease(tmp_path, "b", "1")
-    b.create(job_record("b", "1"), deadline=5.0, spare=spare)
-    assert b.root.stat().st_ino == inode and not spare.free  # the same dir, emptied of a's every file
-    assert sorted(p.name for p in b.root.iterdir()) == [
-        "deadline",
-        "inputs",
-        "job.json",
-        "output.log",
-        "outputs",
-        "work",
-    ]
-    assert b.output_log.read_bytes() == b"" and b.output_log.stat().st_ino == log_inode  # emptied, not made again
-    assert list(b.work.iterdir()) == list(b.outputs.iterdir()) == list(b.inputs.iterdir()) == []
-    assert stat.S_IMODE(b.work.stat().st_mode) == spare.mode and b.record() == job_record("b", "1")
-    # a log the job linked to a file elsewhere is removed, and the file it names is left as it was
-    elsewhere = tmp_path / "elsewhere.txt"
-    elsewhere.write_text("keep me")
-    b.output_log.unlink()
-    os.link(elsewhere, b.output_log)
-    b.remove(spare)
-    assert elsewhere.read_text() == "keep me" and len(spare.free) == 1
-    b = JobDir.for_lease(tmp_path, "b", "2")
-    b.create(job_record("b", "2"), spare=spare)
-    assert sorted(p.name for p in b.root.iterdir()) == ["inputs", "job.json", "outputs", "work"]
-    # a dir without its work/ (the job removed it) is not kept; nor more than MOST
-    shutil.rmtree(b.work)
-    b.remove(spare)
-    assert not b.root.exists() and not spare.free
-    # a new worker's SpareDirs drops what an earlier one left
-    c = JobDir.for_lease(tmp_path, "c", "1")
-    c.create(job_record("c", "1"), spare=spare)
-    c.remove(spare)
-    assert len(spare.free) == 1
-    assert SpareDirs(tmp_path).free == [] and list((tmp_path / "jobs" / ".spare").iterdir()) == []
 
 
 def _report(job: str = "j1") -> ReportRequest:
@@ -254,16 +151,9 @@ def test_outcomes(rec: ExitRecord, want: tuple[str, str]) -> None:
     assert ExitRecord.parse(rec.wire()) == rec  # and it crosses the disk whole
 
 
-def test_the_shim_protocol_records_cross_the_wire_whole_and_ignore_what_they_do_not_know() -> None:
-    req = ShimRequest("/d/j.1", ["true"], {"A": "1"}, kill_grace=0.5, cgroup=CgroupGrant("/cg/x", 2, 64, 3.0))
-    assert ShimRequest.parse(req.wire()) == req
-    assert ShimRequest.parse(json.dumps({**req._asdict(), "cgroup": None, "later": 1})) == req._replace(cgroup=None)
-    with pytest.raises((ValueError, TypeError)):
-        ShimRequest.parse(b'{"argv": ["true"]}')  # no dir: not a request
-    with pytest.raises(ValueError):
-        ShimRequest.parse(b"[1, 2]")
-    shim = ShimRecord(10, 11, 11, 1.5, None)
-    assert ShimRecord.parse(shim.wire()) == shim
+def test_an_exit_record_crosses_the_wire_whole_and_ignores_what_it_does_not_know() -> None:
+    rec = ExitRecord(exit_code=3, stopped=StopReason.TIMEOUT, reason="timeout", error=("a.B",))
+    assert ExitRecord.parse(rec.wire()) == rec
     # a record written by another release: an unknown stop reason reads as a stop, an unknown field is ignored
     old = ExitRecord.parse(b'{"exit_code": null, "signal": 15, "stopped": "halted", "colour": "red"}')
     assert old.stopped is StopReason.STOPPED and old.outcome() == ("failed", "killed by signal 15")
@@ -271,24 +161,24 @@ def test_the_shim_protocol_records_cross_the_wire_whole_and_ignore_what_they_do_
 
 def test_log_shipper_sends_new_bytes_once_and_survives_a_restart(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "cas")
-    jd = JobDir(tmp_path / "job")
-    jd.create(job_record("j"))
-    sh = LogShipper(jd)
+    output_log, state = tmp_path / "output.log", tmp_path / "log.json"
+    sh = LogShipper(output_log, state)
     assert not sh.due(0.0)
-    jd.output_log.write_bytes(b"one\n")
+    output_log.write_bytes(b"one\n")
     assert not sh.due(100.0)  # just written: it goes a few seconds later, in one chunk with what follows
     assert sh.due(103.0)
     new = sh.upload(store)
     assert [store.get_bytes(a) for a in new] == [b"one\n"]
     sh.mark_posted(len(new))
     assert not sh.due(200.0)
-    with open(jd.output_log, "ab") as f:
+    with open(output_log, "ab") as f:
         f.write(b"two\n")
-    again = LogShipper(jd)  # a restarted worker picks up where the last one stopped
+    again = LogShipper(output_log, state, resume=True)  # a restarted worker picks up where the last one stopped
     assert again.offset == 4 and again.chunks == new
     assert again.due(300.0) is False and again.due(303.0) is True
     assert [store.get_bytes(a) for a in again.upload(store)] == [b"two\n"]
     assert len(again.chunks) == 2
+    assert LogShipper(output_log, state).offset == 0 and not state.exists()  # a new job's log starts again
 
 
 def _run(tmp_path: Path, **kw):
@@ -353,35 +243,6 @@ def test_fence_deadline_is_two_heartbeats_before_expiry_and_leaves_room_for_the_
     assert fence_deadline(100.0, slow_kill) + 3.0 < 106.0  # SIGKILL still lands before the lease expires
 
 
-def test_the_shim_host_imports_nothing_a_task_does_not_need() -> None:
-    """Each task's process is a fork of a shim, itself a fork of the shim host: whatever the host imports, the fork
-    copies the page tables of and the exit unmaps. These came in once through a package `__init__`, a dataclass, a
-    hash and an `rmtree`, and cost a task ~0.3 ms (docs/performance.md)."""
-    import subprocess
-    import sys
-
-    code = "import sys, piloop_worker.shimhost; print(' '.join(sorted(sys.modules)))"
-    loaded = set(
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    )
-    assert "piloop_worker.shim" in loaded and "piloop_worker.tasks" in loaded
-    heavy = {
-        "piloop_worker.main",
-        "piloop_worker.loop",
-        "pydantic",
-        "httpx",
-        "logging",
-        "dataclasses",
-        "inspect",
-        "hashlib",
-        "shutil",
-        "bz2",
-        "lzma",
-        "traceback",
-    }
-    assert heavy & loaded == set()
-
-
 def test_a_jobs_output_files_are_listed_as_rglob_listed_them(tmp_path: Path) -> None:
     out = tmp_path / "outputs"
     (out / "b" / "c").mkdir(parents=True)
@@ -425,7 +286,7 @@ def _never_started(*args: object) -> None:
 @pytest.fixture
 def busy_worker(tmp_path: Path):
     """A worker's reporting part without its processes: `held` jobs that have ended, each with its report spooled.
-    No shim host, no cgroups, no server: only what sending reports touches."""
+    No supervisors, no cgroups, no server: only what sending reports touches."""
     made: list[Relay] = []
 
     def make(held: int) -> tuple[Reporter, Holdings, _Api, list[Held]]:
@@ -447,21 +308,18 @@ def busy_worker(tmp_path: Path):
             ctx,
             api=api,
             holdings=holdings,
+            slots=Slots(tmp_path),
             claimer=claimer,
             store=store,
             spool=Spool(tmp_path / "spool"),
             repos=Repos(tmp_path / "repos", store),
             cgroups=Cgroups("test", root=tmp_path / "no-cgroups"),
-            host=ShimHost(),
             relay=relay,
-            workdir=tmp_path,
-            spare=None,
         )
         ready = []
         for i in range(held):
-            jd = JobDir(tmp_path / "jobs" / f"j{i}.5")
-            jd.create(job_record(f"j{i}"))
-            h = Held(HeldLease(f"j{i}", "5"), "evaluation", jd, LogShipper(jd), report=_report(f"j{i}"))
+            shipper = LogShipper(tmp_path / f"output{i}.log", tmp_path / f"log{i}.json")
+            h = Held(HeldLease(f"j{i}", "5"), "evaluation", i, i + 1, shipper, report=_report(f"j{i}"), spooled=True)
             reporter.spool.write(h.report)
             holdings.add(h)
             ready.append(h)

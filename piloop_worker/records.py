@@ -1,15 +1,22 @@
-"""The worker↔shim protocol, defined once: the request that starts a job under a shim, the record of the shim in the
-job's dir (`shim.json`), the job's exit record (`exit.json`), and why a job was stopped.
-
-The shim host imports this and every fork of it copies what it holds: typed tuples and an enum, no pydantic.
-Unknown fields in a record on disk are ignored, so a worker reads the records of a shim from the release before.
+"""Records that cross a process boundary between the worker and a slot's supervisor, typed once: why a job was
+stopped, the cgroup a job is granted, and how a job ended (its exit record, with its usage). Typed tuples and an enum,
+no pydantic: a slot's supervisor and its task processes import this. Unknown fields in a record are ignored, so either
+side may be newer by a field. `atomic_write` is how either side writes a file another process reads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
+import os
+from pathlib import Path
 from typing import Any, NamedTuple
+
+from piloop_common.files import temp_beside, write_all
+
+# an exit record (`ended.json`) and a report (`Spool`) of a job this long are made durable (fsynced, spooled)
+DURABLE_AFTER_SECONDS = 1.0
 
 
 class StopReason(enum.StrEnum):
@@ -42,64 +49,6 @@ class CgroupGrant(NamedTuple):
     version: int
     limit_mb: int | None = None
     held_seconds: float | None = None
-
-
-class ShimRequest(NamedTuple):
-    """What the worker sends the shim host (a line) or an idle shim (a datagram) to start one job.
-
-    `env` is what the job adds to the shim host's environment (`shim.job_env`); it carries the job's secret values,
-    which cross a pipe or a socket pair and are never written to disk. With `task` (`module:function`) the shim forks
-    the task's process from itself instead of exec'ing `argv`."""
-
-    dir: str
-    argv: list[str]
-    env: dict[str, str]
-    kill_grace: float = 5.0
-    timeout: float | None = None
-    cgroup: CgroupGrant | None = None
-    metrics_seconds: float = 5.0
-    task: str | None = None
-    user: dict[str, Any] | None = None  # jobuser.JobUser.wire(): the user the job runs as
-    code: str | None = None  # a task's shipped code, unpacked (`taskcode.CodeCache`): never preloaded by the host
-    worker: str = ""  # the worker's name, for a task's one-line reason when its module cannot be imported
-    # a task in the shim's warm process (`warm.py`), not a fork of its own: the tasks and resident MiB past which
-    # that process is replaced; 0: a fresh fork
-    warm_max_tasks: int = 0
-    warm_max_rss_mb: int = 0
-
-    def wire(self) -> bytes:
-        d = self._asdict()
-        if self.cgroup is not None:
-            d["cgroup"] = self.cgroup._asdict()
-        return json.dumps(d).encode()
-
-    @classmethod
-    def parse(cls, raw: bytes | str) -> ShimRequest:
-        """A request off the wire; ValueError (or a KeyError's TypeError) when it is not one."""
-        d = json.loads(raw)
-        if not isinstance(d, dict):
-            raise ValueError("a shim request is a JSON object")
-        cg = d.get("cgroup")
-        return cls(
-            **{**_known(cls._fields, d), "cgroup": CgroupGrant(**_known(CgroupGrant._fields, cg)) if cg else None}
-        )
-
-
-class ShimRecord(NamedTuple):
-    """`shim.json`: the shim and its job's leader, written once the job started."""
-
-    shim: int
-    pid: int
-    pgid: int
-    started: float  # the job's start, wall clock: with `pgid`, tells its group from a later one with the same id
-    cgroup: str | None = None
-
-    def wire(self) -> bytes:
-        return json.dumps(self._asdict()).encode()
-
-    @classmethod
-    def parse(cls, raw: bytes | str) -> ShimRecord:
-        return cls(**_known(cls._fields, json.loads(raw)))
 
 
 class UsageRecord(NamedTuple):
@@ -169,6 +118,25 @@ class ExitRecord(NamedTuple):
         if self.signal:
             return "failed", f"killed by signal {self.signal}"
         return "failed", f"exit code {self.exit_code}"
+
+
+def atomic_write(path: Path, data: bytes | str, mode: int = 0o600, durable: bool = True) -> None:
+    """Write `path` so a reader sees the old content or the new, never a part; `durable`: fsynced before the rename,
+    so a crash of the machine leaves the old content or the new too."""
+    fd, tmp = temp_beside(path)
+    try:
+        try:
+            write_all(fd, data)
+            if durable:
+                os.fsync(fd)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _known(fields: tuple[str, ...], d: dict[str, Any]) -> dict[str, Any]:
