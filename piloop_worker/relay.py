@@ -1,4 +1,8 @@
-"""Each job's relay: a unix socket in its directory (`PILOOP_RELAY`) where the job's own `piloop` calls arrive.
+"""Each job's relay: a unix socket in its slot's dir (`PILOOP_RELAY`) where the job's own `piloop` calls arrive.
+
+A slot's socket is bound once, at its first job, and switched to each job the slot runs (`add`); once a job ended
+(`remove`) it answers every call `lease_lost` until the slot's next job. A call is forwarded under the lease it was
+accepted under, never a later job's.
 
 The worker forwards each call to the server under the job's id and lease token, with the worker's own
 credentials; the server accepts it only while that lease is live (`/v1/relay/...`). The job never sees the
@@ -14,9 +18,9 @@ worker spends on relays is bounded whatever its jobs do: a job that opens thousa
 thread, a job holds at most `MAX_CALLS_PER_JOB` calls at once and half the pool, and one that connects and sends
 nothing loses its slot after `READ_SECONDS`. A slow server never holds the worker's main loop or its heartbeat.
 
-Jobs run as another user (`[plugins.executor] run_as`) cannot reach the job's dir (root's, 0700, above their `work/`), so their sockets are each
-in a dir of their own (0700, the job user's) with a random name, inside one dir of the worker's (0711: passed
-through, never listed), so a job finds its own socket by its `PILOOP_RELAY` and no neighbour's.
+Jobs run as another user (`[plugins.executor] run_as`) cannot reach the slot's dir (root's, above their `work/`), so
+each slot's socket is in a dir of its own (0700, the job user's) with a random name, inside one dir of the worker's
+(0711: passed through, never listed), so a job finds its own socket by its `PILOOP_RELAY` and no neighbour's.
 """
 
 from __future__ import annotations
@@ -100,6 +104,8 @@ class Relay:
         self.user = user  # the user the jobs run as, who must reach and connect to their sockets
         self.base: Path | None = None  # with a user: the dir of the jobs' own socket dirs (0711)
         self.leases: dict[str, _Listener] = {}  # job -> its listener
+        self.bound: dict[Path, _Listener] = {}  # socket path -> its listener, kept for the slot's next job
+        self.own: dict[Path, Path] = {}  # with a user: a slot's dir -> its socket in a dir of its own
         self.lock = threading.Lock()
         self.closed = False
         self.pool = concurrent.futures.ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="relay-call")
@@ -113,16 +119,28 @@ class Relay:
         socket dir of its own, made here)."""
         if self.user is None:
             return socket_path(run)
+        if (known := self.own.get(run)) is not None and known.parent.is_dir():
+            return known
         if self.base is None or not self.base.is_dir():
             self.base = Path(tempfile.mkdtemp(prefix="piloop-relays-"))
             os.chmod(self.base, 0o711)
         own = self.base / f"piloop-relay-{secrets.token_hex(16)}"
         own.mkdir(mode=0o700)
         os.chown(own, self.user.uid, self.user.gid)
+        self.own[run] = own / SOCKET_NAME
         return own / SOCKET_NAME
 
     def add(self, lease: HeldLease, path: Path) -> None:
-        """Listen for the job of `lease` at `path` (a stale socket file there, from an earlier worker, is replaced)."""
+        """Listen for the job of `lease` at `path`: the listener bound there already, switched to it, else one bound
+        now (a stale socket file there, from an earlier worker, is replaced)."""
+        with self.lock:
+            le = self.bound.get(path)
+            if le is not None and not self.closed and le.sock.fileno() != -1 and os.path.exists(path):
+                for job in [j for j, other in self.leases.items() if other is le]:
+                    del self.leases[job]
+                le.lease, le.removed = lease, False
+                self.leases[lease.job] = le
+                return
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -149,8 +167,11 @@ class Relay:
                 return
             old = self.leases.pop(lease.job, None)
             self.leases[lease.job] = le
-            if old is not None:  # a re-attached job: its calls under way still go through
-                self.loop.call_soon_threadsafe(self._stop, old)
+            stale = self.bound.pop(path, None)
+            self.bound[path] = le
+            for gone in (old, stale):  # a re-attached job: its calls under way still go through
+                if gone is not None and gone is not le:
+                    self.loop.call_soon_threadsafe(self._stop, gone)
             self.loop.call_soon_threadsafe(self._listen, le)
 
     def add_or_say(self, lease: HeldLease, path: Path, output_log: Path) -> None:
@@ -169,16 +190,11 @@ class Relay:
                 log.warning("event=relay.unsaid job=%s error=%s", lease.job, e2)
 
     def remove(self, job: str) -> None:
+        """The job ended: its slot's socket stays bound, and answers `lease_lost` until the slot's next job."""
         with self.lock:
             old = self.leases.pop(job, None)
-            if old is None:
-                return
-            old.removed = True
-            self.loop.call_soon_threadsafe(self._stop, old)
-        with contextlib.suppress(OSError):
-            os.unlink(old.path)
-            if old.path.parent.name.startswith("piloop-relay-"):
-                os.rmdir(old.path.parent)
+            if old is not None:
+                old.removed = True
 
     def close(self) -> None:
         """Stop listening (the socket files stay: a worker that re-attaches binds them again)."""
@@ -186,10 +202,11 @@ class Relay:
             if self.closed:
                 return
             self.closed = True
-            for le in self.leases.values():
+            for le in {*self.leases.values(), *self.bound.values()}:
                 le.removed = True
                 self.loop.call_soon_threadsafe(self._stop, le)
             self.leases.clear()
+            self.bound.clear()
             self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -241,6 +258,7 @@ class Relay:
             self.loop.create_task(self._serve(le, conn))
 
     async def _serve(self, le: _Listener, conn: socket.socket) -> None:
+        lease = le.lease  # the job it was accepted for: never forwarded under the slot's next one
         try:
             reader, writer = await asyncio.open_unix_connection(sock=conn)
             try:
@@ -252,7 +270,7 @@ class Relay:
                 except _Malformed as e:
                     status, answer = 400, _error("bad_request", f"the relay cannot read this call: {e}")
                 else:
-                    status, answer = await self._call(le, method, path, body)
+                    status, answer = await self._call(le, lease, method, path, body)
                 writer.write(_response(status, answer))
                 async with asyncio.timeout(READ_SECONDS):
                     await writer.drain()
@@ -265,35 +283,41 @@ class Relay:
         finally:
             le.calls -= 1
 
-    async def _call(self, le: _Listener, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
+    async def _call(
+        self, le: _Listener, lease: HeldLease, method: str, path: str, body: bytes | None
+    ) -> tuple[int, bytes]:
         if method not in ("GET", "POST"):
             return 501, _error("not_implemented", f"the relay forwards GET and POST calls, not {method}")
         if body is None:
             return 413, _error("too_large", f"a relayed call's body is at most {MAX_BODY} bytes")
         async with le.forwards:
-            return await self.loop.run_in_executor(self.pool, self._forward_live, le, method, path, body)
+            return await self.loop.run_in_executor(self.pool, self._forward_live, le, lease, method, path, body)
 
     # -- the pool's threads ------------------------------------------------------------
-    def _forward_live(self, le: _Listener, method: str, path: str, body: bytes) -> tuple[int, bytes]:
-        if le.removed:  # read after `remove` returned: the job has been reported
-            return 409, _error("lease_lost", f"job {le.lease.job} has ended: its relay forwards no more calls")
-        return self.forward(le, method, path, body)
+    def _forward_live(self, le: _Listener, lease: HeldLease, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        if le.removed or le.lease is not lease:  # read after `remove` returned: the job has ended
+            return 409, _error("lease_lost", f"job {lease.job} has ended: its relay forwards no more calls")
+        return self.forward(le, method, path, body, lease)
 
-    def forward(self, le: _Listener, method: str, path: str, body: bytes) -> tuple[int, bytes]:
-        """Send one call to the server under the job's lease; the server's status and body."""
+    def forward(
+        self, le: _Listener, method: str, path: str, body: bytes, lease: HeldLease | None = None
+    ) -> tuple[int, bytes]:
+        """Send one call to the server under the job's lease (`lease`, else the listener's); the server's status and
+        body."""
+        lease = lease or le.lease
         try:
             path = route(method, path)
         except NotARoute as e:
-            log.warning("event=relay.refused job=%s path=%r why=%s", le.lease.job, path[:200], e)
+            log.warning("event=relay.refused job=%s path=%r why=%s", lease.job, path[:200], e)
             return 404, _error("not_found", f"the relay forwards only its own routes ({SHOWN}): {e}")
-        headers = {RELAY_JOB_HEADER: le.lease.job, RELAY_TOKEN_HEADER: le.lease.token, RELAY_MARKER_HEADER: "1"}
+        headers = {RELAY_JOB_HEADER: lease.job, RELAY_TOKEN_HEADER: lease.token, RELAY_MARKER_HEADER: "1"}
         if body:
             headers["content-type"] = "application/json"
         try:
             status, content = self.api.request(method, path, body or None, headers=headers, timeout=self.timeout)
         except Exception as e:  # noqa: BLE001 — the server is away: the job's call fails now, as a direct call would
             return 503, _error("unavailable", f"the worker's relay cannot reach the server: {type(e).__name__}: {e}")
-        log.info("event=relay.call job=%s path=%s status=%d", le.lease.job, path, status)
+        log.info("event=relay.call job=%s path=%s status=%d", lease.job, path, status)
         return status, content
 
 
