@@ -131,6 +131,7 @@ def run_worker(
 
     # the slots' supervisors inherit it, and put it first on their task processes' sys.path
     os.environ[tasks.PATH_ENV] = os.pathsep.join(os.path.abspath(p) for p in path)
+    os.environ[tasks.START_ENV] = os.getcwd()
     if job_user is not None and not jobuser.available():
         log.warning(
             "event=worker.no_landlock run_as=%s: this kernel has no Landlock, so jobs run as one user can read "

@@ -28,11 +28,12 @@ from typing import Any, Protocol
 SERIALIZERS = ("json", "pickle")
 FAILED = 1
 CRASHED = 70  # the runner itself could not start (EX_SOFTWARE)
-PATH_ENV = "PILOOP_TASKS_PATH"  # the tasks path, from the worker to its shim host
+PATH_ENV = "PILOOP_TASKS_PATH"  # the tasks path, from the worker to its slots' supervisors
+START_ENV = "PILOOP_START_DIR"  # the dir the worker started in, likewise
 REASON_MAX = 1000
 
-TASKS_PATH: list[str] = []  # the tasks path, as the host put it on sys.path (`use_path`)
-START_DIR = os.getcwd()  # the dir the worker (and so the host) started in, on sys.path as Python put it there
+TASKS_PATH: list[str] = []  # the tasks path, as the supervisor put it on sys.path (`use_path`)
+START_DIR = os.getcwd()  # the dir the worker started in (`use_start`), on sys.path as `python -m` puts a cwd
 
 
 class TaskRequest(Protocol):
@@ -46,8 +47,19 @@ class TaskRequest(Protocol):
     def worker(self) -> str: ...
 
 
+def use_start(raw: str) -> None:
+    """In a slot's supervisor, which starts in its slot's dir: the worker's start dir in that dir's place on
+    sys.path, where `python -m` put it, as if the supervisor had started where the worker did."""
+    global START_DIR
+    if not raw:
+        return
+    here = os.getcwd()
+    sys.path[:] = [raw if p in (here, "") else p for p in sys.path]
+    START_DIR = raw
+
+
 def use_path(raw: str) -> None:
-    """In the shim host, before its first fork: the tasks path (`os.pathsep`-separated) first on sys.path."""
+    """In a slot's supervisor, before its first fork: the tasks path (`os.pathsep`-separated) first on sys.path."""
     global TASKS_PATH
     TASKS_PATH = [os.path.abspath(p) for p in raw.split(os.pathsep) if p]
     sys.path[0:0] = [p for p in TASKS_PATH if p not in sys.path]

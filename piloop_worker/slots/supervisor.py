@@ -308,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # the job's orphans come here (not to init): seen, killed and reaped
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    tasks.use_path(os.environ.pop(tasks.PATH_ENV, ""))  # before a task process is forked: they inherit it
+    tasks.use_start(os.environ.pop(tasks.START_ENV, ""))  # before a task process is forked: they inherit both
+    tasks.use_path(os.environ.pop(tasks.PATH_ENV, ""))
     for name in set(os.environ) - set(jobuser.without_credentials(os.environ)):
         del os.environ[name]  # nor in a job, nor in a task process, which inherits os.environ
     log_fd = os.open(slot.output_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
