@@ -289,10 +289,32 @@ class Cgroups:
             with contextlib.suppress(FileExistsError):  # a name an earlier worker of the same pid left in use
                 return self.create(f"{os.getpid()}-{self.made}", memory_mb)
 
+    def slot(self, n: int, memory_mb: int) -> JobCgroup:
+        """Slot `n`'s group, `<base>/slot-<n>`, made at the slot's first job and kept for the worker's life, limited
+        to `memory_mb` for the job the slot runs now (its limit written only when it changes). The supervisor resets
+        its peak and reads its OOM count per job. OSError where the kernel refuses the limit."""
+        assert self.base is not None
+        path = self.base / f"slot-{n}"
+        limit = memory_mb << 20
+        had = self.limits.get(path)
+        if had is None:
+            try:
+                path.mkdir()
+            except FileExistsError:
+                pass  # an earlier worker's, empty: a job still in it would hold its slot
+            self._limit(path, limit, None)
+            self.limits[path] = limit
+        elif had != limit:
+            self._limit(path, limit, had)
+            self.limits[path] = limit
+        return JobCgroup(path, self.version)
+
     def give(self, cg: JobCgroup) -> None:
         """`cg` back once its job's exit record is written (the shim has killed and reaped all of it): kept for a
         later job while it is empty and there are fewer than `MOST` spares, else removed. A group this worker did not
         make (a re-attached job's) is removed."""
+        if cg.path in self.limits and cg.path.name.startswith("slot-"):
+            return  # the slot's, kept for its next job
         if cg.path in self.limits and len(self.spare) < self.MOST and not cg.pids() and cg.path.is_dir():
             self.spare.append(cg)
             return
@@ -322,11 +344,14 @@ class Cgroups:
         return gone
 
     def close(self) -> None:
-        """Remove the spares (the groups of jobs still running stay theirs)."""
+        """Remove the spares and the slots' groups (the groups of jobs still running stay theirs)."""
         while self.spare:
             cg = self.spare.pop()
             self.limits.pop(cg.path, None)
             cg.remove()
+        for path in [p for p in self.limits if p.name.startswith("slot-")]:
+            self.limits.pop(path)
+            JobCgroup(path, self.version).remove()
 
     def _limit(self, path: Path, limit: int, had: int | None) -> None:
         """Write `limit` (bytes) to the group at `path`, whose limit was `had` (None: a new group)."""

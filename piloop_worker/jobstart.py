@@ -147,7 +147,11 @@ class Starter:
             # its grant is its limit; a job without one is limited to the worker's room
             limit = a.memory_mb or max(room, 1)
             try:
-                h.cgroup = cg = self.cgroups.take(limit)
+                try:
+                    cg = self.cgroups.slot(n, limit)
+                except OSError:  # v1 could not reclaim the slot's group down to a lower limit: one of its own
+                    cg = self.cgroups.take(limit)
+                h.cgroup = cg
                 cgroup = CgroupGrant(str(cg.path), cg.version, limit, timed.memory_held_seconds)
             except OSError as e:
                 log.warning("event=job.no_cgroup job=%s error=%s", a.job, e)
