@@ -115,6 +115,13 @@ REQUEST = SlotRequest(
         Ended(5, ExitRecord(lost=True, reason="gone"), None, "/w/.piloop-result.json"),
         State(Holding(4, "job1", "tok", 99, 1.5, "/cg"), [Ended(3, ExitRecord(exit_code=1))]),
         State(None, []),
+        # the worker's record of the assignment, opaque to the supervisor, given back for a restarted worker
+        Start(4, "job1", "tok", 123.25, REQUEST, {"job": "job1", "spec": {"argv": ["true"]}}),
+        State(
+            Holding(4, "job1", "tok", 99, 1.5, None, {"job": "job1"}), [Ended(3, ExitRecord(), None, None, "j", "t")]
+        ),
+        Ended(6, ExitRecord(exit_code=0), None, None, "job1", "tok", {"job": "job1", "kind": "evaluation"}),
+        Start(5, "j", "t", 1.0, SlotRequest(argv=["x"], task="m:f", args_file="/s/in/args.json", parent_file="/s/p")),
     ],
 )
 def test_each_message_round_trips(msg: object) -> None:
