@@ -126,6 +126,8 @@ class Reporter:
             self._spool(h, report)  # before it is sent: a worker that dies now sends it at its next start
         h.report = report
         files.empty()
+        if files.full():  # what a job left in `work/` is its supervisor's to remove at the next start: not so long
+            files.slot.empty_work()
         if h.cgroup is not None:
             self.cgroups.give(h.cgroup)
             h.cgroup = None
