@@ -96,6 +96,8 @@ class Reporter:
             else:
                 found = files_under(files.outputs)
             outputs = {name: self.store.put_file(path) for name, path in found}
+            if task and ended.error is not None:  # what it raised, for `AsyncResult.traceback`
+                outputs["error.json"] = self.store.put_bytes(ended.error)
             metrics = None
             if rec.duration_seconds >= 1.0 and files.slot.metrics.exists() and files.slot.metrics.stat().st_size:
                 metrics = self.store.put_file(files.slot.metrics)

@@ -267,7 +267,8 @@ class JobRun:
         )
         value = got.value if got is not None and not self.why else None
         value_file = got.value_file if got is not None and not self.why else None
-        return Ended(self.start.generation, record, value, value_file)
+        failure = got.error if got is not None and not self.why else None
+        return Ended(self.start.generation, record, value, value_file, error=failure)
 
     def _spawn(self, cwd: str, user: jobuser.JobUser | None) -> int:
         procs = os.open(self.cg.join_path(), os.O_WRONLY | os.O_CLOEXEC) if self.cg is not None else None

@@ -52,9 +52,14 @@ class TaskOutcome(NamedTuple):
     cpu: float = 0.0  # the CPU seconds the process spent on the task
     rss: int = 0  # its resident bytes after the task
     children: bool = True  # whether it has a child left (False: the task left no process behind in it)
+    error: bytes | None = None  # a failed task's record, JSON: its type, classes, message and traceback
 
     def wire(self) -> bytes:
-        d = {**self._asdict(), "value": base64.b64encode(self.value).decode() if self.value is not None else None}
+        d = {
+            **self._asdict(),
+            "value": base64.b64encode(self.value).decode() if self.value is not None else None,
+            "error": base64.b64encode(self.error).decode() if self.error is not None else None,
+        }
         return json.dumps(d).encode()
 
     @classmethod
@@ -72,6 +77,7 @@ class TaskOutcome(NamedTuple):
                 float(d.get("cpu") or 0.0),
                 int(d.get("rss") or 0),
                 bool(d.get("children", True)),
+                base64.b64decode(d["error"]) if d.get("error") else None,
             )
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
@@ -274,14 +280,15 @@ def call(req: SlotRequest, result_file: str) -> TaskOutcome:
             if line is None:
                 raise
             sys.stderr.write(line + "\n")
-            return TaskOutcome(FAILED, tuple(classes_of(e)), line)
+            return TaskOutcome(FAILED, tuple(classes_of(e)), line, error=_error(e, line, "", reason=line))
         value = fn(*args, **kwargs)
         data = tasks.dump_result(req.serializer, value)
     except BaseException as e:  # noqa: BLE001 — whatever the task raised (SystemExit too) is its failure
         import traceback
 
-        sys.stderr.write(traceback.format_exc())
-        return TaskOutcome(FAILED, tuple(classes_of(e)))
+        tb = traceback.format_exc()
+        sys.stderr.write(tb)
+        return TaskOutcome(FAILED, tuple(classes_of(e)), error=_error(e, str(e), tb))
     if len(data) <= INLINE_MAX_BYTES:
         return TaskOutcome(0, value=data)
     with open(result_file, "wb") as f:
@@ -301,6 +308,12 @@ def arguments(req: SlotRequest) -> tuple[list[Any], dict[str, Any]]:
         parent = _load(req.serializer, raw_parent)
         piped = [parent["value"] if req.serializer == "json" else parent]
     return [*piped, *(data.get("args") or [])], dict(data.get("kwargs") or {})
+
+
+def _error(e: BaseException, message: str, tb: str, **more: str) -> bytes:
+    """A failed task's record, as its report's `error.json` carries it to `AsyncResult.traceback`."""
+    record = {"type": type(e).__name__, "classes": classes_of(e), "message": message, "traceback": tb, **more}
+    return json.dumps(record).encode()
 
 
 def _read(path: str) -> bytes:

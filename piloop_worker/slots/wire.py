@@ -170,6 +170,7 @@ class Ended(NamedTuple):
     job: str = ""  # the start's job, token and record, for a worker that did not send it (a restarted one)
     token: str = ""
     record: dict[str, Any] | None = None
+    error: bytes | None = None  # a failed task's record (JSON), its report's `error.json`
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -180,6 +181,7 @@ class Ended(NamedTuple):
             "job": self.job,
             "token": self.token,
             "record": self.record,
+            "error": _b64(self.error),
         }
 
     @classmethod
@@ -193,6 +195,7 @@ class Ended(NamedTuple):
             str(d.get("job") or ""),
             str(d.get("token") or ""),
             _object(rec, "record") if rec is not None else None,
+            _unb64(d.get("error"), "error"),
         )
 
     def of(self, start: Start) -> Ended:

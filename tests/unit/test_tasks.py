@@ -50,6 +50,10 @@ def test_arguments_over_the_inline_cap_are_read_from_the_file_the_worker_fetched
 def test_a_task_that_raises_fails_with_its_classes_and_its_traceback_in_the_log(capsys):
     got = call(_request("tests.helpers.tasks_mod:boom", "json", {"args": ["no good"], "kwargs": {}}), "")
     assert got.code == runner.FAILED and "ValueError" in got.classes[0] and got.value is None
+    err = json.loads(got.error or b"{}")  # its report's error.json
+    assert (
+        err["type"] == "ValueError" and err["message"] == "no good" and "raise ValueError(message)" in err["traceback"]
+    )
     assert "ValueError: no good" in capsys.readouterr().err
     for bad in ("tests.helpers.tasks_mod", "tests.helpers.tasks_mod:nothing", "no_such_module_x:f"):
         assert call(_request(bad, "json", {"args": [], "kwargs": {}}), "").code == runner.FAILED
