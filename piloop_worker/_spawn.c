@@ -89,6 +89,9 @@ static int child(void *arg) {
     }
     if (j->cgroup_fd >= 0 && write(j->cgroup_fd, "0", 1) != 1)
         fail(j, S_CGROUP);
+    /* as root, before the user's ids: the job's user reaches its cwd, not the dirs above it (as subprocess does) */
+    if (j->cwd != NULL && chdir(j->cwd) < 0)
+        fail(j, S_CHDIR);
     /* raw system calls, not glibc's wrappers: those take locks and signal every thread of the process they think
      * they run in, which in this child is the parent's memory and thread list */
     if (j->ngroups >= 0 && syscall(SYS_setgroups, (size_t)j->ngroups, j->groups) < 0)
@@ -151,8 +154,6 @@ static int child(void *arg) {
     /* without close_range (Linux < 5.9) the rest close at exec: Python opens every fd close-on-exec (PEP 446) */
     if (syscall(SYS_close_range, from, ~0U, 0) < 0 && errno != ENOSYS)
         fail(j, S_FDS);
-    if (j->cwd != NULL && chdir(j->cwd) < 0)
-        fail(j, S_CHDIR);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);

@@ -10,7 +10,8 @@ Before its exec the child, in this order:
    SIGINT, SIGHUP or SIGPIPE) and, just before the exec, its signal mask to empty;
 2. leads a process group of its own (`setpgid(0, 0)`), or a session with `new_session=True`;
 3. joins the cgroup whose `cgroup.procs` the caller opened (`cgroup_procs`, an fd: the child writes "0" to it), so
-   nothing of the job runs outside it and the supervisor never moves itself;
+   nothing of the job runs outside it and the supervisor never moves itself; changes to `cwd`, still as the
+   caller, so a job's user needs no way through the dirs above it;
 4. drops to `user`: `setgroups(user.groups)`, `setresgid(gid ×3)`, `setresuid(uid ×3)`; then, as the shim's job did,
    sets no_new_privs and enters a Landlock domain of its own (`jobuser.isolate`: a job cannot read a neighbour's
    `/proc/<pid>/environ`; skipped where the kernel has no Landlock);
@@ -19,7 +20,7 @@ Before its exec the child, in this order:
    exits at once (the race prctl(2) describes);
 6. puts `stdin`, `stdout` and `stderr` on 0, 1 and 2 (None leaves the caller's), keeps `pass_fds` open and closes
    every other fd;
-7. changes to `cwd` and execs `argv[0]`, searched on the PATH of `env` (not the caller's) as execvp does, with `env`
+7. execs `argv[0]`, searched on the PATH of `env` (not the caller's) as execvp does, with `env`
    as its whole environment.
 
 A step that fails raises `SpawnError` here, in the caller: an OSError whose `errno` is the step's and whose message
