@@ -244,6 +244,8 @@ class JobRun:
         )
         if lost and signalled is not None:
             reason = f"its warm task process was killed by {signal.Signals(signalled).name} from outside"
+        elif self.task and got is None and not self.why and not reason and exit_code == 0:
+            reason = "its task's process exited (status 0) before the task returned"  # os._exit(0): no value
         error: tuple[str, ...] = ()
         if got is not None and not self.why and got.code == tasks.FAILED:
             reason = reason or got.reason
