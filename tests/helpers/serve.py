@@ -151,6 +151,6 @@ class Daemon:
 
     def cleanup(self) -> None:
         self.stop()
-        # the serve worker's shims and the embedded Redis die with the session group
+        # the serve worker's slot supervisors (their command line names their dir) and the embedded Redis
         subprocess.run(["pkill", "-f", str(self.home)], check=False)
         shutil.rmtree(self.home, ignore_errors=True)

@@ -6,7 +6,7 @@ import os
 
 from piloop_common.tasks import task
 
-IMPORTED_BY = os.getpid()  # the process that imported this module: the shim host, when it preloads it
+IMPORTED_BY = os.getpid()  # the process that imported this module: the supervisor, when it preloads it
 
 
 @task

@@ -68,7 +68,7 @@ class RemoteWorker:
     def start(self) -> RemoteWorker:
         env = cli_env(self.home, {"PILOOP_HTTPS_TOKEN": self.token, **self.env})
         self.log = open(self.home / "worker.log", "ab")
-        # a session of its own: a test may stop the worker with its shim host as one group (the shims have theirs)
+        # a session of its own: a test may stop the worker as one group (its slots' supervisors have theirs)
         self.proc = subprocess.Popen(
             [*self.command, "worker", "--server", self.url or self.d.url, "--pool", self.pool, *self.args],
             env=env,
@@ -91,7 +91,7 @@ class RemoteWorker:
         return self.proc.wait(scaled(timeout))
 
     def kill(self) -> None:
-        """SIGKILL the worker and its shim host (the shims and jobs live on in their own sessions)."""
+        """SIGKILL the worker's group (its slots' supervisors and jobs live on in their own sessions)."""
         if self.proc is not None and self.proc.poll() is None:
             _signal_group(self.proc.pid, signal.SIGKILL)
             self.proc.wait(scaled(5))
@@ -128,7 +128,7 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 def kill_tree_of(marker: str) -> None:
-    """Kill processes left behind on purpose (shims, jobs) whose command line or environment names `marker`."""
+    """Kill processes left behind on purpose (supervisors, jobs) whose command line or environment names `marker`."""
     for p in psutil.process_iter(["cmdline"]):
         try:
             if p.pid == os.getpid():
