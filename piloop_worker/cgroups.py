@@ -290,18 +290,19 @@ class Cgroups:
                 return self.create(f"{os.getpid()}-{self.made}", memory_mb)
 
     def slot(self, n: int, memory_mb: int) -> JobCgroup:
-        """Slot `n`'s group, `<base>/slot-<n>`, made at the slot's first job and kept for the worker's life, limited
+        """Slot `n`'s group, `<base>/<pid>-slot-<n>`, made at the slot's first job and kept for the worker's life (the
+        pid its: workers that share a base, on one host under one name, never share a slot's group), limited
         to `memory_mb` for the job the slot runs now (its limit written only when it changes). The supervisor resets
         its peak and reads its OOM count per job. OSError where the kernel refuses the limit."""
         assert self.base is not None
-        path = self.base / f"slot-{n}"
+        path = self.base / f"{os.getpid()}-slot-{n}"
         limit = memory_mb << 20
         had = self.limits.get(path)
         if had is None:
             try:
                 path.mkdir()
             except FileExistsError:
-                pass  # an earlier worker's, empty: a job still in it would hold its slot
+                pass  # an earlier worker's of the same pid, which the sweep at start left
             self._limit(path, limit, None)
             self.limits[path] = limit
         elif had != limit:
@@ -313,7 +314,7 @@ class Cgroups:
         """`cg` back once its job's exit record is written (the shim has killed and reaped all of it): kept for a
         later job while it is empty and there are fewer than `MOST` spares, else removed. A group this worker did not
         make (a re-attached job's) is removed."""
-        if cg.path in self.limits and cg.path.name.startswith("slot-"):
+        if cg.path in self.limits and "-slot-" in cg.path.name:
             return  # the slot's, kept for its next job
         if cg.path in self.limits and len(self.spare) < self.MOST and not cg.pids() and cg.path.is_dir():
             self.spare.append(cg)
@@ -349,7 +350,7 @@ class Cgroups:
             cg = self.spare.pop()
             self.limits.pop(cg.path, None)
             cg.remove()
-        for path in [p for p in self.limits if p.name.startswith("slot-")]:
+        for path in [p for p in self.limits if "-slot-" in p.name]:
             self.limits.pop(path)
             JobCgroup(path, self.version).remove()
 

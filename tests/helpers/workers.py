@@ -256,7 +256,7 @@ def slot_deadline(slot: SlotDir) -> float | None:
 
 def job_cgroup(pid: int) -> Path | None:
     """The memory cgroup the job process `pid` runs in, where it is one the worker made for its jobs (named
-    `slot-…` or `job-…` under the worker's base), else None."""
+    `<pid>-slot-<n>` or `<pid>-<n>` under the worker's base), else None."""
     try:
         lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
     except OSError:
