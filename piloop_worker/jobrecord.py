@@ -64,9 +64,10 @@ class JobRecord(BaseModel):
         return self.model_dump(mode="json")
 
     def to_start(self) -> dict[str, Any]:
-        """As a supervisor keeps it: without the inline inputs, which the start carries once already."""
+        """As a supervisor keeps it: the inline inputs' names without their bytes, which the start carries once
+        already."""
         d = self.to_dict()
-        d["spec"]["inline_inputs"] = {}
+        d["spec"]["inline_inputs"] = dict.fromkeys(d["spec"]["inline_inputs"], "")
         return d
 
     def to_json(self) -> str:

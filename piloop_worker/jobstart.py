@@ -194,6 +194,7 @@ class Starter:
             parent=_bytes(args.get("parent")),
             args_file=_text(args.get("args_file")),
             parent_file=_text(args.get("parent_file")),
+            parent_serializer=str(args.get("parent_serializer") or ""),
         )
         # the claim renewed nothing yet: the lease's clock started at most when the claim was sent
         handle.start(generation, lease.job, lease.token, fence_deadline(sent, timed), request, record.to_start())
@@ -208,7 +209,7 @@ class Starter:
             raw = base64.b64decode(data)
             if task and name in (*ARGS_INPUTS, *PIPE_INPUTS):
                 out["args" if name in ARGS_INPUTS else "parent"] = raw
-                out["serializer"] = name.rpartition(".")[2]
+                out["serializer" if name in ARGS_INPUTS else "parent_serializer"] = name.rpartition(".")[2]
                 continue
             dest = files.inputs / name
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -221,7 +222,7 @@ class Starter:
             self.store.get_file(addr, dest, durable=False, in_place=True)
             if task and name in (*ARGS_INPUTS, *PIPE_INPUTS):
                 out["args_file" if name in ARGS_INPUTS else "parent_file"] = str(dest)
-                out["serializer"] = name.rpartition(".")[2]
+                out["serializer" if name in ARGS_INPUTS else "parent_serializer"] = name.rpartition(".")[2]
         if task and "args" not in out and "args_file" not in out:
             raise ValueError("a task needs the input args.json or args.pickle; it has neither")
         return out

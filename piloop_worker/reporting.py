@@ -137,8 +137,9 @@ class Reporter:
         log.info("event=job.ended job=%s outcome=%s reason=%r exit_code=%s", h.job, outcome, reason, rec.exit_code)
 
     def _serializer(self, h: Held) -> str:
+        """A task's serializer, its arguments' (`args.<serializer>`), which its value is in too."""
         names = {*h.record.spec.inputs, *h.record.spec.inline_inputs} if h.record else set()
-        return "pickle" if "args.pickle" in names or "parent.pickle" in names else "json"
+        return "pickle" if "args.pickle" in names else "json"
 
     def _spool(self, h: Held, report: ReportRequest) -> None:
         """`report` in the spool, and its job's end forgotten by the supervisor, which need not keep it now."""

@@ -305,8 +305,9 @@ def arguments(req: SlotRequest) -> tuple[list[Any], dict[str, Any]]:
     piped: list[Any] = []
     raw_parent = req.parent if req.parent is not None or not req.parent_file else _read(req.parent_file)
     if raw_parent is not None:
-        parent = _load(req.serializer, raw_parent)
-        piped = [parent["value"] if req.serializer == "json" else parent]
+        of_parent = req.parent_serializer or req.serializer
+        parent = _load(of_parent, raw_parent)
+        piped = [parent["value"] if of_parent == "json" else parent]
     return [*piped, *(data.get("args") or [])], dict(data.get("kwargs") or {})
 
 

@@ -50,6 +50,7 @@ class SlotRequest(NamedTuple):
     # arguments or a parent's value over the inline cap: files the worker fetched them to, read by the task's process
     args_file: str | None = None
     parent_file: str | None = None
+    parent_serializer: str = ""  # the parent's value's, where it is not `serializer` ("": the same)
 
     def to_json(self) -> dict[str, Any]:
         d = self._asdict()
