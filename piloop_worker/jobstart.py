@@ -198,6 +198,7 @@ class Starter:
         )
         # the claim renewed nothing yet: the lease's clock started at most when the claim was sent
         handle.start(generation, lease.job, lease.token, fence_deadline(sent, timed), request, record.to_start())
+        self.slots.assign(n, generation, lease.job, lease.token)  # a restarted worker finds it if both die
 
     def _inputs(self, a: Assignment, files: JobFiles, task: bool) -> dict[str, bytes | str | None]:
         """A job's inputs: a task's arguments (and a chain link's parent's value) inline, or fetched to a file when

@@ -20,7 +20,9 @@ from piloop_worker.holdings import Holdings
 from piloop_worker.jobrecord import BadJobRecord, JobRecord
 from piloop_worker.lease import HeldLease
 from piloop_worker.logs import LogShipper
+from piloop_worker.records import ExitRecord
 from piloop_worker.relay import Relay
+from piloop_worker.slots.wire import Ended
 from piloop_worker.slotset import Slots
 
 log = logging.getLogger("piloop.worker")
@@ -40,6 +42,7 @@ def find_held(slots: Slots, cgroups: Cgroups) -> list[Held]:
     """The jobs the slots' supervisors hold, and the ends they kept: to hold again, and to report."""
     out: list[Held] = []
     for n in slots.existing():
+        orphan = slots.orphaned(n)
         try:
             state = slots.open(n)
         except Unavailable as err:
@@ -55,6 +58,14 @@ def find_held(slots: Slots, cgroups: Cgroups) -> list[Held]:
             out.append(
                 Held(HeldLease(e.job, e.token), rec.kind if rec else "", n, e.generation, shipper, e, record=rec)
             )
+        known = {e.generation for e in state.ended} | ({state.holding.generation} if state.holding else set())
+        if orphan is not None and orphan.generation not in known:
+            # its supervisor died with the worker before, and its end with them: lost (its processes died with it)
+            lost = Ended(
+                orphan.generation, ExitRecord(lost=True, reason="the slot's supervisor died before the job ended")
+            )
+            shipper = LogShipper(sd.output_log, sd.root / "log.json", resume=True)
+            out.append(Held(HeldLease(orphan.job, orphan.token), "", n, orphan.generation, shipper, lost))
         held = state.holding
         if held is not None:
             rec = _record(held.record, n)

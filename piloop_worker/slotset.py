@@ -21,7 +21,8 @@ from pathlib import Path
 
 from piloop_common.errors import Unavailable
 from piloop_worker.records import StopReason
-from piloop_worker.slots import Gone, SlotDir, SlotHandle
+from piloop_worker.slots import Gone, SlotDir, SlotHandle, SlotRecord
+from piloop_worker.slots.record import Assigned
 from piloop_worker.slots.wire import Message, State
 
 log = logging.getLogger("piloop.worker")
@@ -112,11 +113,33 @@ class Slots:
             with contextlib.suppress(Unavailable, OSError):
                 h.stop(generation, why)
 
+    def assign(self, n: int, generation: int, job: str, token: str) -> None:
+        """Note job `generation` as slot `n`'s in its record, until its end is acknowledged (`ack`)."""
+        h = self.handles.get(n)
+        if h is not None and h.record is not None:
+            h.record.write_assigned(generation, job, token)
+
     def ack(self, n: int, generation: int) -> None:
+        """The worker has job `generation`'s end: its supervisor forgets it, and the slot's record no longer names
+        it."""
         h = self.handles.get(n)
         if h is not None:
+            if h.record is not None and (noted := h.record.read_assigned()) and noted.generation == generation:
+                h.record.write_assigned(0, "", "")
             with contextlib.suppress(Unavailable, OSError):
                 h.ack(generation)
+
+    def orphaned(self, n: int) -> Assigned | None:
+        """The job slot `n`'s record names when no supervisor holds the slot: one that died with it (its worker
+        too, or it would have seen it go), its end heard by no one."""
+        slot = self.dir(n)
+        if not slot.record.exists() or SlotHandle(slot).alive():
+            return None
+        rec = SlotRecord.open(slot.record)
+        try:
+            return rec.read_assigned()
+        finally:
+            rec.close()
 
     def close(self) -> None:
         """Let every supervisor go: each exits once its job (if any) has ended, its end kept in `ended.json`."""

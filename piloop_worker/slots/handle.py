@@ -227,6 +227,10 @@ class SlotHandle:
             if clock.now() >= end:
                 raise Unavailable(f"slot {self.slot.root}: its supervisor did not answer hello")
 
+    def alive(self) -> bool:
+        """Whether a supervisor holds the slot (its lock)."""
+        return self.slot.lock.exists() and self._locked()
+
     def _locked(self) -> bool:
         """Whether a supervisor holds the slot's lock."""
         fd = os.open(self.slot.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

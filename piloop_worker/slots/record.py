@@ -12,6 +12,10 @@ through the mapping, so a renewal needs no new block on a full disk and no syste
 
 `deadline` is a `clock.now()` time (CLOCK_BOOTTIME seconds); `generation` names the job the deadline is for (the
 worker's counter, carried in `start`), so a deadline written for one job never fences or spares the next.
+
+After it, at `ASSIGNED_AT`, the worker notes the job it started on the slot (generation, job, token; seqlocked the
+same way) and clears it once it has the job's end: a worker that restarts and finds the slot's supervisor dead with
+a job noted there knows that job was lost with it (`write_assigned`, `read_assigned`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,10 @@ import struct
 from pathlib import Path
 from typing import NamedTuple
 
-SIZE = 64  # a cache line: the three fields, room to grow, never a second page
+SIZE = 256  # the deadline's cache line and the assigned job's, never a second page
+ASSIGNED_AT = 64
+_ASSIGNED = struct.Struct("<QQH")  # seq, generation, length of "<job>\n<token>"
+ASSIGNED_TEXT_MAX = SIZE - ASSIGNED_AT - _ASSIGNED.size
 _LAYOUT = struct.Struct("<QQd")  # seq, generation, deadline
 _SEQ = struct.Struct("<Q")
 _VALUES = struct.Struct("<Qd")
@@ -32,6 +39,12 @@ READ_TRIES = 1000  # a writer that stops halfway (SIGSTOP, SIGKILL) leaves `seq`
 class Deadline(NamedTuple):
     generation: int
     deadline: float
+
+
+class Assigned(NamedTuple):
+    generation: int
+    job: str
+    token: str
 
 
 class SlotRecord:
@@ -46,8 +59,8 @@ class SlotRecord:
         """Map the record at `path`, making it first (zeros, fsynced once) when it is missing or short."""
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            if os.fstat(fd).st_size < SIZE:
-                os.pwrite(fd, bytes(SIZE), 0)  # its block allocated now, never at a renewal
+            if (size := os.fstat(fd).st_size) < SIZE:
+                os.pwrite(fd, bytes(SIZE - size), size)  # its block allocated now, never at a renewal
                 os.fsync(fd)
             mapped = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
@@ -73,8 +86,31 @@ class SlotRecord:
             return Deadline(generation, deadline) if before else None
         return None
 
+    def write_assigned(self, generation: int, job: str, token: str) -> None:
+        """Note job `generation` (its job id and token) as the slot's; generation 0 clears it."""
+        text = f"{job}\n{token}".encode()[:ASSIGNED_TEXT_MAX] if generation else b""
+        seq = _SEQ.unpack_from(self._map, ASSIGNED_AT)[0]
+        seq += 1 if seq % 2 == 0 else 0
+        _SEQ.pack_into(self._map, ASSIGNED_AT, seq)
+        struct.pack_into("<QH", self._map, ASSIGNED_AT + _SEQ.size, generation, len(text))
+        self._map[ASSIGNED_AT + _ASSIGNED.size : ASSIGNED_AT + _ASSIGNED.size + len(text)] = text
+        _SEQ.pack_into(self._map, ASSIGNED_AT, seq + 1)
+
+    def read_assigned(self) -> Assigned | None:
+        """The job noted as the slot's, or None (none, or a writer stopped halfway)."""
+        for _ in range(READ_TRIES):
+            before, generation, n = _ASSIGNED.unpack_from(self._map, ASSIGNED_AT)
+            if before % 2:
+                continue
+            text = bytes(self._map[ASSIGNED_AT + _ASSIGNED.size : ASSIGNED_AT + _ASSIGNED.size + n])
+            if _SEQ.unpack_from(self._map, ASSIGNED_AT)[0] != before:
+                continue
+            job, _, token = text.decode(errors="replace").partition("\n")
+            return Assigned(generation, job, token) if generation and job else None
+        return None
+
     def close(self) -> None:
         self._map.close()
 
 
-__all__ = ["SIZE", "Deadline", "SlotRecord"]
+__all__ = ["SIZE", "Assigned", "Deadline", "SlotRecord"]

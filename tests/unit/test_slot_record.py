@@ -152,3 +152,17 @@ def test_a_field_this_release_does_not_know_is_ignored() -> None:
     raw = b'{"t": "stop", "generation": 2, "reason": "cancelled", "later": true}'
     assert parse(raw) == Stop(2, StopReason.CANCELLED)
     assert parse(b'{"t": "stop", "generation": 2, "reason": "what"}') == Stop(2, StopReason.STOPPED)
+
+
+def test_the_job_noted_on_a_slot_reads_back_whole_and_clears(tmp_path: Path) -> None:
+    rec = SlotRecord.open(tmp_path / "slot")
+    assert rec.read_assigned() is None
+    rec.write_assigned(7, "j1234567890ab", "1000000000001." + "f" * 32)
+    rec.write(7, 12.5)  # the deadline beside it is its own
+    again = SlotRecord.open(tmp_path / "slot")  # as another process maps it
+    assert again.read_assigned() == (7, "j1234567890ab", "1000000000001." + "f" * 32)
+    assert again.read() == (7, 12.5)
+    rec.write_assigned(0, "", "")
+    assert again.read_assigned() is None
+    rec.close()
+    again.close()
