@@ -1,5 +1,6 @@
-"""The relay's sockets, without a server: each job's socket answers for that job alone while it is added, and is
-gone (file and listener) once removed, however adds and removes interleave on the relay's loop."""
+"""The relay's sockets, without a server: each slot's socket answers for the job it was last added for alone, and
+forwards nothing once that job is removed (it answers `lease_lost` until its slot's next job), however adds and
+removes interleave on the relay's loop."""
 
 from __future__ import annotations
 
@@ -47,12 +48,14 @@ class _UnixConnection(http.client.HTTPConnection):
 
 
 def _ask(path: Path) -> str:
+    """The job a call through `path` was forwarded for, or the error it was refused with."""
     conn = _UnixConnection(path)
     try:
         conn.request("GET", "/v1/relay/job")
         resp = conn.getresponse()
-        assert resp.status == 200
-        return json.loads(resp.read())["job"]
+        got = json.loads(resp.read())
+        assert resp.status == (200 if "job" in got else 409), (resp.status, got)
+        return got.get("job") or got["error"]
     finally:
         conn.close()
 
@@ -76,9 +79,7 @@ def test_each_socket_answers_for_its_job_until_removed(relay, tmp_path: Path) ->
             gone = f"j{i - 2}"
             r.remove(gone)
             path = live.pop(gone)
-            assert not path.exists()
-            with pytest.raises(FileNotFoundError):
-                _ask(path)
+            assert _ask(path) == "lease_lost"  # bound still, for its slot's next job; nothing of the last forwarded
         for name, path in live.items():
             assert _ask(path) == name
     assert {job for job, _ in up.calls} == {f"j{i}" for i in range(60)}
@@ -94,7 +95,19 @@ def test_a_socket_added_again_replaces_the_first(relay, tmp_path: Path) -> None:
         _ask(tmp_path / "a.sock")
     r.remove("j")
     r.remove("j")  # twice: nothing left to drop
-    assert not (tmp_path / "b.sock").exists()
+    assert _ask(tmp_path / "b.sock") == "lease_lost"
+
+
+def test_a_slots_socket_is_switched_to_its_next_job_and_forwards_nothing_for_the_last(relay, tmp_path: Path) -> None:
+    r, up = relay
+    path = tmp_path / "slot.sock"
+    r.add(HeldLease("j1", "t1"), path)
+    assert _ask(path) == "j1"
+    r.remove("j1")
+    assert _ask(path) == "lease_lost"
+    r.add(HeldLease("j2", "t2"), path)  # the same listener, its lease switched: no bind
+    assert _ask(path) == "j2"
+    assert [job for job, _ in up.calls] == ["j1", "j2"]
 
 
 def test_a_socket_dir_gone_is_made_again(relay, tmp_path: Path) -> None:
