@@ -165,7 +165,7 @@ def test_a_bench_ended_by_sigterm_leaves_no_process_behind(tmp_path):
 
         kids = wait_for(workers_running, 60, interval=0.2, what="the bench's piloop workers to start")
         mark = next(m for p in kids if p.is_running() and (m := p.environ().get(RUN_ENV)))
-        wait_for(lambda: list((tmp_path / "wd").glob("bw-*/jobs/[!.]*")), 60, what="a job dir under --worker-dirs")
+        wait_for(lambda: list((tmp_path / "wd").glob("bw-*/slots/[0-9]*")), 60, what="a slot under --worker-dirs")
         bench.send_signal(signal.SIGTERM)
         assert bench.wait(30) == 128 + signal.SIGTERM, bench.stderr.read() if bench.stderr else ""
         gone = wait_for(lambda: not [p for p in kids if p.is_running()] and not marked(mark), 10, what="all to end")
