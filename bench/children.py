@@ -1,7 +1,7 @@
 """Every process a bench run starts ends with the run, however it ends: SIGTERM ends it through its cleanup as
 SIGINT does (a `finally` stops each daemon, worker and peer it started), and whatever is left after that (a part
-that failed before its cleanup, a worker's shims reparented to init) is found by a mark in its environment, which
-every child inherits, and killed."""
+that failed before its cleanup, a worker's slot supervisors reparented to init) is found by a mark in its
+environment, which every child inherits, and killed."""
 
 from __future__ import annotations
 

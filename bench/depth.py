@@ -55,9 +55,19 @@ def _drop_rq(r: redis.Redis, q: Any, ids: list[str]) -> None:
 
 
 def _bytes_per_job(r: redis.Redis, n: int, fill: Callable[[], None]) -> int:
-    before = _used(r)
+    """Redis's bytes for each of the `n` jobs `fill` queues: the MEMORY USAGE of every key it made, not used_memory's
+    growth, which whatever else Redis freed meanwhile (a closed client's buffers, an earlier part's keys) pulled
+    below zero under load."""
+    before = set(r.scan_iter(count=10_000))
     fill()
-    return round((_used(r) - before) / n)
+    made = [k for k in r.scan_iter(count=10_000) if k not in before]
+    total = 0
+    for start in range(0, len(made), 1000):
+        pipe = r.pipeline(transaction=False)
+        for k in made[start : start + 1000]:
+            pipe.memory_usage(k, samples=0)
+        total += sum(v or 0 for v in pipe.execute())
+    return round(total / n)
 
 
 def piloop_depth(r: redis.Redis, tmp: Path, depth: int, claims: int) -> dict[str, Any]:

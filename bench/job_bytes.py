@@ -1,8 +1,8 @@
 """Redis bytes a queued and a finished job: piloop, rq, and Celery with its Redis result backend, `n` no-op jobs
 each on the same redis-server (a short version of the retention soak's figure, `python -m bench.soak`).
 
-Queued: used_memory's delta over `n` jobs queued and not yet taken (bench/depth.py's fills: piloop's enqueue script,
-rq's `enqueue_many`, Celery's `send_task`). Finished: piloop's `n` jobs driven the server's way (submit, claim,
+Queued: the MEMORY USAGE of the keys that `n` jobs queued and not yet taken made (bench/depth.py's fills: piloop's
+enqueue script, rq's `enqueue_many`, Celery's `send_task`). Finished: piloop's `n` jobs driven the server's way (submit, claim,
 report: bench/soak.py's `one_round`) under the default retention, so each is kept; rq's and Celery's through their
 workers (bench/peers_memory.py), each at its own defaults (rq: result_ttl 500 s; Celery: result_expires 1 day).
 """

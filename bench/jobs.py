@@ -6,8 +6,9 @@ Drain: `jobs` no-op jobs are queued first, then two workers start and drain them
 spawn to the last job's end (so each side pays its workers' start-up once).
   piloop        `piloop serve --listen 127.0.0.1:<port>` (its `serve` worker given no slots) and two remote
                 `piloop worker --pool bench` over loopback TCP, 8 evaluation slots each, production timings (renew
-                10 s). A process job runs `/bin/true` under its own self-fencing shim; a task job (runner `task`)
-                runs `bench.noop:noop` in the shim's warm process (its args and value inline in the claim and the report).
+                10 s). A process job runs `/bin/true` spawned by its slot's supervisor; a task job (runner `task`)
+                runs `bench.noop:noop` in the slot's warm task process (its args and value inline in the claim and
+                the report).
   rq            two `rq worker --burst`: `Worker` forks a work horse per job, `SimpleWorker` runs it in-process.
   Celery        prefork: one `celery worker --concurrency 2`; solo: two `celery worker --pool solo`. Redis
                 broker, no result backend (a finished task INCRs a counter, so the bench knows when all are done).
@@ -15,10 +16,10 @@ Like with like: the peers' "subprocess" task runs `/bin/true` with `subprocess.r
 does), their "Python" task is a plain function call (what a piloop task is, minus its own process).
 Start latency: one job at a time on idle workers, from just before the submit call to the job's first line writing
 the wall time to a file; median and p99.
-RSS: a worker's long-lived processes (piloop: the worker and its shim host; rq: the worker; Celery: the main
+RSS: a worker's long-lived processes (piloop: the worker and its slot supervisors; rq: the worker; Celery: the main
 process and its pool), at rest (idle, after the latency warm-up) and the most seen while draining.
 CPU a job of a drain: the server, the workers' long-lived processes with what they reaped, Redis and the whole
-machine; piloop's also by process (`piloop_cpu`: the worker, its shim host, the shims, the jobs' processes), a peer's
+machine; piloop's also by process (`piloop_cpu`: the worker, its slot supervisors, the jobs' processes), a peer's
 jobs' processes apart (what its workers reaped).
 This module holds piloop's side (`PiloopSide`) and `main`; the peers' sides are in bench/peers.py, the measuring
 (`Drain`, `Latency`, `RssWatch`, `CpuWatch`, `piloop_cpu`, ...) in bench/measure.py.

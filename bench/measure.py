@@ -3,8 +3,8 @@
 `say` logs a line to stderr, `wait_until` polls a condition (reporting every 10 s), `stamp_time` reads the wall time a
 job wrote, `quantile` is by the nearest rank. `Drain` and `Latency` are a drain's and a start latency run's figures;
 `RssWatch` samples the largest RSS of groups of processes on a thread, `CpuWatch` the CPU seconds of groups (with
-what they reaped) and of the machine, `piloop_cpu` piloop workers' CPU by process (the worker, its shim host, the
-shims, the jobs' processes). `child_pids` reads a process's children from /proc, cheap enough to sample 10 times a
+what they reaped) and of the machine, `piloop_cpu` piloop workers' CPU by process (the worker, its slot
+supervisors, the jobs' processes). `child_pids` reads a process's children from /proc, cheap enough to sample 10 times a
 second; `long_lived` is a worker's processes at rest, `stop_procs` ends processes (or their process groups). `ROOT`
 is the checkout, `BIN` the interpreter's bin directory (where `rq` and `celery` are).
 """
@@ -95,7 +95,7 @@ class Latency:
 
 class RssWatch:
     """The largest RSS (MiB) seen of each group of processes, sampled every 0.1 s on a thread. A group is its
-    processes and, where `children`, the children each has when sampled (a shim host, a prefork pool)."""
+    processes and, where `children`, the children each has when sampled (slot supervisors, a prefork pool)."""
 
     def __init__(self, groups: dict[str, list[int]], children: bool = True) -> None:
         self.groups = {k: [psutil.Process(p) for p in pids] for k, pids in groups.items()}
@@ -154,28 +154,24 @@ class CpuWatch:
 
 
 def piloop_cpu(worker_pids: Sequence[int]) -> dict[str, float]:
-    """CPU seconds of piloop workers' processes by kind, each since its birth: the workers' own (`worker`), their shim
-    hosts' with the shims they reaped (`shim host`), the shims' own (`shims`), and what the shims reaped: the
-    processes the jobs ran in (`jobs`), with the warm task processes the shims still have. A shim `setsid()`s but
-    stays its host's child, so it is found there."""
-    out = dict.fromkeys(("worker", "shim host", "shims", "jobs"), 0.0)
+    """CPU seconds of piloop workers' processes by kind, each since its birth: the workers' own (`worker`), their slot
+    supervisors' own (`supervisors`), and what the supervisors reaped or still have: the processes the jobs ran in
+    and the warm task processes (`jobs`). A supervisor leads a session of its own but stays its worker's child, so it
+    is found there."""
+    out = dict.fromkeys(("worker", "supervisors", "jobs"), 0.0)
     for pid in worker_pids:
         try:
             worker = psutil.Process(pid)
             t = worker.cpu_times()
             out["worker"] += t.user + t.system
-            for host_pid in child_pids(worker):
-                host = psutil.Process(host_pid)
-                t = host.cpu_times()
-                out["shim host"] += t.user + t.system + t.children_user + t.children_system
-                for shim_pid in child_pids(host):
-                    shim = psutil.Process(shim_pid)
-                    t = shim.cpu_times()
-                    out["shims"] += t.user + t.system
-                    out["jobs"] += t.children_user + t.children_system
-                    for job_pid in child_pids(shim):  # a warm task process (piloop_worker/warm.py), alive
-                        t = psutil.Process(job_pid).cpu_times()
-                        out["jobs"] += t.user + t.system
+            for sup_pid in child_pids(worker):
+                sup = psutil.Process(sup_pid)
+                t = sup.cpu_times()
+                out["supervisors"] += t.user + t.system
+                out["jobs"] += t.children_user + t.children_system
+                for job_pid in child_pids(sup):  # a warm task process (piloop_worker/slots/taskproc.py), alive
+                    t = psutil.Process(job_pid).cpu_times()
+                    out["jobs"] += t.user + t.system
         except psutil.Error:
             continue
     return out
@@ -227,7 +223,7 @@ def rss_mib(procs: Sequence[psutil.Process]) -> float:
 
 
 def long_lived(pid: int) -> list[int]:
-    """A worker's process and the children it has at rest (a shim host, a prefork pool)."""
+    """A worker's process and the children it has at rest (its slot supervisors, a prefork pool)."""
     try:
         p = psutil.Process(pid)
         return [pid, *(c.pid for c in p.children(recursive=False))]

@@ -1,5 +1,5 @@
 """The jobs every side of the benchmarks runs, in a module light enough to import per job (rq's work horse
-imports a job's function anew each time; the shim host imports a piloop task's module once).
+imports a job's function anew each time; a slot's warm task process imports a piloop task's module once).
 
     noop       a plain Python no-op
     run_true   the same subprocess a piloop process job runs: /bin/true

@@ -220,7 +220,7 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                 "lower",
                 lat["piloop process"]["worker_rss_mib"],
                 at_rest,
-                note="piloop: worker + shim host; Celery prefork: main + pool",
+                note="piloop: worker + slot supervisors; Celery prefork: main + pool",
             )
         if j:
             load = {p: max(j[f"{p} {x}"]["worker_rss_mib"] for x in PY_JOB) for p in PEERS if f"{p} python" in j}
@@ -248,8 +248,7 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
 
 PILOOP_PARTS = (
     ("worker", "worker"),
-    ("shim host", "shim host"),
-    ("shims", "shims"),
+    ("supervisors", "supervisors"),
     ("jobs", "jobs"),
     ("server", "server"),
     ("redis", "Redis"),

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 
 import pytest
 
+from piloop_common.bytecaps import INLINE_MAX_BYTES
 from piloop_common.errors import BadRequest, LeaseLost, NotFound, TooLarge
 from piloop_common.protocol.operator import JobResult
 from piloop_server.state.generation import GenerationRecord, ensure_generation
@@ -153,9 +155,6 @@ def test_report_is_idempotent_and_stale_reports_are_kept(leases):
 def test_report_lua_refuses_inline_outputs_over_the_cap_and_changes_nothing(leases):
     """The state facade's own check (report.lua): an inline result over INLINE_MAX_BYTES, or named in outputs too,
     is refused for that report alone, which changes nothing; the others of its batch stand."""
-    import base64
-
-    from piloop_common.bytecaps import INLINE_MAX_BYTES
 
     _worker(leases)
     for j in ("a", "b"):
@@ -234,8 +233,8 @@ def test_a_reports_answer_is_kept_in_its_job_and_goes_with_it(leases):
     assert len([f for f in leases.r.hkeys(leases.k.job("j")) if f.startswith(b"answer:")]) == 2
     time.sleep(0.01)
     assert RetentionState(leases.r, leases.k).prune(Horizons(1, 1)).removed == 1
-    with pytest.raises(NotFound):
-        leases.report("r2", "j", two.token, "w1", "succeeded", JobResult(exit_code=0))
+    # the job gone, a copy of its report (a worker's spool, sent late) is stale and makes nothing again
+    assert leases.report("r2", "j", two.token, "w1", "succeeded", JobResult(exit_code=0)) == {"answer": "stale"}
     left = [
         k.decode() for k in leases.r.scan_iter(match=leases.k.prefix().replace("{", "\\{").replace("}", "\\}") + "*")
     ]
@@ -252,10 +251,14 @@ def test_reports_in_one_batch_answer_each_in_order_and_one_error_leaves_the_othe
         leases.report("rc", "c", lc.token, "w1", "succeeded", JobResult())["answer"] == "accepted"
     )  # its SHA now known
     leases.r.script_flush()  # as after a restart of Redis: every script of the batch meets NOSCRIPT, and runs once
+    over = base64.b64encode(b"x" * (INLINE_MAX_BYTES + 1)).decode()
     got = leases.report_many(
         [
             Report("ra", "a", la.token, "w1", "succeeded", JobResult(exit_code=0)),
-            Report("rx", "nope", "1", "w1", "succeeded", JobResult()),
+            Report(
+                "rx", "a", la.token, "w1", "succeeded", JobResult(inline_outputs={"result.json": over})
+            ),  # refused alone: over the inline cap
+            Report("rn", "nope", "1", "w1", "succeeded", JobResult()),  # a job that does not exist: stale
             Report(
                 "ra", "a", la.token, "w1", "succeeded", JobResult(exit_code=0)
             ),  # the same report again: the same answer
@@ -265,11 +268,12 @@ def test_reports_in_one_batch_answer_each_in_order_and_one_error_leaves_the_othe
             Report("rb2", "b", lb.token, "w1", "failed", JobResult(exit_code=1), "boom"),
         ]
     )
-    assert got[0] == got[2] == {"answer": "accepted", "state": "succeeded"}
-    assert isinstance(got[1], NotFound) and "nope" in got[1].message
-    assert got[3] == {"answer": "stale"}
-    assert got[4]["answer"] == "accepted"
-    assert _state(leases, "a") == "succeeded" and _state(leases, "b") == got[4]["state"]
+    assert got[0] == got[3] == {"answer": "accepted", "state": "succeeded"}
+    assert isinstance(got[1], TooLarge) and "over 65536" in got[1].message
+    assert got[2] == got[4] == {"answer": "stale"}
+    assert got[5]["answer"] == "accepted"
+    assert _state(leases, "a") == "succeeded" and _state(leases, "b") == got[5]["state"]
+    assert not leases.r.exists(leases.k.job("nope"))
     assert leases.r.hget(leases.k.job("a"), "attempts") == b"1"
 
 

@@ -13,6 +13,7 @@ import uuid
 import httpx
 import pytest
 
+from piloop_common.protocol.worker import PROTOCOL
 from tests.helpers.proxy import Proxy
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
@@ -94,7 +95,7 @@ def test_act_callers_sign_their_writes_as_the_rules_say(net, key, signed):
     )
     assert r.status_code == 200, r.text
     assert _events(d, "limit.set")[-1]["by"] == signed
-    assert _call(proxy, key, "POST", "/v1/worker/claim", {"protocol": 1, "want": {}}).status_code == 403
+    assert _call(proxy, key, "POST", "/v1/worker/claim", {"protocol": PROTOCOL, "want": {}}).status_code == 403
 
 
 def test_a_caller_no_rule_matches_is_refused(net):
@@ -120,14 +121,14 @@ def test_piloop_tokens_are_refused_on_the_proxy_network(net):
 
 def test_the_worker_rule_names_the_worker_by_its_header_and_allows_worker_routes_only(net):
     _d, proxy = net
-    r = _call(proxy, WORKER_KEY, "POST", "/v1/worker/claim", {"protocol": 1, "want": {}})
+    r = _call(proxy, WORKER_KEY, "POST", "/v1/worker/claim", {"protocol": PROTOCOL, "want": {}})
     assert r.status_code == 403 and "x-piloop-worker" in r.json()["message"]
     r = _call(
         proxy,
         WORKER_KEY,
         "POST",
         "/v1/worker/claim",
-        {"protocol": 1, "want": {}},
+        {"protocol": PROTOCOL, "want": {}},
         headers={"x-piloop-worker": "nobody"},
     )
     assert r.status_code == 404 and "nobody is not registered" in r.json()["message"]

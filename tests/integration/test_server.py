@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from piloop_common.errors import Refused
+from piloop_common.protocol.worker import PROTOCOL
 from piloop_common.sdk.client import ApiClient
 from piloop_server.state.records.lease import fence
 from tests.helpers.redis import RedisProcess, free_port, wait_for
@@ -184,7 +185,7 @@ def test_workers_are_refused_with_the_reason(tcp_daemon, case):
     with pytest.raises(Refused) as e:
         w.register()
     expect = {
-        "protocol": "protocol 1, this worker 99",
+        "protocol": f"protocol {PROTOCOL}, this worker 99",
         "pool": "unknown pool tpu",
         "revoked": "token w was revoked",
         "cas": "is not the server's",

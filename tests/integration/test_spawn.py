@@ -4,6 +4,7 @@ was built, and the subprocess fallback)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pwd
@@ -89,7 +90,22 @@ def test_signals_start_at_their_defaults_unblocked(impl: str, sleeper: list[int]
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR2})
     sleeper.append(pid)
     st = _status(pid)
-    assert int(st["SigIgn"], 16) == 0 and int(st["SigBlk"], 16) == 0
+    # the signals a program can set; glibc keeps 32 and 33 for itself (Python cannot name them), and whatever this
+    # test's process has of them (pytest's workers differ) is not the spawn's to change
+    settable = sum(1 << (s - 1) for s in signal.valid_signals() if 0 < s <= 64)
+    assert int(st["SigIgn"], 16) & settable == 0 and int(st["SigBlk"], 16) & settable == 0, st
+
+
+def _zombies() -> list[int]:
+    """This process's children that ended and were not reaped (others it has, a test run's redis-server say, live)."""
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/children") as f:
+            for pid in f.read().split():
+                with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as st:
+                    if st.read().rpartition(")")[2].split()[0] == "Z":
+                        out.append(int(pid))
+    return out
 
 
 HELPER = """
@@ -145,8 +161,7 @@ def test_a_command_that_cannot_start_is_raised_by_name(impl: str, tmp_path: Path
             _spawn(impl, argv, cwd=cwd)
         assert (e.value.step, e.value.errno, e.value.command) == (step, code, argv[0])
         assert argv[0] in str(e.value) and errno.errorcode[code] in str(e.value)
-    with pytest.raises(ChildProcessError):  # every failed child reaped
-        os.waitpid(-1, os.WNOHANG)
+    assert not _zombies()  # every failed child reaped
 
 
 CANNOT_BECOME = """
@@ -294,8 +309,7 @@ def test_five_hundred_spawns_leave_no_zombie_and_no_fd(impl: str) -> None:
     finally:
         os.close(devnull)
     assert sorted(os.listdir("/proc/self/fd")) == before
-    with pytest.raises(ChildProcessError):
-        os.waitpid(-1, os.WNOHANG)
+    assert not _zombies()
 
 
 def test_the_extension_is_built_where_a_compiler_and_headers_are() -> None:

@@ -81,8 +81,7 @@ def test_the_cpu_row_compares_the_whole_machine_and_splits_it() -> None:
             "redis": 0.3,
             "machine": 6.0,
             "worker": 1.9,
-            "shim host": 0.3,
-            "shims": 1.2,
+            "supervisors": 1.5,
             "jobs": 0.8,
         },
     }
@@ -104,7 +103,7 @@ def test_the_cpu_row_compares_the_whole_machine_and_splits_it() -> None:
     assert cpu[0]["ratio"] == pytest.approx(2.0)  # piloop's 6 ms beside the cheaper peer's 3
     # the peer named is the one that spent the least; its worker's own CPU is its workers' less what they reaped
     assert cpu[0]["note"] == (
-        "piloop: worker 1.90, shim host 0.30, shims 1.20, jobs 0.80, server 1.00, Redis 0.30; "
+        "piloop: worker 1.90, supervisors 1.50, jobs 0.80, server 1.00, Redis 0.30; "
         "Celery solo: worker 1.40, jobs 0.80, Redis 0.20"
     )
 
@@ -114,24 +113,23 @@ def _burn_then(seconds: float, then: str) -> str:
     return f"import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end: pass\n{then}"
 
 
-def test_piloop_cpu_finds_the_shim_host_its_shims_and_their_jobs(tmp_path) -> None:
-    """A worker, its host, a shim and the job the shim reaps, each burning its own CPU (0.1, 0.2, 0.4, 0.8 s): each
+def test_piloop_cpu_finds_the_supervisors_and_their_jobs(tmp_path) -> None:
+    """A worker, a slot supervisor and the job the supervisor reaps, each burning its own CPU (0.1, 0.4, 0.8 s): each
     part lands where piloop_cpu says, whatever else its interpreter's start-up costs (under 0.1 s)."""
     ready = tmp_path / "ready"
     spawn = "import subprocess, sys; subprocess.run([sys.executable, '-c', {!r}])"
     job = _burn_then(0.8, "")
-    shim = _burn_then(0.4, spawn.format(job) + f"\nopen({str(ready)!r}, 'w').close(); sys.stdin.read()")
-    host = _burn_then(0.2, spawn.format(shim))
+    supervisor = _burn_then(0.4, spawn.format(job) + f"\nopen({str(ready)!r}, 'w').close(); sys.stdin.read()")
     worker = subprocess.Popen(
-        [sys.executable, "-c", _burn_then(0.1, spawn.format(host))], stdin=subprocess.PIPE, start_new_session=True
+        [sys.executable, "-c", _burn_then(0.1, spawn.format(supervisor))], stdin=subprocess.PIPE, start_new_session=True
     )
     try:
         end = time.monotonic() + 60
         while not ready.exists():
-            assert time.monotonic() < end, "the shim's job never ended"
+            assert time.monotonic() < end, "the supervisor's job never ended"
             time.sleep(0.02)
         got = piloop_cpu([worker.pid])
-        for part, burnt in (("worker", 0.1), ("shim host", 0.2), ("shims", 0.4), ("jobs", 0.8)):
+        for part, burnt in (("worker", 0.1), ("supervisors", 0.4), ("jobs", 0.8)):
             assert burnt - 0.02 <= got[part] < burnt + 0.1, (part, got)
     finally:
         os.killpg(worker.pid, signal.SIGKILL)
