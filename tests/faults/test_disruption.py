@@ -82,9 +82,18 @@ def _claim_one_each(d: Daemon, ws: list[SimWorker]) -> dict[str, str]:
             api.call("POST", "/v1/jobs", {"pool": "gpu", "spec": {"argv": ["true"]}})
     held = {}
     for w in ws:
-        (lease,) = w.claim()["leases"]
+        (lease,) = wait_for(lambda w=w: _claim_alive(w), 10, interval=0.1, what=f"a lease for {w.name}")
         held[lease["job"]] = w.name
     return held
+
+
+def _claim_alive(w: SimWorker) -> list[dict]:
+    """`w`'s claim, a heartbeat before it: registered a while ago on a loaded machine, its alive key (grace long) may
+    have lapsed, and a claim from a worker not alive is refused `unreachable`; any other refusal is named."""
+    w.heartbeat()
+    got = w.claim()
+    assert got["leases"] or got["reason"] == "unreachable", f"{w.name} got no lease: {got['reason']}"
+    return got["leases"]
 
 
 def _inbox(d: Daemon) -> list[dict]:
