@@ -20,8 +20,9 @@ from piloop_server.state.keys import Keys
 from piloop_server.state.records.token import Token
 from piloop_server.state.scripts import Scripts
 from tests.helpers.redis import wait_for
-from tests.helpers.serve import Daemon
+from tests.helpers.serve import FAST_EXECUTOR, Daemon
 from tests.helpers.simworker import SimWorker
+from tests.helpers.slowdown import scaled
 from tests.helpers.workers import GRACE, TOLERATION, events, state, tcp_server
 
 HOLD = 2 * TOLERATION  # the hold's length, and how long a silent worker without leases stays listed
@@ -33,6 +34,24 @@ def gpu(redis_server, namespace) -> Iterator[Daemon]:
     d = tcp_server(redis_server.url, namespace)
     yield d
     d.cleanup()
+
+
+@pytest.fixture
+def gpu_long_hold(redis_server, namespace) -> Iterator[Daemon]:
+    """The `gpu` fixture's server with its toleration (so its hold) stretched by PILOOP_TEST_SLOWDOWN: a hold that
+    outlasts a restart of the daemon on a loaded machine."""
+    config = FAST_EXECUTOR.replace(
+        f"toleration_seconds = {TOLERATION:g}\n", f"toleration_seconds = {long_toleration():g}\n"
+    )
+    assert config != FAST_EXECUTOR
+    d = tcp_server(redis_server.url, namespace, config=config)
+    yield d
+    d.cleanup()
+
+
+def long_toleration() -> float:
+    """`gpu_long_hold`'s toleration (s): FAST_EXECUTOR's, stretched by PILOOP_TEST_SLOWDOWN."""
+    return scaled(TOLERATION)
 
 
 @pytest.fixture
@@ -82,9 +101,18 @@ def _claim_one_each(d: Daemon, ws: list[SimWorker]) -> dict[str, str]:
             api.call("POST", "/v1/jobs", {"pool": "gpu", "spec": {"argv": ["true"]}})
     held = {}
     for w in ws:
-        (lease,) = w.claim()["leases"]
+        (lease,) = wait_for(lambda w=w: _claim_alive(w), 10, interval=0.1, what=f"a lease for {w.name}")
         held[lease["job"]] = w.name
     return held
+
+
+def _claim_alive(w: SimWorker) -> list[dict]:
+    """`w`'s claim, a heartbeat before it: registered a while ago on a loaded machine, its alive key (grace long) may
+    have lapsed, and a claim from a worker not alive is refused `unreachable`; any other refusal is named."""
+    w.heartbeat()
+    got = w.claim()
+    assert got["leases"] or got["reason"] == "unreachable", f"{w.name} got no lease: {got['reason']}"
+    return got["leases"]
 
 
 def _inbox(d: Daemon) -> list[dict]:
@@ -113,21 +141,29 @@ def _passes(redis_client: redis.Redis, namespace: str, n: int) -> None:
     )
 
 
+def _now_ms(redis_client: redis.Redis) -> int:
+    """Redis's clock, the one the daemon's scripts keep time by (ms)."""
+    secs, micros = redis_client.time()
+    return secs * 1000 + micros // 1000
+
+
 def _ms(event_id: str) -> int:
     return int(event_id.split("-")[0])  # a stream id is the Redis time (ms) the event was added
 
 
 def test_most_of_a_pool_silent_is_held_with_one_inbox_item_and_a_restart_neither_resets_nor_repeats_it(
-    gpu, disruption, redis_client, namespace
+    gpu_long_hold, disruption, redis_client, namespace
 ):
-    d = gpu
+    d, toleration = gpu_long_hold, long_toleration()
+    hold_seconds = 2 * toleration
     ws = _workers(d, ["gpu0", "gpu1", "gpu2"])
     jobs = _claim_one_each(d, ws)
+    claimed_ms = _now_ms(redis_client)  # the silent workers' leases lapse by toleration after this, unless held
     beats = Beats(ws[:1])  # two of three go silent at once
     try:
         hold = wait_for(lambda: disruption.holds().get("gpu"), GRACE + 10, interval=0.1, what="the hold")
         assert (hold.silent, hold.total, hold.ended) == (2, 3, "")
-        assert hold.until_ms - hold.since_ms == HOLD * 1000
+        assert hold.until_ms - hold.since_ms == int(hold_seconds * 1000)
         (item,) = _inbox(d)
         assert "2 of 3 workers of pool gpu went silent at once" in item["message"] and item["id"] == hold.escalation
         silent_jobs = [j for j, w in jobs.items() if w != "gpu0"]
@@ -139,16 +175,18 @@ def test_most_of_a_pool_silent_is_held_with_one_inbox_item_and_a_restart_neither
         _passes(redis_client, namespace, 10)
         assert disruption.holds()["gpu"] == hold  # the same start and end, not a new hold
         assert len(_inbox(d)) == 1 and len(_escalations(d)) == 1
-        now_ms = int(redis_client.time()[0] * 1000)
-        assert now_ms < hold.until_ms, "the restart took longer than the hold: the test proves nothing"
+        past_toleration = claimed_ms + int(toleration * 1000) + 500
+        wait_for(lambda: _now_ms(redis_client) > past_toleration, toleration + 5, interval=0.1, what="toleration")
         assert all(_state(d, j) in ("leased", "running") for j in silent_jobs)  # past toleration, still held
+        now_ms = _now_ms(redis_client)
+        assert now_ms < hold.until_ms, "the restart took longer than the hold: the test proves nothing"
 
         # it ends when it would have without the restart, and the silent workers' jobs come back
-        (ended,) = wait_for(lambda: events(d, "pool.disruption_ended"), HOLD + 10, interval=0.1, what="the end")
+        (ended,) = wait_for(lambda: events(d, "pool.disruption_ended"), hold_seconds + 10, interval=0.1, what="the end")
         assert ended["pool"] == "gpu" and ended["reason"] == "timeout" and ended["escalation"] == hold.escalation
-        assert hold.until_ms <= _ms(ended["id"]) <= hold.until_ms + SLACK * 1000
+        assert hold.until_ms <= _ms(ended["id"]) <= hold.until_ms + scaled(SLACK) * 1000
         for j in silent_jobs:
-            state(d, j, "queued", timeout=TOLERATION + 10)
+            state(d, j, "queued", timeout=toleration + 10)
         # their workers, silent for longer than the hold and now without leases, are forgotten; whether or not that
         # has happened yet, the pool is not held again nor escalated again
         wait_for(

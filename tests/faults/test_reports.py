@@ -67,11 +67,18 @@ def test_a_late_report_is_refused_and_kept_as_a_stale_report_event_its_blobs_in_
     assert "answer=stale" in w.output()
 
 
+def _gated(gate: Path, script: str) -> str:
+    """`script`, once the test has created `gate`: a job that is still running however slow the machine is."""
+    return f"while [ ! -e {gate} ]; do sleep 0.05; done; {script}"
+
+
 def _spooled_report(d, w, name: str, script: str) -> tuple[str, dict]:
     """A job whose report is written to the spool while nobody answers; the worker is then killed."""
-    job = submit(d, "sh", "-c", script)
+    gate = w.home / "go"
+    job = submit(d, "sh", "-c", _gated(gate, script))
     state(d, job, "running")
     d.stop()  # nobody answers (a paused server would still take the request into its socket's backlog)
+    gate.touch()  # the job ends only now, its report out to a server that is gone
     (spooled,) = wait_for(lambda: w.spool(name), 15, what="the report in the spool")
     w.kill()
     return job, json.loads(spooled.read_text())
@@ -81,7 +88,7 @@ def test_the_same_report_twice_the_second_gets_the_first_answer(server, workers)
     d = server
     tok = token(d, "w1")
     w = workers(d, tok).start()
-    job, report = _spooled_report(d, w, "w1", "sleep 1; echo done")
+    job, report = _spooled_report(d, w, "w1", "echo done")
     d.start(listen=d.listen)
     with worker_api(d, tok) as api:
         first = api.call("POST", "/v1/worker/report", report)
@@ -97,7 +104,7 @@ def test_the_same_report_twice_the_second_gets_the_first_answer(server, workers)
 def test_a_spooled_report_for_a_job_retention_pruned_is_dropped_and_the_ones_behind_it_go_out(server, workers):
     d = server
     w = workers(d, token(d, "w1")).start()
-    job, report = _spooled_report(d, w, "w1", "sleep 1; echo done")
+    job, report = _spooled_report(d, w, "w1", "echo done")
     # a report older in the spool for a job no longer kept (pruned while its worker was away): first in line
     pruned = {**report, "job": "j" + "0" * 12, "report_id": str(uuid.uuid4())}
     first = w.home / "spool" / "w1" / f"{pruned['report_id']}.json"
@@ -114,7 +121,7 @@ def test_a_spooled_report_for_a_job_retention_pruned_is_dropped_and_the_ones_beh
 def test_a_report_naming_blobs_the_cas_lacks_loses_the_job_naming_them(server, workers):
     d = server
     w = workers(d, token(d, "w1")).start()
-    job, report = _spooled_report(d, w, "w1", "sleep 1; mkdir -p ../outputs; echo 42 > ../outputs/score.txt")
+    job, report = _spooled_report(d, w, "w1", "mkdir -p ../outputs; echo 42 > ../outputs/score.txt")
     gone = report["outputs"]["score.txt"]
     LocalStore(d.home / "cas").path_of(gone).unlink()  # the blob leaves the server's CAS before the report lands
     d.start(listen=d.listen)
@@ -128,9 +135,11 @@ def test_a_report_naming_blobs_the_cas_lacks_loses_the_job_naming_them(server, w
 def test_a_report_waits_in_the_spool_while_its_worker_is_stopped_and_goes_out_when_it_starts(server, workers):
     d = server
     w = workers(d, token(d, "w1")).start()
-    job = submit(d, "sh", "-c", "sleep 1; echo done")
+    gate = w.home / "go"
+    job = submit(d, "sh", "-c", _gated(gate, "echo done"))
     state(d, job, "running")
     d.stop()
+    gate.touch()
     wait_for(lambda: w.spool("w1"), 15, what="the report in the spool")
     w.proc.send_signal(signal.SIGTERM)  # detaches: the report it could not send stays
     assert w.wait(20) == 0

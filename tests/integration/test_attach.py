@@ -10,8 +10,17 @@ import time
 from tests.helpers.redis import wait_for
 from tests.helpers.serve import cli_env
 
-LINES = 20  # one every 0.3 s: the job runs ~6 s, so chunks ship (3 s after they are written) while it runs
-TICKER = f"import time\nfor i in range({LINES}):\n    print('line', i, flush=True)\n    time.sleep(0.3)\n"
+LINES = 20  # one every 0.3 s, half before the gate and half after it, so chunks ship (3 s after they are written)
+# while the job runs: it cannot end before the test has read attach's first line and opens the gate
+TICKER = f"""import os, sys, time
+gate = sys.argv[1]
+for i in range({LINES}):
+    if i == {LINES} // 2:
+        while not os.path.exists(gate):
+            time.sleep(0.05)
+    print('line', i, flush=True)
+    time.sleep(0.3)
+"""
 
 
 def _state(daemon, job: str) -> str:
@@ -19,8 +28,9 @@ def _state(daemon, job: str) -> str:
         return api.call("GET", f"/v1/jobs/{job}")["state"]
 
 
-def test_attach_follows_a_running_job_then_prints_a_finished_one_whole_and_exits_with_its_outcome(daemon):
-    job = daemon.cli("job", "submit", "--", sys.executable, "-c", TICKER, check=True).stdout.strip()
+def test_attach_follows_a_running_job_then_prints_a_finished_one_whole_and_exits_with_its_outcome(daemon, tmp_path):
+    gate = tmp_path / "go"
+    job = daemon.cli("job", "submit", "--", sys.executable, "-c", TICKER, str(gate), check=True).stdout.strip()
     wait_for(lambda: _state(daemon, job) == "running", 20, what=f"{job} running")
     proc = subprocess.Popen(
         [sys.executable, "-m", "piloop_common.cli", "attach", job],
@@ -33,6 +43,7 @@ def test_attach_follows_a_running_job_then_prints_a_finished_one_whole_and_exits
         assert proc.stdout is not None
         first = proc.stdout.readline()
         live = _state(daemon, job)  # the first line reached us while the job still ran: attach follows it live
+        gate.touch()  # the second half is written only now, after attach is following
         rest = proc.stdout.read()  # to its end: attach exits when the job has ended
         proc.wait(30)
         err = proc.stderr.read() if proc.stderr else ""

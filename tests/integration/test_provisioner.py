@@ -15,6 +15,7 @@ import pytest
 from piloop_server.provisioner.platform import BACKOFF_BASE_SECONDS, BACKOFF_CAP_FACTOR
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.serve import FAST_EXECUTOR, Daemon, short_home
+from tests.helpers.slowdown import scaled
 
 BACKOFF = "PILOOP_PROVISIONER_BACKOFF_SECONDS"
 FAKE_MODAL = Path(__file__).resolve().parents[1] / "helpers" / "fake_modal"
@@ -112,10 +113,31 @@ def test_waiting_jobs_start_workers_up_to_max_and_idle_ones_drain_and_stop(start
     assert (st["max"], st["starting"], st["running"], st["draining"]) == (2, 0, 0, 0)
 
 
+def _running(d: Daemon, job: str, seen: list[str]) -> bool:
+    """Whether `job` runs; each new sight of why it does not (its state, why it waits, the provisioner's events)
+    is kept in `seen`, for the message of a wait that times out."""
+    v = _job(d, job)
+    with d.api() as api:
+        evs = [
+            e for e in api.call("GET", "/v1/events", params={"count": 10_000}) if e["type"].startswith("provisioner.")
+        ]
+    why = f"{v['state']} ({v.get('waiting') or '-'}); " + ", ".join(
+        f"{e['type'].removeprefix('provisioner.')} {e.get('worker', '')} {e.get('reason', '')}".strip() for e in evs
+    )
+    if not seen or seen[-1] != why:
+        seen.append(why)
+    return v["state"] == "running"
+
+
 def test_a_started_workers_home_is_kept_while_it_runs_and_removed_once_it_stopped(started):
-    d = started("max = 1\nidle_seconds = 1\n")
+    # idle long enough that a worker slow to claim on a loaded machine is not drained before its first lease
+    d = started(f"max = 1\nidle_seconds = {scaled(2):g}\n")
     job = _submit(d, "sleep", "2")
-    wait_for(lambda: _job(d, job)["state"] == "running", 60, interval=0.1, what="the job runs on a started worker")
+    seen: list[str] = []
+    try:
+        wait_for(lambda: _running(d, job, seen), 60, interval=0.1, what="the job runs on a started worker")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; seen: {' | '.join(seen[-5:])}") from None
     worker = _job(d, job)["worker"]
     home = d.home / "provisioned" / worker
     assert (home / "worker.log").stat().st_size > 0 and (home / "work").is_dir()
