@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 from piloop_common.bytecaps import INLINE_MAX_BYTES
 from piloop_common.exceptionnames import CLASSES_MOST, classes_of
 from piloop_common.files import write_file
-from piloop_common.prctl import die_with_parent
+from piloop_common.prctl import die_with_parent, set_name
 from piloop_worker import jobuser, tasks
 from piloop_worker.cgroups import JobCgroup, own_procs
 from piloop_worker.slots.wire import MAX_DATAGRAM, SlotRequest
@@ -214,6 +214,7 @@ def _serve(
     sock: socket.socket, parent: int, log_fd: int, one: bool, user: jobuser.JobUser | None, join: Path | None
 ) -> int:
     """The task process: its setup once, then each task the supervisor sends (one, for a fresh fork); its status."""
+    set_name("piloop-task")  # in ps and top, and in bench.syscalls' split, apart from its supervisor
     os.setpgid(0, 0)
     if join is not None:
         write_file(join, str(os.getpid()))
