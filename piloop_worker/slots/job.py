@@ -146,6 +146,10 @@ class JobRun:
                 return self._end(0, None)  # the warm process lives on
         done, status, ru = self._reap()
         if done:
+            if self.task and self.outcome is None:
+                # what it sent before it exited is in its socket by now: read after the reap, not only before it,
+                # or a task that answered and exited between the two looks would be taken for one that never did
+                self.outcome = self.proc.outcome()
             if self.task and not self.proc.fresh:
                 self.proc.gone()
             return self._end(status, ru)
