@@ -23,7 +23,7 @@ from piloop_worker.dirlock import LOCK_NAME
 from piloop_worker.main import EXIT_IN_USE
 from tests.helpers.jobprocs import supervisor_of
 from tests.helpers.redis import wait_for
-from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
+from tests.helpers.serve import Daemon, cli_env, fast_executor, short_home
 from tests.helpers.slowdown import scaled
 from tests.helpers.workers import (
     events,
@@ -40,8 +40,7 @@ from tests.helpers.workers import (
 # jobs are fenced 19 s after their worker's last acknowledged send, not 5 s: a worker or daemon restarted on a
 # loaded machine takes seconds, and these tests are about the restart, not the fence
 LATE_TOLERATION = 20.0
-LATE_FENCE = FAST_EXECUTOR.replace("toleration_seconds = 6", f"toleration_seconds = {LATE_TOLERATION:g}")
-assert LATE_FENCE != FAST_EXECUTOR
+LATE_FENCE = fast_executor(LATE_TOLERATION)
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from piloop_server.provisioner.base import NAME_ENV, TAG_ENV
 from tests.helpers.freezer import Freezer, group, tree
 from tests.helpers.jobprocs import supervisor_of
 from tests.helpers.redis import free_port, redis_process, wait_for
-from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
+from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, fast_executor, short_home
 from tests.helpers.workers import (
     FENCE_AFTER,
     GRACE,
@@ -158,9 +158,9 @@ def _stop_serve(d: Daemon) -> str:
 def slow_fence(redis_server, namespace) -> Iterator[Daemon]:
     """`piloop serve` whose jobs are fenced 19 s after their worker's last acknowledged send, not 5 s: a restart of
     the daemon on a loaded machine takes about 5 s, and the row holds only for a restart within the fence."""
-    config = FAST_EXECUTOR.replace("toleration_seconds = 6", f"toleration_seconds = {SLOW_TOLERATION:g}")
-    assert config != FAST_EXECUTOR
-    d = Daemon(short_home(), config=config, redis_url=redis_server.url, namespace=namespace).start()
+    d = Daemon(
+        short_home(), config=fast_executor(SLOW_TOLERATION), redis_url=redis_server.url, namespace=namespace
+    ).start()
     yield d
     d.cleanup()
 

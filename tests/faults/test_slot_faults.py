@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers.jobprocs import started, supervisor_of
 from tests.helpers.redis import wait_for
-from tests.helpers.serve import FAST_EXECUTOR, Daemon
+from tests.helpers.serve import Daemon, fast_executor
 from tests.helpers.slowdown import scaled
 from tests.helpers.workers import (
     FENCE_AFTER,
@@ -36,8 +36,7 @@ from tests.helpers.workers import (
 # the adoption test's lease: a worker restarted on a loaded machine takes seconds, and the row holds only for a restart
 # within the fence (toleration − 2 × renew after the last acknowledged send)
 ADOPT_TOLERATION = 30.0
-ADOPT_EXECUTOR = FAST_EXECUTOR.replace("toleration_seconds = 6", f"toleration_seconds = {ADOPT_TOLERATION:g}")
-assert ADOPT_EXECUTOR != FAST_EXECUTOR
+ADOPT_EXECUTOR = fast_executor(ADOPT_TOLERATION)
 
 
 @pytest.fixture

@@ -24,15 +24,14 @@ from piloop_worker.main import EXIT_OK, EXIT_REFUSED, EXIT_UNTRUSTED
 from tests.helpers.certs import Pki, make_pki
 from tests.helpers.redis import free_port, wait_for
 from tests.helpers.s3 import stop, wait_until_answers
-from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, short_home
+from tests.helpers.serve import FAST_EXECUTOR, Daemon, cli_env, fast_executor, short_home
 from tests.helpers.workers import GPU, RemoteWorker, kill_tree_of, state, submit, tcp_server, token
 
 VENV_BIN = os.path.dirname(sys.executable)
 # a PATH without the venv: the worker is found by the absolute path of its interpreter only
 BARE_PATH = os.pathsep.join(p for p in ("/usr/local/bin", "/usr/bin", "/bin") if p != VENV_BIN)
 # a re-attach after a detach takes seconds on a loaded machine: fence late, the test is about the relay
-LATE_FENCE = FAST_EXECUTOR.replace("toleration_seconds = 6", "toleration_seconds = 20")
-assert LATE_FENCE != FAST_EXECUTOR
+LATE_FENCE = fast_executor(20)
 
 
 class CasServe:

@@ -33,6 +33,14 @@ min_memory_gb = 0
 """
 
 
+def fast_executor(toleration_seconds: float) -> str:
+    """FAST_EXECUTOR with another lease toleration: fenced later, for tests about a restart that takes seconds on a
+    loaded machine, not about the fence."""
+    config = FAST_EXECUTOR.replace("toleration_seconds = 6\n", f"toleration_seconds = {toleration_seconds:g}\n")
+    assert config != FAST_EXECUTOR or toleration_seconds == 6, "FAST_EXECUTOR no longer says toleration_seconds = 6"
+    return config
+
+
 def short_home(prefix: str = "pl") -> Path:
     """A home whose socket path fits in AF_UNIX's 108 bytes."""
     return Path(tempfile.mkdtemp(prefix=prefix + "-", dir="/tmp"))
