@@ -85,9 +85,11 @@ ATTACK = textwrap.dedent("""
         status_line, _, rest = got.partition(b"\\r\\n")
         return int(status_line.split()[1]), rest.partition(b"\\r\\n\\r\\n")[2].decode(errors="replace")
     answers = [[m, t, *call(m, t, b, v)] for m, t, b, v in calls]
-    with open(os.path.join(out_dir, "answers.json"), "w") as f:
+    # written aside and renamed: the test reads the file the moment it exists
+    with open(os.path.join(out_dir, "answers.part"), "w") as f:
         json.dump(answers, f)
-    os.chmod(os.path.join(out_dir, "answers.json"), 0o644)
+    os.chmod(os.path.join(out_dir, "answers.part"), 0o644)
+    os.replace(os.path.join(out_dir, "answers.part"), os.path.join(out_dir, "answers.json"))
     end = time.monotonic() + 60
     while not os.path.exists(os.path.join(out_dir, "stop")) and time.monotonic() < end:
         time.sleep(0.1)

@@ -40,10 +40,9 @@ def gpu(redis_server, namespace) -> Iterator[Daemon]:
 def gpu_long_hold(redis_server, namespace) -> Iterator[Daemon]:
     """The `gpu` fixture's server with its toleration (so its hold) stretched by PILOOP_TEST_SLOWDOWN: a hold that
     outlasts a restart of the daemon on a loaded machine."""
-    config = FAST_EXECUTOR.replace(
-        f"toleration_seconds = {TOLERATION:g}\n", f"toleration_seconds = {long_toleration():g}\n"
-    )
-    assert config != FAST_EXECUTOR
+    line = f"toleration_seconds = {TOLERATION:g}\n"
+    assert line in FAST_EXECUTOR  # the stretch below must not be a silent no-op
+    config = FAST_EXECUTOR.replace(line, f"toleration_seconds = {long_toleration():g}\n")
     d = tcp_server(redis_server.url, namespace, config=config)
     yield d
     d.cleanup()
