@@ -8,9 +8,14 @@ from tests.helpers import slowdown
 from tests.helpers.redis import wait_for
 
 
-def test_the_factor_stretches_deadlines_and_defaults_to_one(monkeypatch):
+def test_the_factor_stretches_deadlines_and_defaults_to_the_load_per_cpu(monkeypatch):
     monkeypatch.delenv(slowdown.ENV, raising=False)
-    assert slowdown.scaled(30) == 30
+    monkeypatch.setattr(slowdown.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    assert slowdown.scaled(30) == 30  # an idle machine: never below 1
+    cpus = len(slowdown.os.sched_getaffinity(0))
+    monkeypatch.setattr(slowdown.os, "getloadavg", lambda: (4.0 * cpus, 1.0, 1.0))
+    assert slowdown.scaled(30) == 120  # load 4 per CPU: deadlines 4 × as long
+    monkeypatch.setattr(slowdown.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
     monkeypatch.setenv(slowdown.ENV, "2.5")
     assert slowdown.scaled(30) == 75
     # the wait helpers stretch their own deadlines: a 0.2 s wait says it gave up after 0.5 s
