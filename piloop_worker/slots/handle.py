@@ -267,9 +267,12 @@ class SlotHandle:
             os.close(out)
             os.close(devnull)
         # until it holds its lock, the next look would start another (which would exit at once: harmless)
+        # (a new interpreter takes a second or more on a loaded host: looks that back off to 50 ms cost it little)
         end = clock.now() + OPEN_SECONDS
+        pause = 0.005
         while not self._locked() and clock.now() < end and not os.waitpid(pid, os.WNOHANG)[0]:
-            time.sleep(0.01)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
         return pid
 
     def _exited(self) -> bool:
