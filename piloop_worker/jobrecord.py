@@ -37,8 +37,21 @@ class JobRecord(BaseModel):
 
     @classmethod
     def from_assignment(cls, a: Assignment, relay: Path, claimed_at: float) -> JobRecord:
-        return cls(
-            **a.model_dump(exclude={"secrets"}), secret_names=sorted(a.secrets), claimed_at=claimed_at, relay=str(relay)
+        # built from the assignment's validated fields (its spec shared, never changed): a dump and a validation
+        # again cost a warm task's start more than the rest of its record
+        return cls.model_construct(
+            job=a.job,
+            token=a.token,
+            kind=a.kind,
+            pool=a.pool,
+            campaign=a.campaign,
+            image=a.image,
+            spec=a.spec,
+            memory_mb=a.memory_mb,
+            secret_names=sorted(a.secrets),
+            claimed_at=claimed_at,
+            relay=str(relay),
+            fetched_bytes=0,
         )
 
     @classmethod
