@@ -35,11 +35,15 @@ class JobFiles:
         self.outputs = slot.root / "outputs"
         self.repo = slot.root / "repo"
         self.workspace = slot.root / "workspace"
+        self._made = False
 
     def prepare(self) -> None:
         """The slot's `outputs/`, made the first time (the slot's own dirs are its supervisor's)."""
+        if self._made:
+            return
         self.slot.make()
         self.outputs.mkdir(mode=0o755, exist_ok=True)
+        self._made = True
 
     def empty(self) -> None:
         """What a reported job left in `outputs/`, and its inputs and checkout."""

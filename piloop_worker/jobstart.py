@@ -104,7 +104,7 @@ class Starter:
                     self.register()
             return
         n = self.slots.free(self.holdings.busy_slots())
-        files = JobFiles(self.slots.dir(n))
+        files = self.slots.files(n)
         try:
             files.prepare()
             if files.full():

@@ -72,7 +72,7 @@ class Reporter:
         assert ended is not None
         rec = ended.exit
         self.relay.remove(h.job)
-        files = JobFiles(self.slots.dir(h.slot))
+        files = self.slots.files(h.slot)
         outcome, reason = rec.outcome()
         if outcome == "failed" and rec.exit_code != 0 and not rec.reason and files.full():
             reason = "disk_full: the worker's dir is full (No space left on device)"

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from piloop_common.errors import Unavailable
+from piloop_worker.jobfiles import JobFiles
 from piloop_worker.records import StopReason
 from piloop_worker.slots import Gone, SlotDir, SlotHandle, SlotRecord
 from piloop_worker.slots.record import Assigned
@@ -34,6 +35,8 @@ class Slots:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.handles: dict[int, SlotHandle] = {}
+        # made once per slot: a job's start and its report each name a dozen of its paths, which pathlib builds slowly
+        self._files: dict[int, JobFiles] = {}
         self.sel = selectors.DefaultSelector()
         # a job's generation names it to its slot's supervisor; from the clock, so never one that an earlier worker
         # on this dir gave a job its supervisor still holds
@@ -44,7 +47,14 @@ class Slots:
         return self._generation
 
     def dir(self, n: int) -> SlotDir:
-        return SlotDir.of(self.workdir, n)
+        return self.files(n).slot
+
+    def files(self, n: int) -> JobFiles:
+        """The paths of the files of slot `n`'s job."""
+        files = self._files.get(n)
+        if files is None:
+            files = self._files[n] = JobFiles(SlotDir.of(self.workdir, n))
+        return files
 
     def existing(self) -> list[int]:
         """The numbers of the slots an earlier worker on this dir made."""
