@@ -21,12 +21,17 @@ from typing import BinaryIO, NamedTuple
 from piloop_common.files import read_file, write_file
 from piloop_common.host.cgroupmem import CGROUP_ROOT, own_path
 
+SLOT_GROUP = "-slot-"  # in the name of a slot's own group (`Cgroups.slot`): it runs that slot's jobs alone
 OOM_KILL = re.compile(r"^oom_kill (\d+)$", re.M)  # compiled here, in the shim host: each shim would compile it again
 
 
 class JobCgroup(NamedTuple):  # not a dataclass: the shim host imports this, and dataclasses brings inspect and ast
     path: Path
     version: int
+
+    def slots_own(self) -> bool:
+        """Whether this is a slot's own group, which no other slot's job uses."""
+        return SLOT_GROUP in self.path.name
 
     def join_path(self) -> Path:
         """The file a process writes its pid to, to join."""
@@ -295,7 +300,7 @@ class Cgroups:
         to `memory_mb` for the job the slot runs now (its limit written only when it changes). The supervisor resets
         its peak and reads its OOM count per job. OSError where the kernel refuses the limit."""
         assert self.base is not None
-        path = self.base / f"{os.getpid()}-slot-{n}"
+        path = self.base / f"{os.getpid()}{SLOT_GROUP}{n}"
         limit = memory_mb << 20
         had = self.limits.get(path)
         if had is None:
@@ -314,7 +319,7 @@ class Cgroups:
         """`cg` back once its job's exit record is written (the shim has killed and reaped all of it): kept for a
         later job while it is empty and there are fewer than `MOST` spares, else removed. A group this worker did not
         make (a re-attached job's) is removed."""
-        if cg.path in self.limits and "-slot-" in cg.path.name:
+        if cg.path in self.limits and cg.slots_own():
             return  # the slot's, kept for its next job
         if cg.path in self.limits and len(self.spare) < self.MOST and not cg.pids() and cg.path.is_dir():
             self.spare.append(cg)
@@ -350,7 +355,7 @@ class Cgroups:
             cg = self.spare.pop()
             self.limits.pop(cg.path, None)
             cg.remove()
-        for path in [p for p in self.limits if "-slot-" in p.name]:
+        for path in [p for p in self.limits if SLOT_GROUP in p.name]:
             self.limits.pop(path)
             JobCgroup(path, self.version).remove()
 

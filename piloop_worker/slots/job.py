@@ -40,9 +40,19 @@ class JobRun:
     """The slot's running job, from `begin()` to the `Ended` that `wake()` returns once it is over."""
 
     def __init__(
-        self, start: Start, slot: SlotDir, record: SlotRecord, proc: TaskProcess, env: dict[str, str], log_fd: int
+        self,
+        start: Start,
+        slot: SlotDir,
+        record: SlotRecord,
+        proc: TaskProcess,
+        env: dict[str, str],
+        log_fd: int,
+        oom_counts: dict[str, int] | None = None,
     ) -> None:
         self.start, self.slot, self.record, self.proc = start, slot, record, proc
+        # a slot's own group's OOM count at its last job's end (the supervisor's, kept across its jobs): the group
+        # ran nothing since, so it is this job's count before it, without a read
+        self.oom_counts: dict[str, int] = {} if oom_counts is None else oom_counts
         self.req = start.request
         self._env, self._log_fd = env, log_fd
         grant = self.req.cgroup
@@ -65,7 +75,7 @@ class JobRun:
         self.next_sample = self.started + FIRST_SAMPLE
         self.metrics_at = self.started + METRICS_AFTER if self.req.metrics_seconds > 0 else None
         self._metrics: threading.Thread | None = None
-        self._stop_metrics = threading.Event()
+        self._stop_metrics: threading.Event | None = None  # made with the thread: most jobs end before it starts
         self.oom_before = 0
         self.peak: PeakWatch | None = None
         self.outcome: TaskOutcome | None = None
@@ -80,7 +90,9 @@ class JobRun:
         """Start the job: `Started`, or `Ended` at once when it cannot start. `metrics_left`: the last job ran long
         enough to write `metrics.jsonl`, which is emptied now."""
         if self.cg is not None:
-            self.oom_before = self.cg.oom_kills()  # a kept group's counters are an earlier job's too
+            # a kept group's counters are an earlier job's too
+            known = self.oom_counts.get(str(self.cg.path)) if self.cg.slots_own() else None
+            self.oom_before = known if known is not None else self.cg.oom_kills()
             self.peak = self.cg.peak_watch()
         os.ftruncate(self._log_fd, 0)  # the same inode: `piloop attach` and the worker's offsets start again
         if metrics_left:
@@ -205,23 +217,26 @@ class JobRun:
 
     def _end(self, status: int, ru: resource.struct_rusage | None) -> Ended:
         """The job is over: what it left killed and reaped, its usage and outcome recorded."""
-        self._stop_metrics.set()
-        if self._metrics is not None:
+        if self._metrics is not None and self._stop_metrics is not None:
+            self._stop_metrics.set()
             self._metrics.join(5)
         got = self.outcome
         warm = self.task and not self.proc.fresh and got is not None
+        left = True  # whether the job may have left a process in its cgroup
         if warm and got is not None:
             cpu, rss = got.cpu, got.rss
             self.proc.between_tasks(self.cg, self.req.warm_max_rss_mb, rss)
             keep = self.proc.pid
             # what the task left, not the warm process; nothing to look for when the process has no child and the
             # supervisor none but it (an orphan of the task's comes to the supervisor, its subreaper)
-            if got.children or self._metrics is not None or _own_children() != ({keep} if keep else set()):
+            left = got.children or self._metrics is not None or _own_children() != ({keep} if keep else set())
+            if left:
                 jobtree.reap_all(self.pid, 2.0, keep=keep)
         else:
             cpu, rss = (ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024) if ru is not None else (0.0, 0)
             jobtree.signal_tree(self.pid, self.meter, signal.SIGKILL)
-        if self.cg is not None:
+            left = _own_children() != set()  # its process reaped: any other is what it left
+        if self.cg is not None and left:  # a process of the job's is a descendant, here or in the warm process
             self.cg.kill_all()
         if not warm:
             if self.pidfd is not None and not self.task:
@@ -231,7 +246,9 @@ class JobRun:
             jobtree.reap_all(self.pid, 2.0)
         oom, reason = False, ""
         if self.cg is not None:
-            oom = self.cg.oom_kills() > self.oom_before or self.why is StopReason.MEMORY_HELD
+            count = self.cg.oom_kills()
+            self.oom_counts[str(self.cg.path)] = count
+            oom = count > self.oom_before or self.why is StopReason.MEMORY_HELD
             if self.why is StopReason.MEMORY_HELD and self.req.cgroup is not None:
                 reason = f"out of memory (held at its limit for {self.req.cgroup.held_seconds:g}s)"
         exit_code = got.code if got is not None else os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
@@ -296,7 +313,7 @@ class JobRun:
     def _start_metrics(self) -> None:
         every = float(self.req.metrics_seconds)
         path, disk = self.slot.metrics, self.slot.root
-        stop = self._stop_metrics
+        stop = self._stop_metrics = threading.Event()
 
         def loop() -> None:
             while not stop.is_set():

@@ -67,6 +67,7 @@ class Supervisor:
         self.conn: socket.socket | None = None
         self.job: JobRun | None = None
         self._job_fds: list[int] = []
+        self.oom_counts: dict[str, int] = {}  # a slot's group → its OOM count at its last job's end (`JobRun`)
         self.unacked: dict[int, Ended] = {e.generation: e for e in _read_ended(slot.ended)}
         self.ended_on_disk = bool(self.unacked)
         self.leaving = False  # a `bye`: exit once idle
@@ -187,7 +188,7 @@ class Supervisor:
             why = f"the slot holds job generation {self.job.start.generation}"
             self._send(Ended(start.generation, ExitRecord(lost=True, reason=why)).of(start))
             return
-        job = JobRun(start, self.slot, self.record, self.proc, self.env, self.log_fd)
+        job = JobRun(start, self.slot, self.record, self.proc, self.env, self.log_fd, self.oom_counts)
         begun = job.begin(self.metrics_left)
         self.metrics_left = False
         if isinstance(begun, Ended):

@@ -176,7 +176,7 @@ class Ended(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         return {
             "generation": self.generation,
-            "exit": json.loads(self.exit.wire()),
+            "exit": {**self.exit._asdict(), "usage": self.exit.usage._asdict()},  # `ExitRecord.wire()`'s, unencoded
             "result": _b64(self.result),
             "result_file": self.result_file,
             "job": self.job,

@@ -65,3 +65,13 @@ def exit_now(code: int) -> None:
 def grow(mb: int) -> int:
     HELD.append(b"x" * (mb << 20))
     return os.getpid()
+
+
+def wait_for_file(path: str, seconds: float = 60.0) -> str:
+    """Return once `path` exists (the test's go), or fail after `seconds`."""
+    end = time.monotonic() + seconds
+    while not os.path.exists(path):
+        if time.monotonic() > end:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.005)
+    return path
