@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_HOME ?= $(CURDIR)/.piloop-demo
 
-.PHONY: venv demo lint test test-redis7 test-debian-python stack-test bench clean
+.PHONY: venv bytecode demo lint test test-redis7 test-debian-python stack-test bench clean
 
 # once per change of pyproject.toml: about a minute, so it says so and pip prints each package it fetches
 $(BIN)/.installed: pyproject.toml
@@ -19,7 +19,13 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
-demo: venv
+# piloop's bytecode, as pip writes it for an installed package: an editable checkout under PYTHONDONTWRITEBYTECODE
+# would compile its modules from source in every process it starts (a daemon, a worker, each slot supervisor);
+# only what changed since the last run is compiled
+bytecode: venv
+	$(BIN)/python -m compileall -q piloop_common piloop_server piloop_worker tests bench > /dev/null
+
+demo: venv bytecode
 	PATH="$(abspath $(BIN)):$$PATH" PILOOP_HOME="$(DEMO_HOME)" sh bench/demo.sh
 
 # two tests at a time: each starts its own redis-server, daemons and workers, and spends much of its time waiting
@@ -35,7 +41,7 @@ lint: venv
 
 # TEST_ARGS: more pytest arguments, like -m "not stack" where `make stack-test` has run those already
 TEST_ARGS ?=
-test: lint
+test: lint bytecode
 	$(BIN)/pytest -q $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS)) $(TEST_ARGS)
 
 # the tests that exercise Redis itself (scripts, expiry, streams, its faults) on Debian's redis-server 7.x beside the
