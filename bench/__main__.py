@@ -43,7 +43,7 @@ from typing import Any
 
 from bench import cas, claims, clone, depth, heartbeats, job_bytes, jobs, peers, recovery
 from bench.children import ending_with_the_run
-from bench.measure import say
+from bench.measure import compile_piloop, say
 from bench.table import rows, table
 from tests.helpers.redis import RedisProcess
 from tests.helpers.s3 import start_moto
@@ -246,6 +246,7 @@ def main() -> None:
         help="the JSON of the run, written beside the table (default: bench/results/<UTC time>.json)",
     )
     a = ap.parse_args()
+    compile_piloop()
     sizes = dict(QUICK if a.quick else FULL)
     for k in ("jobs", "latency", "workers", "rounds"):
         if getattr(a, k) is not None:

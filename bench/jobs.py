@@ -52,6 +52,7 @@ from bench.measure import (
     Drain,
     Latency,
     RssWatch,
+    compile_piloop,
     long_lived,
     piloop_cpu,
     rss_mib,
@@ -289,6 +290,7 @@ def main() -> None:
     ap.add_argument("--gap", type=float, default=0.2, help="idle seconds before each latency job")
     ap.add_argument("--only", choices=["piloop", "rq", "celery"], action="append")
     a = ap.parse_args()
+    compile_piloop()
     only = a.only or ["piloop", "rq", "celery"]
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp_s:
