@@ -3,6 +3,7 @@ patterns a worker's names must match before they reach a Redis key."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -11,6 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 def text_problem(data: Any, where: str = "") -> str:
     """Why `data` (a request's JSON, walked whole) cannot reach Redis: a string with a NUL or a lone surrogate (not
     UTF-8), a key or a value; '' when every string is clean."""
+    return "" if _clean(data) else _walk(data, where)
+
+
+def _walk(data: Any, where: str) -> str:
     if isinstance(data, str):
         if "\x00" in data:
             return f"{where or 'a string'}: a NUL character is refused"
@@ -21,14 +26,26 @@ def text_problem(data: Any, where: str = "") -> str:
         return ""
     if isinstance(data, dict):
         for k, v in data.items():
-            got = text_problem(k, f"{where}.{k!r}" if where else "a key") or text_problem(v, f"{where}.{k}".lstrip("."))
+            got = _walk(k, f"{where}.{k!r}" if where else "a key") or _walk(v, f"{where}.{k}".lstrip("."))
             if got:
                 return got
     elif isinstance(data, (list, tuple)):
         for i, v in enumerate(data):
-            if got := text_problem(v, f"{where}[{i}]"):
+            if got := _walk(v, f"{where}[{i}]"):
                 return got
     return ""
+
+
+def _clean(data: Any) -> bool:
+    """True when `data` has no NUL and no lone surrogate, told by one pass in C (`json.dumps` writes a NUL as
+    `\\u0000` and keeps a surrogate, which `encode` refuses); False when it may have one: `text_problem`'s walk
+    then says where. Every message runs it, nested ones again: the walk alone cost ~2 % of a drain's server CPU."""
+    try:
+        dumped = json.dumps(data, ensure_ascii=False)
+        dumped.encode()
+    except (TypeError, ValueError):  # a surrogate (UnicodeEncodeError), or not JSON's types: the walk decides
+        return False
+    return "\\u0000" not in dumped
 
 
 class Message(BaseModel):

@@ -21,6 +21,8 @@ ADDR = "sha256:" + "ab" * 32
         ({"k\ud800": "v"}, "lone surrogate"),
         ({"argv": ["ok", "x\x00"]}, "argv[1]: a NUL"),
         ({"env": {"A": ["\udfff"]}}, "env.A[0]"),
+        ({"k\x00": 1}, "a key"),
+        ({"n": 1, "argv": ["\\u0000", "\x00"]}, "argv[1]: a NUL"),  # the text \u0000 beside a real NUL
     ],
 )
 def test_text_problem_names_where(data, says):
@@ -29,6 +31,8 @@ def test_text_problem_names_where(data, says):
 
 def test_clean_text_passes():
     assert text_problem({"argv": ["é", "日本", "🙂"], "n": 1.5, "none": None}) == ""
+    # what JSON writes as a NUL's escape, as text, is no NUL; nor are types JSON lacks, walked instead
+    assert text_problem({"argv": ["\\u0000", "a\\\\u0000"], "raw": b"x"}) == ""
 
 
 @pytest.mark.parametrize(
