@@ -3,10 +3,13 @@ timings, a chain's pipe), and a campaign job's repo and workspace (`CampaignJob`
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from piloop_common.bytecaps import INLINE_MAX_BYTES
 from piloop_common.exceptionnames import CLASSES_MOST, EXCEPTION_NAME
 from piloop_common.protocol.message import JobId, Message
 
@@ -208,11 +211,6 @@ class JobSpec(Message):
 def check_inline(inline: dict[str, str], named: dict[str, str], what: str = "input") -> None:
     """Refuse inline files (name -> base64) that are over INLINE_MAX_BYTES in all, not base64, or also in `named`
     (the same files' CAS addresses)."""
-    import base64
-    import binascii
-
-    from piloop_common.bytecaps import INLINE_MAX_BYTES
-
     total = 0
     for name, data in inline.items():
         if why := input_problem(name):
@@ -230,12 +228,15 @@ def check_inline(inline: dict[str, str], named: dict[str, str], what: str = "inp
         )
 
 
+_LEAVES = frozenset(("", ".", ".."))  # a part of an input's name that would leave inputs/ (or name no file)
+
+
 def input_problem(name: str) -> str:
     """Why `name` cannot be an input's file name, one that stays inside the job's `inputs/` ('' when it can)."""
     parts = name.split("/")
     if not name or len(name) > 255 or name.startswith("/") or "\\" in name:
         return "a relative path under inputs/, at most 255 characters, with / between its parts"
-    if any(p in ("", ".", "..") for p in parts):
+    if not _LEAVES.isdisjoint(parts):
         return "no empty, `.` or `..` part: it must stay inside inputs/"
     return ""
 
