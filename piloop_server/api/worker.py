@@ -15,6 +15,7 @@ from piloop_common.errors import PiloopError, Refused
 from piloop_common.protocol.report import (
     LogAnswer,
     LogAppend,
+    ReportAnswer,
     ReportRequest,
     ReportResponse,
     ReportsRequest,
@@ -129,16 +130,22 @@ async def claim(body: ClaimRequest, rt: RuntimeDep, caller: WorkerDep, request: 
 
 
 async def _claim_for(body: ClaimRequest, rt: Runtime, caller: Caller, request: Request) -> ClaimResponse:
-    """`_claim`, and the leases given back at once should the caller be gone by then. The check before a claim can
-    miss a caller that gave up: with its token known without a thread hop, the handler may run before the event loop
-    has read the connection's end (a server resumed after a pause, its backlog stale); the claim's own hop lets it."""
-    m = _metrics(request)
-    with m.timed("claim"):
+    """`_claim` in a thread, then `_delivered`."""
+    with _metrics(request).timed("claim"):
         resp = await run_in_threadpool(leasing.claim, body, rt, caller)
+    return await _delivered(resp, rt, caller, request)
+
+
+async def _delivered(resp: ClaimResponse, rt: Runtime, caller: Caller, request: Request) -> ClaimResponse:
+    """The claim's answer, and its leases given back at once should the caller be gone by then. The check before a
+    claim can miss a caller that gave up: with its token known without a thread hop, the handler may run before the
+    event loop has read the connection's end (a server resumed after a pause, its backlog stale); the claim's own
+    hop lets it."""
     if resp.leases and await request.is_disconnected():
         await run_in_threadpool(leasing.give_back, rt, caller, resp.leases)
         wakeup.notify(request.app)
         return ClaimResponse(reason="nothing")
+    m = _metrics(request)
     for a in resp.leases:
         m.leases_granted.labels(m.pool(a.pool), a.kind).inc()
     return resp
@@ -170,25 +177,36 @@ async def reports(body: ReportsRequest, rt: RuntimeDep, caller: WorkerDep, reque
     """Several reports in one call, each answered on its own: one refused (a bad report) leaves the others be; then
     the claim the call carries, if any, into the slots they freed (one round trip a round for a busy worker)."""
     door.check(rt, caller, body)
+    answers, got = await run_in_threadpool(_reports_then_claim, body, rt, caller, request)
+    if got is not None:
+        got = await _delivered(got, rt, caller, request)
+    return _json(ReportsResponse(answers=answers, claim=got))
+
+
+def _reports_then_claim(
+    body: ReportsRequest, rt: Runtime, caller: Caller, request: Request
+) -> tuple[list[ReportAnswer], ClaimResponse | None]:
+    """The reports, then the claim the call carries, in one thread hop rather than one each (each hop is a handoff
+    of the GIL both ways between the loop and a pool thread)."""
     m = _metrics(request)
     with m.timed("report"):
-        answers, wake = await run_in_threadpool(leasing.reports, body, rt, caller)
+        answers, wake = leasing.reports(body, rt, caller)
     for one, a in zip(body.reports, answers, strict=True):
         m.report(one.outcome, a.answer or "")
         m.fetched_bytes.inc(one.fetched_bytes)
     if wake:
         wakeup.notify(request.app)
-    got = None
-    if body.claim is not None:
-        try:
-            door.check(rt, caller, body.claim)
-            door.check_want(rt, body.claim)
-            got = await _claim_for(body.claim.model_copy(update={"wait_seconds": 0}), rt, caller, request)
-        except Refused:
-            raise  # the worker's, as for a claim alone
-        except PiloopError:
-            pass  # the reports stand (`claim: null`); the worker's own claim next hears what is wrong
-    return _json(ReportsResponse(answers=answers, claim=got))
+    if body.claim is None:
+        return answers, None
+    try:
+        door.check(rt, caller, body.claim)
+        door.check_want(rt, body.claim)
+        with m.timed("claim"):
+            return answers, leasing.claim(body.claim.model_copy(update={"wait_seconds": 0}), rt, caller)
+    except Refused:
+        raise  # the worker's, as for a claim alone
+    except PiloopError:
+        return answers, None  # the reports stand (`claim: null`); the worker's own claim next hears what is wrong
 
 
 @router.post("/log", response_model=LogAnswer)

@@ -8,30 +8,19 @@ from typing import Any
 
 import redis
 
-from piloop_common.bytecaps import INLINE_MAX_BYTES, LOG_MARKER_ROOM
-from piloop_common.errors import NotFound, PiloopError, Refused, TooLarge, Unavailable, from_payload
+from piloop_common.bytecaps import LOG_MARKER_ROOM
+from piloop_common.errors import NotFound, PiloopError, Refused, Unavailable, from_payload
 from piloop_common.protocol.operator import JobResult
-from piloop_server.state import logcap
+from piloop_server.state import reportbatch
 from piloop_server.state.errors import UNREACHABLE
 from piloop_server.state.failover import Watch
 from piloop_server.state.keys import Keys
-from piloop_server.state.logcap import Live, Sizes
+from piloop_server.state.logcap import Sizes
 from piloop_server.state.producers import Producers
 from piloop_server.state.records.codec import text as _s
 from piloop_server.state.records.job import FIELDS as JF
 from piloop_server.state.records.job import HISTORY_KEEP
-from piloop_server.state.records.lease import (
-    KINDS,
-    Beat,
-    Caps,
-    Claim,
-    Expiry,
-    Lease,
-    Report,
-    RetryPolicy,
-    Timings,
-    stale_summary,
-)
+from piloop_server.state.records.lease import KINDS, Beat, Caps, Claim, Expiry, Lease, Report, Timings
 from piloop_server.state.scripts import Fence, Scripts
 
 CLAIM_SCAN_DEPTH = 200
@@ -283,62 +272,10 @@ class LeasesState(Producers):
                 JF["log_truncated"],
             )
             pipe.lrange(k.job_log(rep.job), -max(len(rep.result.log), 1), -1)
-        got = pipe.execute()
-        rows = [got[i] for i in range(0, len(got), 2)]
-        lives = [Live.of(row[3:], got[2 * i + 1]) for i, row in enumerate(rows)]
-        ask = [
-            a
-            for rep, row, live in zip(reports, rows, lives, strict=True)
-            for a in logcap.unsized(rep, row[2], live, self.caps)
-        ]
-        known = sizes(sorted(set(ask))) if sizes is not None and ask else {}
-        out: list[Any] = [None] * len(reports)
-        keys = [k.deadlines(), k.campaign_live(), k.events(), k.daemon(), k.campaign_pending(), k.delayed(), k.ended()]
-        args: list[Any] = [self.t.max_lost, self.t.grace_ms, self.t.toleration_ms, INLINE_MAX_BYTES]
-        at = []
-        for i, (rep, (kind_b, pool_b, spec, *_), live) in enumerate(zip(reports, rows, lives, strict=True)):
-            if kind_b is None:
-                # pruned by retention since it ended (or never was): the report changes nothing, and the worker
-                # drops it from its spool rather than try it forever in front of the ones behind it
-                out[i] = {"answer": "stale"}
-                continue
-            rep = logcap.bounded(rep, logcap.spec_of(spec), live, known, self.caps)
-            result = rep.result.model_dump_json()
-            body = len(result) - len(json.dumps(rep.result.log, separators=(",", ":")))
-            if body > self.caps.report_bytes:
-                out[i] = TooLarge(
-                    f"job {rep.job}: the report's result is {body} bytes, over the cap of "
-                    f"{self.caps.report_bytes} ([plugins.state] report_max_bytes)"
-                )
-                continue
-            kind, pool = _s(kind_b), _s(pool_b)
-            policy = RetryPolicy.of(spec, (memory_caps or {}).get(pool))
-            at.append(i)
-            keys += [
-                k.lease(rep.job),
-                k.job(rep.job),
-                k.worker_leases(rep.worker, kind),
-                k.active(pool, kind),
-                k.queue(pool, kind),
-                k.worker(rep.worker),
-            ]
-            args += [
-                rep.job,
-                rep.token,
-                rep.worker,
-                rep.outcome,
-                result,
-                rep.report_id,
-                rep.reason,
-                1 if rep.oom else 0,
-                *policy.args(),
-                stale_summary(rep.result, result),
-                " ".join(policy.retry_on),
-                " ".join(rep.error),
-                rep.owner,
-            ]
+        b = reportbatch.batch(k, self.t, self.caps, reports, pipe.execute(), sizes, memory_caps)
+        out: list[Any] = b.out
         # one script for the batch (report.lua runs each report as if alone, in order): one EVALSHA, not one a report
-        for i, reply in zip(at, self.scripts.run("report", keys, args) if at else [], strict=True):
+        for i, reply in zip(b.at, self.scripts.run("report", b.keys, b.args) if b.at else [], strict=True):
             got = json.loads(_s(reply))
             out[i] = from_payload(got, 400) if "error" in got else got  # refused by report.lua, nothing changed
         return out

@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from piloop_common.errors import BadRequest
+from piloop_common.protocol.report import ReportRequest, ReportsRequest
 from piloop_common.protocol.schedule import check_cron
 from piloop_common.protocol.worker import JobSpec, input_problem, text_problem
 
@@ -21,6 +22,8 @@ ADDR = "sha256:" + "ab" * 32
         ({"k\ud800": "v"}, "lone surrogate"),
         ({"argv": ["ok", "x\x00"]}, "argv[1]: a NUL"),
         ({"env": {"A": ["\udfff"]}}, "env.A[0]"),
+        ({"k\x00": 1}, "a key"),
+        ({"n": 1, "argv": ["\\u0000", "\x00"]}, "argv[1]: a NUL"),  # the text \u0000 beside a real NUL
     ],
 )
 def test_text_problem_names_where(data, says):
@@ -29,6 +32,21 @@ def test_text_problem_names_where(data, says):
 
 def test_clean_text_passes():
     assert text_problem({"argv": ["é", "日本", "🙂"], "n": 1.5, "none": None}) == ""
+    # what JSON writes as a NUL's escape, as text, is no NUL; nor are types JSON lacks, walked instead
+    assert text_problem({"argv": ["\\u0000", "a\\\\u0000"], "raw": b"x"}) == ""
+
+
+def test_a_nested_message_is_checked_by_its_outer_one_and_alone():
+    report = {"protocol": 2, "report_id": "r1", "job": "j1", "token": "1.ab", "outcome": "succeeded"}
+    batch = {"protocol": 2, "reports": [report, {**report, "usage": {"peak_rss_bytes": 1}, "reason": "a\x00"}]}
+    with pytest.raises(ValidationError, match=r"reports\[1\]\.reason: a NUL character is refused"):
+        ReportsRequest.model_validate(batch)
+    with pytest.raises(ValidationError, match="reason: a NUL character is refused"):
+        ReportRequest.model_validate(batch["reports"][1])
+    # the flag an outer message sets while its nested ones validate is gone after it, refused or not
+    with pytest.raises(ValidationError, match="lone surrogate"):
+        ReportRequest.model_validate({**report, "reason": "\udfff"})
+    assert ReportsRequest.model_validate({**batch, "reports": [report]}).reports[0].job == "j1"
 
 
 @pytest.mark.parametrize(
