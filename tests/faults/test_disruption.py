@@ -4,6 +4,7 @@ only workers that could still come back count. Real `piloop serve`, real Redis, 
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -37,20 +38,17 @@ def gpu(redis_server, namespace) -> Iterator[Daemon]:
 
 
 @pytest.fixture
-def gpu_long_hold(redis_server, namespace) -> Iterator[Daemon]:
-    """The `gpu` fixture's server with its toleration (so its hold) stretched by PILOOP_TEST_SLOWDOWN: a hold that
-    outlasts a restart of the daemon on a loaded machine."""
+def gpu_long_hold(redis_server, namespace) -> Iterator[tuple[Daemon, float]]:
+    """The `gpu` fixture's server with its toleration (so its hold) stretched by the tests' slowdown factor: a hold
+    that outlasts a restart of the daemon on a loaded machine. The server and the toleration it was given (the
+    factor follows the load, so it is read once, here)."""
     line = f"toleration_seconds = {TOLERATION:g}\n"
     assert line in FAST_EXECUTOR  # the stretch below must not be a silent no-op
-    config = FAST_EXECUTOR.replace(line, f"toleration_seconds = {long_toleration():g}\n")
+    toleration = float(math.ceil(scaled(TOLERATION)))  # whole seconds: the hold's ms are exact on both sides
+    config = FAST_EXECUTOR.replace(line, f"toleration_seconds = {toleration:g}\n")
     d = tcp_server(redis_server.url, namespace, config=config)
-    yield d
+    yield d, toleration
     d.cleanup()
-
-
-def long_toleration() -> float:
-    """`gpu_long_hold`'s toleration (s): FAST_EXECUTOR's, stretched by PILOOP_TEST_SLOWDOWN."""
-    return scaled(TOLERATION)
 
 
 @pytest.fixture
@@ -153,7 +151,7 @@ def _ms(event_id: str) -> int:
 def test_most_of_a_pool_silent_is_held_with_one_inbox_item_and_a_restart_neither_resets_nor_repeats_it(
     gpu_long_hold, disruption, redis_client, namespace
 ):
-    d, toleration = gpu_long_hold, long_toleration()
+    d, toleration = gpu_long_hold
     hold_seconds = 2 * toleration
     ws = _workers(d, ["gpu0", "gpu1", "gpu2"])
     jobs = _claim_one_each(d, ws)
