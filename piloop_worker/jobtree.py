@@ -12,7 +12,7 @@ import psutil
 
 from piloop_worker import clock
 from piloop_worker.cgroups import JobCgroup
-from piloop_worker.usage import Meter
+from piloop_worker.usage import Meter, children
 
 
 def kill_now(pid: int, meter: Meter, cg: JobCgroup | None) -> None:
@@ -35,30 +35,8 @@ def _has_children() -> bool:
 def _others(keep: int) -> bool:
     """Whether the shim has a descendant other than `keep`, its child: with none but `keep`, and `keep` with no child,
     there is none (an orphan comes to the shim, a subreaper). Two reads of /proc, not psutil's walk of all of it."""
-    mine = _children(os.getpid())
-    return mine is None or mine != {keep} or _children(keep) != set()
-
-
-def _children(pid: int) -> set[int] | None:
-    """The children of `pid`'s threads (/proc/PID/task/TID/children), or None where the kernel does not list them."""
-    found: set[int] = set()
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
-        return set()  # gone: it has no child
-    except OSError:
-        return None
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                found.update(int(c) for c in f.read().split())
-        except FileNotFoundError:
-            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
-                continue  # a thread that ended meanwhile
-            return None  # the kernel does not list children
-        except (OSError, ValueError):
-            return None
-    return found
+    mine = children(os.getpid())
+    return mine is None or mine != {keep} or children(keep) != set()
 
 
 def signal_tree(pgid: int, meter: Meter, sig: int) -> None:

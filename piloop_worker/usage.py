@@ -67,27 +67,35 @@ def _tree(root: int) -> list[int] | None:
     todo = [root]
     while todo:
         pid = todo.pop()
+        kids = children(pid)
+        if kids is None:
+            if pid == root:
+                return None
+            continue  # unreadable now: its children, if any, are listed at the next sample
+        found.extend(kids)
+        todo.extend(kids)
+    return found
+
+
+def children(pid: int) -> set[int] | None:
+    """The children of `pid`'s threads (/proc/PID/task/TID/children), or None where the kernel does not list them."""
+    found: set[int] = set()
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return set()  # gone: it has no child
+    except OSError:
+        return None
+    for tid in tids:
         try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue  # ended meanwhile: its children, if any, went to the subreaper, listed there or next time
-        for tid in tids:
-            try:
-                fd = os.open(f"/proc/{pid}/task/{tid}/children", os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                if pid == root and tid == str(root) and os.path.exists(f"/proc/{pid}/task/{tid}"):
-                    return None
-                continue
-            except OSError:
-                continue
-            try:
-                kids = [int(c) for c in os.read(fd, 1 << 16).split()]
-            except (OSError, ValueError):
-                kids = []
-            finally:
-                os.close(fd)
-            found.extend(kids)
-            todo.extend(kids)
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                found.update(int(c) for c in f.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # a thread that ended meanwhile
+            return None  # the kernel does not list children
+        except (OSError, ValueError):
+            return None
     return found
 
 
